@@ -1,0 +1,16 @@
+//! The `millrace` binary: parses arguments, sets up tracing, and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = server::cli::Cli::parse();
+    match server::cli::run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("millrace: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Browser wire protocol (being written).

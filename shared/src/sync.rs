@@ -1,0 +1,1 @@
+//! Book sync state machine (being written).
