@@ -353,6 +353,9 @@ impl OrderBook {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
     use super::*;
     use crate::testkit::Rng;
     use std::collections::BTreeMap;
