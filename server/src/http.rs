@@ -195,6 +195,7 @@ pub fn run_blocking(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let config = ServeConfig::from_args(&args)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the tokio runtime")?;
