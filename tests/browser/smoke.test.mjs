@@ -56,25 +56,33 @@ async function startServer(port) {
   }
 }
 
-test('dashboard shows the server version and a live heartbeat', { timeout: 60_000 }, async (t) => {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const server = await startServer(port);
-  t.after(async () => {
-    server.child.kill('SIGTERM');
-    const timer = setTimeout(() => server.child.kill('SIGKILL'), 5_000);
-    await server.exited;
-    clearTimeout(timer);
-  });
-
-  const { version } = await (await fetch(`${base}/api/v1/version`)).json();
-
-  const browser = await chromium.launch({
+function launchBrowser() {
+  return chromium.launch({
     executablePath: chromiumPath,
     headless: true,
     args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
       '--disable-background-networking', '--disable-component-update', '--disable-sync'],
   });
+}
+
+/** Stops a server from startServer: SIGTERM, then SIGKILL after 5 s. */
+async function stopServer(server) {
+  if (server.child.exitCode !== null || server.child.signalCode !== null) return;
+  server.child.kill('SIGTERM');
+  const timer = setTimeout(() => server.child.kill('SIGKILL'), 5_000);
+  await server.exited;
+  clearTimeout(timer);
+}
+
+test('dashboard shows the server version and a live heartbeat', { timeout: 60_000 }, async (t) => {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const server = await startServer(port);
+  t.after(() => stopServer(server));
+
+  const { version } = await (await fetch(`${base}/api/v1/version`)).json();
+
+  const browser = await launchBrowser();
   t.after(() => browser.close());
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   const errors = [];
@@ -100,4 +108,26 @@ test('dashboard shows the server version and a live heartbeat', { timeout: 60_00
     mkdirSync(outDir, { recursive: true });
     await page.screenshot({ path: join(outDir, 'dashboard.png') }).catch(() => {});
   }
+});
+
+test('dashboard reconnects after the server restarts', { timeout: 60_000 }, async (t) => {
+  const port = await freePort();
+  let server = await startServer(port);
+  t.after(() => stopServer(server));
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const page = await browser.newPage();
+  await page.goto(`http://127.0.0.1:${port}/`);
+  const status = page.locator('#conn-status');
+  await status.filter({ hasText: 'live' }).waitFor({ timeout: 15_000 });
+
+  await stopServer(server);
+  await status.filter({ hasText: 'reconnecting' }).waitFor({ timeout: 10_000 });
+  const lastBeforeRestart = await page.textContent('#heartbeat-time');
+
+  server = await startServer(port);
+  await status.filter({ hasText: 'live' }).waitFor({ timeout: 15_000 });
+  // Heartbeats from the new server arrive.
+  await page.waitForFunction((before) => document.querySelector('#heartbeat-time')?.textContent !== before,
+    lastBeforeRestart, { timeout: 10_000 });
 });
