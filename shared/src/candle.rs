@@ -337,12 +337,33 @@ struct Level {
 
 impl Level {
     /// Adds the next input candle; when that completes the bucket, emits it into `out` and
-    /// returns true. (The emitted copy is taken from the freshly computed value, not read back
-    /// from `acc`, which would stall on store forwarding.)
+    /// returns true. Only the changed fields are written back, and the emitted copy is built
+    /// from the freshly computed values rather than read back from `acc` (a wide read of
+    /// just-written fields stalls on store forwarding).
     #[inline(always)]
     fn feed(&mut self, c: &Candle, out: &mut Vec<(Timeframe, Candle)>) -> bool {
-        let next = if self.active {
-            self.acc.absorbed(c)
+        if self.active {
+            // Only the fields that change are written back.
+            let a = &mut self.acc;
+            let high = if c.high > a.high { c.high } else { a.high };
+            let low = if c.low < a.low { c.low } else { a.low };
+            let volume = Volume(a.volume.0 + c.volume.0);
+            let trades = a.trades.wrapping_add(c.trades);
+            let minutes = a.minutes.wrapping_add(c.minutes);
+            a.high = high;
+            a.low = low;
+            a.close = c.close;
+            a.volume = volume;
+            a.trades = trades;
+            a.minutes = minutes;
+            let closes = c.open_time + self.source_ms == self.end;
+            if closes {
+                self.active = false;
+                let (open_time, open) = (a.open_time, a.open);
+                let close = c.close;
+                out.push((self.tf, Candle { open_time, open, high, low, close, volume, trades, minutes }));
+            }
+            closes
         } else {
             // Usually the bucket right after the previous one; avoid the division then.
             let open = if c.open_time >= self.end && c.open_time < self.end + self.dur {
@@ -351,15 +372,15 @@ impl Level {
                 bucket_open_slow(c.open_time, self.dur)
             };
             self.end = open + self.dur;
-            Candle { open_time: open, ..*c }
-        };
-        let closes = c.open_time + self.source_ms == self.end;
-        self.acc = next;
-        self.active = !closes;
-        if closes {
-            out.push((self.tf, next));
+            let next = Candle { open_time: open, ..*c };
+            self.acc = next;
+            let closes = c.open_time + self.source_ms == self.end;
+            self.active = !closes;
+            if closes {
+                out.push((self.tf, next));
+            }
+            closes
         }
-        closes
     }
 
     /// Closes the active bucket into `out`.
