@@ -202,8 +202,14 @@ impl SymbolState {
     }
 }
 
-/// Replays `files` and returns one report per symbol, in symbol order.
-pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
+/// A recording, decoded and merged into receive-time order.
+struct Loaded {
+    events: Vec<Recorded>,
+    /// Symbols with depth events, and whether they follow the futures (`pu`) rule.
+    futures: HashMap<String, bool>,
+}
+
+fn load(files: &[PathBuf]) -> anyhow::Result<Loaded> {
     let mut events = Vec::new();
     for (i, path) in files.iter().enumerate() {
         let kind = FileKind::of(path);
@@ -245,7 +251,36 @@ pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
         }
     }
     events.sort_by_key(|r| r.ts_ns); // stable: equal timestamps keep file order
+    Ok(Loaded { events, futures })
+}
 
+/// One input of a book sync, as recorded.
+#[derive(Debug, Clone)]
+pub enum BookInput {
+    Delta(DepthDelta),
+    Snapshot(DepthSnapshot),
+}
+
+/// The book inputs of every symbol in a recording, in receive order, with whether the symbol
+/// follows the futures rule: what the sync benchmark replays without JSON parsing in the loop.
+pub fn book_inputs(files: &[PathBuf]) -> anyhow::Result<BTreeMap<String, (bool, Vec<BookInput>)>> {
+    let Loaded { events, futures } = load(files)?;
+    let mut out: BTreeMap<String, (bool, Vec<BookInput>)> = BTreeMap::new();
+    for r in events {
+        let (symbol, input) = match r.event {
+            Event::Delta { symbol, delta } => (symbol, BookInput::Delta(delta)),
+            Event::Snapshot { symbol: Some(symbol), snapshot } => (symbol, BookInput::Snapshot(snapshot)),
+            _ => continue,
+        };
+        let Some(&is_futures) = futures.get(&symbol) else { continue };
+        out.entry(symbol).or_insert_with(|| (is_futures, Vec::new())).1.push(input);
+    }
+    Ok(out)
+}
+
+/// Replays `files` and returns one report per symbol, in symbol order.
+pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
+    let Loaded { events, futures } = load(files)?;
     let mut symbols: BTreeMap<String, SymbolState> = BTreeMap::new();
     for r in events {
         let now_ms = (r.ts_ns / 1_000_000) as i64;
