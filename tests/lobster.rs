@@ -44,7 +44,10 @@ fn default_depth_is_ten_levels_of_four_columns() {
     let last = out.lines().last().unwrap();
     let cols: Vec<&str> = last.split(',').collect();
     assert_eq!(cols.len(), 40);
-    assert_eq!(&cols[..12], "1000200,300,1000000,70,1000300,20,999800,40,1000400,5,-9999999999,0".split(',').collect::<Vec<_>>());
+    assert_eq!(
+        &cols[..12],
+        "1000200,300,1000000,70,1000300,20,999800,40,1000400,5,-9999999999,0".split(',').collect::<Vec<_>>()
+    );
     assert!(cols[12..].chunks(4).all(|c| c == ["9999999999", "0", "-9999999999", "0"]));
 }
 
@@ -227,8 +230,13 @@ fn round_trip_through_generated_lobster_files() {
         let mut seed_row = String::new();
         for i in 0..600u64 {
             let (t, id, size, price, dir) = sim.message(&mut rng);
-            writeln!(messages, "{}.{:09},{t},{id},{size},{price},{dir}", 34_200 + i / 10, (i % 10) * 100_000_000 + seed)
-                .unwrap();
+            writeln!(
+                messages,
+                "{}.{:09},{t},{id},{size},{price},{dir}",
+                34_200 + i / 10,
+                (i % 10) * 100_000_000 + seed
+            )
+            .unwrap();
             expected.push(sim.row(depth));
             if i == 0 {
                 // row 1 of LOBSTER's orderbook file, deep enough to hold every level

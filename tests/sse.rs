@@ -178,7 +178,8 @@ fn broken_streams_fail_the_checks() {
     assert!(!ok);
     assert_eq!(u(&lines[0], "cancels_not_found"), 1);
     // a crossing order in continuous trading (something was lost)
-    let orders = [order("09:31:00.000", "2", "10.01", 100, 1, 1, 1), order("09:31:01.000", "2", "10", 100, 2, 2, 2)];
+    let orders =
+        [order("09:31:00.000", "2", "10.01", 100, 1, 1, 1), order("09:31:01.000", "2", "10", 100, 2, 2, 2)];
     let (ok, lines) = replay(&f.args(&orders, &[], true));
     assert!(!ok);
     assert_eq!(u(&lines[0], "crossed_continuous"), 1);
@@ -224,11 +225,15 @@ fn bad_rows_name_file_and_line() {
         assert!(e.contains(what), "{name}: {e}");
     }
     // a trade row with a non-numeric order number
-    let args = f.args(&[good.clone()], &[trade("09:31:00.000", 1, 2, 1, "10", 1, 2).replace(",1,2,0,1,", ",1,x2,0,1,")], true);
+    let args = f.args(
+        std::slice::from_ref(&good),
+        &[trade("09:31:00.000", 1, 2, 1, "10", 1, 2).replace(",1,2,0,1,", ",1,x2,0,1,")],
+        true,
+    );
     let e = error_of(&args);
     assert!(e.contains(&at(&args.trades, 2)) && e.contains("TradeSellNo"), "{e}");
     // a header without a needed column
-    let args = f.args(&[good.clone()], &[], true);
+    let args = f.args(std::slice::from_ref(&good), &[], true);
     std::fs::write(&args.trades, "MDDate,MDTime,TradeBuyNo\n").unwrap();
     let e = error_of(&args);
     assert!(e.contains(&at(&args.trades, 1)) && e.contains("TradeSellNo"), "{e}");

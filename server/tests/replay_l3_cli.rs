@@ -49,7 +49,14 @@ fn replay_sse_on_the_real_sample() {
         assert_eq!(l["top5"]["bids"].as_array().unwrap().len(), 5);
     }
     // strict sequencing on a five-security subset of the channel fails with exit 1
-    let out = millrace(&["replay", "sse", "--orders", orders.to_str().unwrap(), "--trades", trades.to_str().unwrap()]);
+    let out = millrace(&[
+        "replay",
+        "sse",
+        "--orders",
+        orders.to_str().unwrap(),
+        "--trades",
+        trades.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -71,7 +78,14 @@ fn replay_sse_bad_row_names_file_and_line() {
         "MDTime,TradeBuyNo,TradeSellNo,TradeBSFlag,TradePrice,TradeQty,ChannelNo,ApplSeqNum,SecurityID\n",
     )
     .unwrap();
-    let out = millrace(&["replay", "sse", "--orders", orders.to_str().unwrap(), "--trades", trades.to_str().unwrap()]);
+    let out = millrace(&[
+        "replay",
+        "sse",
+        "--orders",
+        orders.to_str().unwrap(),
+        "--trades",
+        trades.to_str().unwrap(),
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr.contains(&format!("{}:4", orders.display())), "{stderr}");
@@ -96,13 +110,15 @@ fn replay_lobster_on_the_fixture() {
     let expected = std::fs::read_to_string(f.join("seeded_orderbook_3.csv")).unwrap();
     assert_eq!(String::from_utf8(out.stdout).unwrap(), expected);
     // default depth: 10 levels, 40 columns per row, one row per message
-    let out = millrace(&["replay", "lobster", "--messages", f.join("handmade_message_3.csv").to_str().unwrap()]);
+    let out =
+        millrace(&["replay", "lobster", "--messages", f.join("handmade_message_3.csv").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 18);
     assert!(stdout.lines().all(|l| l.split(',').count() == 40));
     // the same messages without the initial book take liquidity that is not there: exit 1
-    let out = millrace(&["replay", "lobster", "--messages", f.join("seeded_message_3.csv").to_str().unwrap()]);
+    let out =
+        millrace(&["replay", "lobster", "--messages", f.join("seeded_message_3.csv").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -110,7 +126,8 @@ fn replay_lobster_on_the_fixture() {
 fn replay_lobster_bad_row_names_file_and_line() {
     let d = temp_dir("lobster");
     let m = d.join("m.csv");
-    std::fs::write(&m, "34200.1,1,1,100,1000000,1\n34200.2,1,2,100,1000100,-1\n34200.3,9,2,100,1000100,-1\n").unwrap();
+    std::fs::write(&m, "34200.1,1,1,100,1000000,1\n34200.2,1,2,100,1000100,-1\n34200.3,9,2,100,1000100,-1\n")
+        .unwrap();
     let out = millrace(&["replay", "lobster", "--messages", m.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0));

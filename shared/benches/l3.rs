@@ -85,12 +85,7 @@ mod bench {
                 pos.insert(id, live.len());
                 live.push(id);
                 levels[side as usize].entry(price).or_default().push_back(id);
-                out.push(Msg::Add {
-                    id,
-                    side,
-                    price: Price::from_raw(price),
-                    qty: Qty::from_units(qty),
-                });
+                out.push(Msg::Add { id, side, price: Price::from_raw(price), qty: Qty::from_units(qty) });
             } else if r < 88 {
                 // cancels favour the top of the book: half pick an order of a level at a calibrated depth
                 let id = if rng.chance(1, 2) {
@@ -98,11 +93,8 @@ mod bench {
                 } else {
                     let side = if rng.chance(1, 2) { 0 } else { 1 };
                     let d = depth(&mut rng) as usize;
-                    let q = if side == 0 {
-                        levels[0].values().rev().nth(d)
-                    } else {
-                        levels[1].values().nth(d)
-                    };
+                    let q =
+                        if side == 0 { levels[0].values().rev().nth(d) } else { levels[1].values().nth(d) };
                     match q {
                         Some(q) => q[rng.below(q.len() as u64) as usize],
                         None => live[rng.below(live.len() as u64) as usize],
@@ -115,12 +107,7 @@ mod bench {
                 } else {
                     orders.get_mut(&id).unwrap().2 -= qty;
                 }
-                out.push(Msg::Cancel {
-                    id,
-                    side,
-                    price: Price::from_raw(price),
-                    qty: Qty::from_units(qty),
-                });
+                out.push(Msg::Cancel { id, side, price: Price::from_raw(price), qty: Qty::from_units(qty) });
             } else {
                 // an unseen aggressor trades with the first order at the best level
                 let passive = if rng.chance(1, 2) { Side::Bid } else { Side::Ask };
@@ -183,7 +170,7 @@ mod bench {
         g.sample_size(20);
         g.bench_function("add_cancel_trade_sse", |b| {
             b.iter_batched_ref(
-                || L3Book::with_capacity(Venue::Sse, 16 * 1024),
+                || L3Book::with_capacity(Venue::Sse, 8 * 1024),
                 |book| {
                     let mut n = 0usize;
                     for (i, &m) in events.iter().enumerate() {

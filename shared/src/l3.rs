@@ -459,9 +459,7 @@ impl L3Book {
                 self.counters.cancels += 1;
                 self.cancel(id, side, price, qty)
             }
-            Msg::Trade { buy_id, sell_id, price, qty, kind } => {
-                self.trade(buy_id, sell_id, price, qty, kind)
-            }
+            Msg::Trade { buy_id, sell_id, price, qty, kind } => self.trade(buy_id, sell_id, price, qty, kind),
             Msg::Execute { id, side, price, qty } => {
                 self.counters.executions += 1;
                 if qty.is_zero() {
@@ -753,10 +751,7 @@ mod tests {
         assert_eq!(b.best_bid(), Some(Level::new(p("10"), q(300))));
         assert_eq!(b.best_ask(), Some(Level::new(p("10.01"), q(70))));
         b.apply(cancel(1, Side::Bid, "10.00", 40));
-        assert_eq!(
-            b.pending_updates(),
-            &[LevelUpdate { side: Side::Bid, price: p("10"), qty: q(260) }]
-        );
+        assert_eq!(b.pending_updates(), &[LevelUpdate { side: Side::Bid, price: p("10"), qty: q(260) }]);
         assert_eq!(b.order(1).unwrap().qty, q(60));
         b.clear_updates();
         b.apply(cancel(2, Side::Bid, "10.00", 200));
@@ -1144,7 +1139,13 @@ mod tests {
                     expect.cancels += 1;
                     if venue == Venue::Szse {
                         let (b, s) = if side == Side::Bid { (id, 0) } else { (0, id) };
-                        Msg::Trade { buy_id: b, sell_id: s, price: Price::ZERO, qty: Qty::from_raw(qty), kind: TradeKind::Cancel }
+                        Msg::Trade {
+                            buy_id: b,
+                            sell_id: s,
+                            price: Price::ZERO,
+                            qty: Qty::from_raw(qty),
+                            kind: TradeKind::Cancel,
+                        }
                     } else {
                         Msg::Cancel { id, side, price: Price::from_raw(price), qty: Qty::from_raw(qty) }
                     }
@@ -1160,7 +1161,11 @@ mod tests {
                         .collect();
                     let aggressor = model.next_id;
                     model.next_id += 1;
-                    let kind = if passive_side == Side::Ask { TradeKind::BuyInitiated } else { TradeKind::SellInitiated };
+                    let kind = if passive_side == Side::Ask {
+                        TradeKind::BuyInitiated
+                    } else {
+                        TradeKind::SellInitiated
+                    };
                     if resting.is_empty() {
                         // only anonymous liquidity at the top (LOBSTER): execute it by price
                         let key = (passive_side as u8, best);
@@ -1169,7 +1174,12 @@ mod tests {
                         *model.anon.get_mut(&key).unwrap() -= qty;
                         expect.executions += 1;
                         expect.unknown_order_adjustments += 1;
-                        Msg::Execute { id: 900_000_000 + step, side: passive_side, price: Price::from_raw(best), qty: Qty::from_raw(qty) }
+                        Msg::Execute {
+                            id: 900_000_000 + step,
+                            side: passive_side,
+                            price: Price::from_raw(best),
+                            qty: Qty::from_raw(qty),
+                        }
                     } else {
                         let id = resting[rng.below(resting.len() as u64) as usize];
                         let rest = model.orders[&id].2;
@@ -1177,7 +1187,12 @@ mod tests {
                         take(&mut model, id, qty);
                         if venue == Venue::Lobster && rng.chance(1, 2) {
                             expect.executions += 1;
-                            Msg::Execute { id, side: passive_side, price: Price::from_raw(best), qty: Qty::from_raw(qty) }
+                            Msg::Execute {
+                                id,
+                                side: passive_side,
+                                price: Price::from_raw(best),
+                                qty: Qty::from_raw(qty),
+                            }
                         } else {
                             expect.trades += 1;
                             let (buy_id, sell_id) =
@@ -1191,7 +1206,13 @@ mod tests {
                                     (buy_id, sell_id)
                                 }
                             };
-                            Msg::Trade { buy_id, sell_id, price: Price::from_raw(best), qty: Qty::from_raw(qty), kind }
+                            Msg::Trade {
+                                buy_id,
+                                sell_id,
+                                price: Price::from_raw(best),
+                                qty: Qty::from_raw(qty),
+                                kind,
+                            }
                         }
                     }
                 } else {

@@ -88,7 +88,13 @@ fn bad(origin: &Origin, msg: String) -> InputError {
 pub fn parse_message(origin: &Origin, line: &str) -> Result<Message, InputError> {
     let f: Vec<&str> = line.split(',').map(str::trim).collect();
     if f.len() < 6 {
-        return Err(bad(origin, format!("message row has {} columns, expected 6 (time,type,order_id,size,price,direction)", f.len())));
+        return Err(bad(
+            origin,
+            format!(
+                "message row has {} columns, expected 6 (time,type,order_id,size,price,direction)",
+                f.len()
+            ),
+        ));
     }
     let kind: u8 = f[1].parse().map_err(|_| bad(origin, format!("type {:?} is not an integer", f[1])))?;
     if !(1..=7).contains(&kind) {
@@ -96,7 +102,9 @@ pub fn parse_message(origin: &Origin, line: &str) -> Result<Message, InputError>
     }
     let id: u64 = f[2].parse().map_err(|_| bad(origin, format!("order id {:?} is not an integer", f[2])))?;
     let size = Qty::parse(f[3]).map_err(|e| bad(origin, format!("size {:?}: {e}", f[3])))?;
-    let price: i64 = f[4].parse().map_err(|_| bad(origin, format!("price {:?} is not an integer (dollars x 10000)", f[4])))?;
+    let price: i64 = f[4]
+        .parse()
+        .map_err(|_| bad(origin, format!("price {:?} is not an integer (dollars x 10000)", f[4])))?;
     let price = price
         .checked_mul(PRICE_UNIT)
         .map(Price::from_raw)
@@ -120,7 +128,11 @@ fn read_seed(path: &Path) -> anyhow::Result<Vec<(Side, Price, Qty)>> {
         done = true;
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
         if f.is_empty() || f.len() % 4 != 0 {
-            return Err(bad(origin, format!("orderbook row has {} columns, expected a multiple of 4", f.len())).into());
+            return Err(bad(
+                origin,
+                format!("orderbook row has {} columns, expected a multiple of 4", f.len()),
+            )
+            .into());
         }
         let mut out = Vec::new();
         for (i, chunk) in f.chunks(4).enumerate() {
@@ -128,7 +140,8 @@ fn read_seed(path: &Path) -> anyhow::Result<Vec<(Side, Price, Qty)>> {
                 let price: i64 = p
                     .parse()
                     .map_err(|_| bad(origin, format!("level {} price {p:?} is not an integer", i + 1)))?;
-                let size = Qty::parse(s).map_err(|e| bad(origin, format!("level {} size {s:?}: {e}", i + 1)))?;
+                let size =
+                    Qty::parse(s).map_err(|e| bad(origin, format!("level {} size {s:?}: {e}", i + 1)))?;
                 if size.is_zero() || price == EMPTY_ASK_PRICE || price == EMPTY_BID_PRICE {
                     continue;
                 }

@@ -263,19 +263,31 @@ fn read_csv(
         Ok(())
     })?;
     if cols.is_none() {
-        return Err(InputError::new(Origin { path: path.to_path_buf(), line: 1 }, "file is empty (no header)").into());
+        return Err(InputError::new(
+            Origin { path: path.to_path_buf(), line: 1 },
+            "file is empty (no header)",
+        )
+        .into());
     }
     Ok(rows)
 }
 
-fn read_orders(path: &Path, tick: Price, symbols: &mut Symbols, events: &mut Vec<Event>) -> anyhow::Result<usize> {
+fn read_orders(
+    path: &Path,
+    tick: Price,
+    symbols: &mut Symbols,
+    events: &mut Vec<Event>,
+) -> anyhow::Result<usize> {
     read_csv(path, &ORDER_COLS, |o, f| {
         let time = time(o, f[0])?;
         let kind = match f[1] {
             "2" => Kind::Order,
             "10" => Kind::Cancel,
             other => {
-                return Err(InputError::new(o.clone(), format!("unknown OrderType {other:?} (expected 2 or 10)")))
+                return Err(InputError::new(
+                    o.clone(),
+                    format!("unknown OrderType {other:?} (expected 2 or 10)"),
+                ))
             }
         };
         let price = price(o, "OrderPrice", f[2], tick)?;
@@ -284,7 +296,10 @@ fn read_orders(path: &Path, tick: Price, symbols: &mut Symbols, events: &mut Vec
             "1" | "B" => Side::Bid,
             "2" | "S" => Side::Ask,
             other => {
-                return Err(InputError::new(o.clone(), format!("unknown OrderBSFlag {other:?} (expected 1 or 2)")))
+                return Err(InputError::new(
+                    o.clone(),
+                    format!("unknown OrderBSFlag {other:?} (expected 1 or 2)"),
+                ))
             }
         };
         let channel = num(o, "ChannelNo", f[5])?;
@@ -300,7 +315,12 @@ fn read_orders(path: &Path, tick: Price, symbols: &mut Symbols, events: &mut Vec
     })
 }
 
-fn read_trades(path: &Path, tick: Price, symbols: &mut Symbols, events: &mut Vec<Event>) -> anyhow::Result<usize> {
+fn read_trades(
+    path: &Path,
+    tick: Price,
+    symbols: &mut Symbols,
+    events: &mut Vec<Event>,
+) -> anyhow::Result<usize> {
     read_csv(path, &TRADE_COLS, |o, f| {
         let time = time(o, f[0])?;
         let buy_id = num(o, "TradeBuyNo", f[1])?;
@@ -310,7 +330,10 @@ fn read_trades(path: &Path, tick: Price, symbols: &mut Symbols, events: &mut Vec
             "2" | "S" => TradeKind::SellInitiated,
             "0" | "N" => TradeKind::Auction,
             other => {
-                return Err(InputError::new(o.clone(), format!("unknown TradeBSFlag {other:?} (expected 0, 1 or 2)")))
+                return Err(InputError::new(
+                    o.clone(),
+                    format!("unknown TradeBSFlag {other:?} (expected 0, 1 or 2)"),
+                ))
             }
         };
         let price = price(o, "TradePrice", f[4], tick)?;
