@@ -9,41 +9,12 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use shared::book::{Level, LevelUpdate, OrderBook, Side};
-use shared::testkit::Rng;
-use shared::{Price, Qty};
 
 const LEVELS: i64 = 1_000;
 const UPDATES: usize = 1_000_000;
-const MID: i64 = 5_000_000; // in ticks
-const TICK: i64 = 1_000_000; // 0.01
 
-/// A book of `LEVELS` levels per side and a stream of updates that lands mostly near the top:
-/// existing levels are modified (70%) or deleted (30%), missing ones inserted, so the book keeps
-/// its size the way a real one does.
 fn workload(seed: u64) -> (OrderBook, Vec<LevelUpdate>) {
-    let mut rng = Rng::new(seed);
-    let mut book = OrderBook::new();
-    let price = |side: Side, d: i64| match side {
-        Side::Bid => Price::from_raw((MID - d) * TICK),
-        Side::Ask => Price::from_raw((MID + 1 + d) * TICK),
-    };
-    for d in 0..LEVELS {
-        for side in [Side::Bid, Side::Ask] {
-            book.apply(side, price(side, d), Qty::from_raw(1 + rng.below(1_000_000) as i64));
-        }
-    }
-    let mut model = book.clone();
-    let mut updates = Vec::with_capacity(UPDATES);
-    while updates.len() < UPDATES {
-        let side = if rng.chance(1, 2) { Side::Bid } else { Side::Ask };
-        let d = rng.top_skewed(LEVELS as u64 + 200) as i64;
-        let p = price(side, d);
-        let exists = !model.side(side).get(p).is_zero();
-        let qty = if exists && rng.chance(3, 10) { Qty::ZERO } else { Qty::from_raw(1 + rng.below(1_000_000) as i64) };
-        model.apply(side, p, qty);
-        updates.push(LevelUpdate { side, price: p, qty });
-    }
-    (book, updates)
+    shared::testkit::l2_workload(seed, LEVELS, UPDATES)
 }
 
 /// The baseline: one `BTreeMap` per side.
