@@ -543,6 +543,13 @@ pub fn run(args: &Args, out: &mut dyn Write) -> anyhow::Result<bool> {
         serde_json::to_writer(&mut *out, r)?;
         out.write_all(b"\n")?;
     }
+    if !args.subset && reports.iter().any(|r| r.seq_gaps > 0) {
+        eprintln!(
+            "millrace replay sse: ApplSeqNum jumps within a channel (seq_gaps). If these files hold only \
+             some securities of each channel (vendor extracts usually do), rerun with --subset: numbers \
+             must then only increase, and the holes are reported as channel_seq_holes."
+        );
+    }
     Ok(ok)
 }
 
