@@ -211,7 +211,7 @@ fn bridge_verdict(rule: ContinuityRule, snapshot_id: u64, d: &DepthDelta) -> Ver
         ContinuityRule::Spot => {
             if d.last_id <= snapshot_id {
                 Verdict::Stale
-            } else if d.first_id <= snapshot_id + 1 {
+            } else if d.first_id <= snapshot_id.saturating_add(1) {
                 Verdict::Apply
             } else {
                 Verdict::Gap
@@ -242,7 +242,7 @@ fn continue_verdict(rule: ContinuityRule, last: u64, d: &DepthDelta) -> Verdict 
             }
         }
         _ => {
-            if d.first_id > last + 1 {
+            if d.first_id > last.saturating_add(1) {
                 Verdict::Gap
             } else {
                 Verdict::Apply
@@ -1003,6 +1003,25 @@ mod tests {
         assert_eq!(s.stats().verifications_abandoned, 2);
     }
 
+    /// Absurd update ids (0, u64::MAX, U > u) never panic and never corrupt a synced book.
+    #[test]
+    fn absurd_ids_do_not_panic() {
+        for rule in [ContinuityRule::Spot, ContinuityRule::Futures] {
+            let mut c = spot();
+            c.rule = rule;
+            let mut s = BookSync::new(c);
+            s.handle_snapshot(snap(u64::MAX, &[(1, 1)], &[(2, 1)]), 0);
+            s.handle_delta(delta(u64::MAX, u64::MAX, &[(1, 5)], &[]), 0);
+            s.handle_delta(delta(0, 0, &[(1, 6)], &[]), 0);
+            let mut s = BookSync::new(SyncConfig { rule, ..spot() });
+            s.handle_snapshot(snap(5, &[(1, 1)], &[(2, 1)]), 0);
+            s.handle_delta(DepthDelta { prev_last_id: Some(u64::MAX), ..delta(9, 3, &[(1, 7)], &[]) }, 0);
+            s.handle_delta(delta(u64::MAX, u64::MAX, &[(1, 8)], &[]), 0);
+            while s.poll_event().is_some() {}
+            assert!(s.book().best_bid().unwrap().qty != Qty::from_units(7), "{rule:?}: U > u must not bridge");
+        }
+    }
+
     #[test]
     fn buffer_is_bounded() {
         let mut c = spot();
@@ -1021,11 +1040,23 @@ mod tests {
     /// converge once the channel is clean again.
     #[test]
     fn converges_under_drops_duplicates_and_reordering() {
+        converge(ContinuityRule::Spot);
+    }
+
+    /// The same with Binance futures events, which carry `pu` and are checked by it.
+    #[test]
+    fn futures_rule_converges_under_drops_duplicates_and_reordering() {
+        converge(ContinuityRule::Futures);
+    }
+
+    fn converge(rule: ContinuityRule) {
         for seed in 0..40 {
             let mut rng = Rng::new(seed);
             let mut truth = OrderBook::new();
             let mut history: Vec<(u64, OrderBook)> = Vec::new();
-            let mut s = BookSync::new(spot());
+            let mut config = spot();
+            config.rule = rule;
+            let mut s = BookSync::new(config);
             let mut id = 0u64;
             let mut pending_snapshot = false;
             let mut in_flight: Vec<DepthDelta> = Vec::new();
@@ -1060,10 +1091,13 @@ mod tests {
                         asks.push(lv(1001 + d, q));
                     }
                 }
-                let first = id + 1;
-                id += 1 + rng.below(3); // several raw updates per event
+                let prev = id;
+                // futures events may skip ids (pu links them); spot events are contiguous
+                let first = if rule == ContinuityRule::Futures { id + 1 + rng.below(3) } else { id + 1 };
+                id = first + rng.below(3); // several raw updates per event
                 history.push((id, truth.clone()));
-                let mut ev = DepthDelta { first_id: first, last_id: id, prev_last_id: None, bids, asks, checksum: None };
+                let prev_last_id = (rule == ContinuityRule::Futures).then_some(prev);
+                let mut ev = DepthDelta { first_id: first, last_id: id, prev_last_id, bids, asks, checksum: None };
                 if rng.chance(1, 3) {
                     ev.checksum = Some(truth.checksum(10));
                 }
