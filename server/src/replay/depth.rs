@@ -354,7 +354,9 @@ fn bad(origin: &Origin, msg: impl Into<String>) -> anyhow::Error {
 /// Parses `secs.frac` (cryptofeed) into nanoseconds, exactly.
 fn parse_secs(origin: &Origin, s: &str) -> anyhow::Result<i128> {
     let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    let int: i128 = int.parse().map_err(|_| bad(origin, format!("bad timestamp {s:?}")))?;
+    // i64 seconds: a larger value is not a timestamp (and would overflow the nanoseconds)
+    let int: i64 = int.parse().map_err(|_| bad(origin, format!("bad timestamp {s:?}")))?;
+    let int = int as i128;
     let mut frac_ns: i128 = 0;
     for (i, c) in frac.bytes().enumerate() {
         if !c.is_ascii_digit() {
@@ -493,6 +495,7 @@ mod tests {
         assert_eq!(parse_secs(&origin(), "1633998512.0633569").unwrap(), 1_633_998_512_063_356_900);
         assert_eq!(parse_secs(&origin(), "1633998512").unwrap(), 1_633_998_512_000_000_000);
         assert!(parse_secs(&origin(), "16x").is_err());
+        assert!(parse_secs(&origin(), "999999999999999999999999999999.5").is_err());
     }
 
     #[test]
@@ -506,6 +509,49 @@ mod tests {
         assert!(e.to_string().contains("no symbol="), "{e}");
         let e = parse_line(FileKind::Stream, &origin(), "123 {\"stream\":\"x@depth\",\"data\":{\"e\":\"depthUpdate\",\"s\":\"X\",\"U\":5,\"u\":2,\"b\":[],\"a\":[]}}").unwrap_err();
         assert!(e.to_string().contains("U 5 > u 2"), "{e}");
+    }
+
+    /// Randomly damaged lines (bytes flipped, cut, duplicated) give errors or events, never panics.
+    #[test]
+    fn damaged_lines_never_panic() {
+        let lines = [
+            (FileKind::Stream, r#"1633998512.564785: {"stream":"nknusdt@depth@100ms","data":{"e":"depthUpdate","E":1633998512568,"s":"NKNUSDT","U":499869753,"u":499869754,"b":[["0.35170000","4265.00000000"]],"a":[["0.35290000","10968.00000000"]]}}"#),
+            (FileKind::Stream, r#"1723161254024619568 {"stream":"ethusdt@bookTicker","data":{"u":35346513501,"s":"ETHUSDT","b":"2683.80000000","B":"3.02920000","a":"2683.81000000","A":"31.43950000"}}"#),
+            (FileKind::Stream, r#"1626992741.081672: {"stream":"sushiusdt@depth@100ms","data":{"e":"depthUpdate","E":1626992741037,"T":1626992741024,"s":"SUSHIUSDT","U":600859599090,"u":600859600917,"pu":600859598061,"b":[["7.5040","813"]],"a":[["7.6150","1563"]]}}"#),
+            (FileKind::CryptofeedHttp, r#"https://api.binance.com/api/v3/depth?symbol=NKNUSDT&limit=1000 -> 1633998512.320639: {"lastUpdateId":499869752,"bids":[["0.35210000","672.00000000"]],"asks":[["0.35290000","1.0"]]}"#),
+        ];
+        let mut rng = shared::testkit::Rng::new(1);
+        let (mut ok, mut err) = (0, 0);
+        for _ in 0..20_000 {
+            let (kind, line) = lines[rng.below(lines.len() as u64) as usize];
+            let mut b = line.as_bytes().to_vec();
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(b.len() as u64) as usize;
+                match rng.below(4) {
+                    0 => {
+                        let pool = b"0123456789-.,:\"[]{}ex ";
+                        b[i] = pool[rng.below(pool.len() as u64) as usize];
+                    }
+                    1 => b.truncate(i.max(1)),
+                    2 => b.insert(i, b[i]),
+                    _ => {
+                        b.remove(i);
+                    }
+                }
+                if b.is_empty() {
+                    b.push(b'x');
+                }
+            }
+            let Ok(text) = std::str::from_utf8(&b) else { continue };
+            match parse_line(kind, &origin(), text) {
+                Ok(_) => ok += 1,
+                Err(e) => {
+                    assert!(e.to_string().starts_with("x:3: "), "{e}");
+                    err += 1;
+                }
+            }
+        }
+        assert!(ok > 100 && err > 100, "ok {ok} err {err}");
     }
 
     #[test]
