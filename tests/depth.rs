@@ -139,7 +139,7 @@ fn a_wrong_ticker_is_a_mismatch() {
 #[test]
 fn bad_files_name_file_and_line() {
     let p = temp("bad.ws.1.0", "wss://x <-> 1\n1.5: {\"stream\":\"abc@depth@100ms\",\"data\":{\"e\":\"depthUpdate\",\"s\":\"ABC\",\"U\":1,\"u\":2,\"b\":[[\"1.x\",\"1\"]],\"a\":[]}}\n");
-    let e = replay(&[p.clone()]).unwrap_err().to_string();
+    let e = replay(std::slice::from_ref(&p)).unwrap_err().to_string();
     assert!(e.contains("bad.ws.1.0:2") && e.contains("bad price"), "{e}");
     let p = temp("trunc.ws.1.0", "wss://x <-> 1\n1.5: {\"stream\":\"abc@depth@100ms\",\"data\":{\"e\":\"depthUp");
     let e = replay(&[p]).unwrap_err().to_string();
