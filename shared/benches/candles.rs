@@ -1,7 +1,12 @@
 //! Candle aggregation throughput: closed 1m candles through `DerivedAggregator` into every derived
 //! timeframe (3m … 1d), counted in 1m candles per second.
 //!
-//! Run: `cargo bench -p shared --bench candles -- --warm-up-time 1 --measurement-time 3`
+//! `aggregate_all_tf/*` feeds the candles with `push_closed_1m_batch` in batches of 200 (the
+//! default flush batch; the randomized `batch_matches_one_by_one` test proves the output equals
+//! feeding them one by one), `push_one_by_one/*` with `push_closed_1m`, for comparison in the
+//! same run.
+//!
+//! Run: `cargo bench -p shared --bench candles -- --warm-up-time 1 --measurement-time 4`
 
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
@@ -59,17 +64,45 @@ mod native {
         (closed, check)
     }
 
+    /// The same through `push_closed_1m_batch`, `batch` candles at a time; `out` is the caller's
+    /// buffer, emptied after each batch as a consumer would.
+    fn run_batch(ones: &[Candle], batch: usize, out: &mut Vec<(Timeframe, Candle)>) -> (usize, i64) {
+        let mut agg = DerivedAggregator::new(&derived());
+        let mut closed = 0;
+        let mut check = 0i64;
+        for chunk in ones.chunks(batch) {
+            out.clear();
+            agg.push_closed_1m_batch(chunk, out).expect("valid input");
+            closed += out.len();
+            for (_, k) in out.iter() {
+                check ^= k.close.raw();
+            }
+        }
+        closed += agg.flush().len();
+        (closed, check)
+    }
+
     pub fn aggregate(c: &mut Criterion) {
         let mut group = c.benchmark_group("candles");
-        for (name, gaps) in [("aggregate_all_tf/contiguous", false), ("aggregate_all_tf/5pct_missing", true)]
-        {
+        let mut out = Vec::new();
+        for (name, gaps) in [("contiguous", false), ("5pct_missing", true)] {
             let ones = minutes(2, gaps);
             // Sanity: a complete 2-day input closes 2 * (480 + 288 + 96 + 48 + 24 + 12 + 6 + 4 + 3 + 2 + 1).
             if !gaps {
                 assert_eq!(run(&ones).0, 2 * 964);
             }
+            assert_eq!(run_batch(&ones, 200, &mut out).0, run(&ones).0);
+            assert_eq!(run_batch(&ones, ones.len(), &mut out).0, run(&ones).0);
             group.throughput(Throughput::Elements(ones.len() as u64));
-            group.bench_function(name, |b| b.iter(|| black_box(run(black_box(&ones)))));
+            group.bench_function(format!("aggregate_all_tf/{name}"), |b| {
+                b.iter(|| black_box(run_batch(black_box(&ones), 200, &mut out)))
+            });
+            group.bench_function(format!("aggregate_all_tf_one_batch/{name}"), |b| {
+                b.iter(|| black_box(run_batch(black_box(&ones), ones.len(), &mut out)))
+            });
+            group.bench_function(format!("push_one_by_one/{name}"), |b| {
+                b.iter(|| black_box(run(black_box(&ones))))
+            });
         }
 
         // For comparison: re-merging each bucket's slice of 1m candles with `merge` for every

@@ -397,6 +397,131 @@ fn bucket_open_slow(ts: i64, dur: i64) -> i64 {
     ts - ts.rem_euclid(dur)
 }
 
+/// The validation of [`DerivedAggregator::push_closed_1m`] for a candle expected at `expect`
+/// (directly after the last accepted minute, within range), as one branch-free test. A candle that
+/// fails it goes through the general path, which finds the exact error.
+#[inline(always)]
+fn fast_ok(c: &Candle, expect: i64) -> bool {
+    // open and close within [low, high] also implies low <= high.
+    let bad = (c.open_time != expect)
+        | (c.minutes != 1)
+        | (c.open < c.low)
+        | (c.open > c.high)
+        | (c.close < c.low)
+        | (c.close > c.high)
+        | (c.volume.0 < 0);
+    !bad
+}
+
+/// A level fed by 1m candles, held in registers during [`DerivedAggregator::run_contiguous`].
+#[derive(Clone, Copy)]
+struct RawAcc {
+    high: Price,
+    low: Price,
+    /// 1m candles still to come before the bucket's last minute is in.
+    rem: u32,
+    /// `minutes` of the bucket when it closes (its carried minutes plus those still to come).
+    minutes_bias: u32,
+    open_time: i64,
+    open: Price,
+    /// The run's volume and trade prefix sums at the bucket start, less what the bucket already
+    /// had from before the run.
+    volume_base: i128,
+    trades_base: u64,
+    /// Bucket length in minutes.
+    dur_min: u32,
+}
+
+impl RawAcc {
+    const EMPTY: RawAcc = RawAcc {
+        high: Price(0),
+        low: Price(0),
+        rem: 0,
+        minutes_bias: 0,
+        open_time: 0,
+        open: Price(0),
+        volume_base: 0,
+        trades_base: 0,
+        dur_min: 0,
+    };
+
+    /// The state of `lv` about to receive `first`, the minute right after the last accepted one.
+    #[inline(always)]
+    fn load(lv: &Level, first: &Candle) -> RawAcc {
+        let dur_min = (lv.dur / MINUTE_MS) as u32;
+        let m = first.open_time;
+        if lv.active {
+            // `first` lies in the active bucket: buckets close on their last minute or on a gap.
+            let rem = ((lv.end - m) / MINUTE_MS) as u32;
+            RawAcc {
+                high: lv.acc.high,
+                low: lv.acc.low,
+                rem,
+                minutes_bias: lv.acc.minutes.wrapping_add(rem),
+                open_time: lv.acc.open_time,
+                open: lv.acc.open,
+                volume_base: 0i128.wrapping_sub(lv.acc.volume.0),
+                trades_base: 0u64.wrapping_sub(lv.acc.trades),
+                dur_min,
+            }
+        } else {
+            // A new bucket; after a flush it may be the rest of the flushed one (rule 5).
+            let open_time = if m >= lv.end && m < lv.end + lv.dur { lv.end } else { bucket_open_slow(m, lv.dur) };
+            let rem = ((open_time + lv.dur - m) / MINUTE_MS) as u32;
+            RawAcc {
+                high: Price(i64::MIN),
+                low: Price(i64::MAX),
+                rem,
+                minutes_bias: rem,
+                open_time,
+                open: first.open,
+                volume_base: 0,
+                trades_base: 0,
+                dur_min,
+            }
+        }
+    }
+
+    /// Starts the next bucket after a close; `next` is the following candle if there is one (its
+    /// open is only used if it turns out valid and contiguous, i.e. in this bucket).
+    #[inline(always)]
+    fn restart(&mut self, next: Option<&Candle>, volume: i128, trades: u64) {
+        self.high = Price(i64::MIN);
+        self.low = Price(i64::MAX);
+        self.rem = self.dur_min;
+        self.minutes_bias = self.dur_min;
+        self.open_time += self.dur_min as i64 * MINUTE_MS;
+        if let Some(n) = next {
+            self.open = n.open;
+        }
+        self.volume_base = volume;
+        self.trades_base = trades;
+    }
+
+    /// Writes the state back to `lv` after the run ended with `last`.
+    #[inline(always)]
+    fn store(&self, lv: &mut Level, last: &Candle, volume: i128, trades: u64) {
+        if self.rem == self.dur_min {
+            // Nothing in the current bucket: the level closed on `last` (close_raw kept the candle).
+            lv.active = false;
+            lv.end = self.open_time;
+        } else {
+            lv.active = true;
+            lv.end = self.open_time + lv.dur;
+            lv.acc = Candle {
+                open_time: self.open_time,
+                open: self.open,
+                high: self.high,
+                low: self.low,
+                close: last.close,
+                volume: Volume(volume.wrapping_sub(self.volume_base)),
+                trades: trades.wrapping_sub(self.trades_base),
+                minutes: self.minutes_bias - self.rem,
+            };
+        }
+    }
+}
+
 /// At most this many derived timeframes (all of [`Timeframe::ALL`] but 1m).
 const MAX_LEVELS: usize = Timeframe::ALL.len() - 1;
 
@@ -409,6 +534,10 @@ pub struct DerivedAggregator {
     levels: Vec<Level>,
     /// Bit mask of the levels fed directly by 1m candles.
     raw_sinks: u16,
+    /// How many levels that is (at most 2, since every timeframe but 3m and 5m is a multiple of
+    /// 15m, and of any two of 4h, 6h, 8h, 12h and 1d that are not multiples of each other the
+    /// next larger ones are multiples of one of them).
+    raw_count: u32,
     /// Whether 1m itself is configured (each accepted 1m candle is emitted as closed).
     emit_1m: bool,
     last_minute: Option<i64>,
@@ -457,7 +586,8 @@ impl DerivedAggregator {
         // A level closes at most twice per 1m candle (once for a gap, once more if that candle is
         // its bucket's last minute), so the output never reallocates.
         let out = Vec::with_capacity(2 * levels.len() + 1);
-        Self { levels, raw_sinks, emit_1m, last_minute: None, out }
+        let raw_count = raw_sinks.count_ones();
+        Self { levels, raw_sinks, raw_count, emit_1m, last_minute: None, out }
     }
 
     /// An aggregator for every timeframe in [`Timeframe::ALL`], 1m included.
@@ -485,6 +615,56 @@ impl DerivedAggregator {
     /// one instant). The slice is valid until the next call. On error nothing changes.
     #[inline]
     pub fn push_closed_1m(&mut self, c: Candle) -> Result<&[(Timeframe, Candle)], CandleError> {
+        let contiguous = self.validate(&c)?;
+        let mut out = core::mem::take(&mut self.out);
+        out.clear();
+        self.apply(c, contiguous, &mut out);
+        self.out = out;
+        Ok(&self.out)
+    }
+
+    /// Accepts a batch of closed 1m candles, oldest first, and **appends** to `out` the candles
+    /// they close: exactly what feeding them one by one to [`DerivedAggregator::push_closed_1m`]
+    /// would return, concatenated. Stops at the first rejected candle and returns its index and
+    /// the error `push_closed_1m` would give; `out` then holds the output of the candles before
+    /// it and the aggregator is as after the last accepted one (so the caller may skip the bad
+    /// candle and resume with the rest).
+    ///
+    /// Faster than one by one: a run of minutes that directly follow each other is validated and
+    /// folded in one tight pass (see the module docs, "Hot path").
+    pub fn push_closed_1m_batch(
+        &mut self,
+        candles: &[Candle],
+        out: &mut Vec<(Timeframe, Candle)>,
+    ) -> Result<(), (usize, CandleError)> {
+        let mut i = 0;
+        while i < candles.len() {
+            i = match self.raw_count {
+                1 => self.run_contiguous::<1>(candles, i, out),
+                2 => self.run_contiguous::<2>(candles, i, out),
+                0 => self.run_contiguous::<0>(candles, i, out),
+                _ => i,
+            };
+            let Some(&c) = candles.get(i) else { break };
+            // A gap, a rejected candle, or the first candle: the general path.
+            self.push_into(c, out).map_err(|e| (i, e))?;
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// [`DerivedAggregator::push_closed_1m`], appending to `out`.
+    #[inline(always)]
+    fn push_into(&mut self, c: Candle, out: &mut Vec<(Timeframe, Candle)>) -> Result<(), CandleError> {
+        let contiguous = self.validate(&c)?;
+        self.apply(c, contiguous, out);
+        Ok(())
+    }
+
+    /// The checks of [`DerivedAggregator::push_closed_1m`]; whether `c` directly follows the last
+    /// accepted minute.
+    #[inline(always)]
+    fn validate(&self, c: &Candle) -> Result<bool, CandleError> {
         let m = c.open_time;
         // The common case, the minute right after the last one, is aligned by construction.
         let contiguous = self.last_minute.is_some_and(|last| m == last + MINUTE_MS) && m <= TIME_LIMIT_MS;
@@ -495,15 +675,20 @@ impl DerivedAggregator {
             return Err(CandleError::NotOneMinute { open_time: m, minutes: c.minutes });
         }
         c.check()?;
+        Ok(contiguous)
+    }
 
-        self.out.clear();
+    /// Accepts a validated candle, appending what it closes to `out`.
+    #[inline(always)]
+    fn apply(&mut self, c: Candle, contiguous: bool, out: &mut Vec<(Timeframe, Candle)>) {
+        let m = c.open_time;
         self.last_minute = Some(m);
         if !contiguous {
             // Minutes were skipped: close every bucket that ended before this minute.
-            self.close_ended(m);
+            self.close_ended(m, out);
         }
         if self.emit_1m {
-            self.out.push((Timeframe::M1, c));
+            out.push((Timeframe::M1, c));
         }
         // Feed the levels built from 1m; a level that completes feeds the levels built from it.
         // Sources have lower indices than their sinks, so lowest-pending-first is a valid order.
@@ -513,20 +698,128 @@ impl DerivedAggregator {
             let i = raw.trailing_zeros() as usize;
             raw &= raw - 1;
             let Some(lv) = self.levels.get_mut(i) else { break };
-            if lv.feed(&c, &mut self.out) {
+            if lv.feed(&c, out) {
                 pending |= lv.sinks;
             }
         }
+        self.cascade(pending, out);
+    }
+
+    /// Feeds the levels in `pending` (and, as they close, their sinks) from their sources'
+    /// freshly closed candles, lowest index first.
+    #[inline(always)]
+    fn cascade(&mut self, mut pending: u16, out: &mut Vec<(Timeframe, Candle)>) {
         while pending != 0 {
             let i = pending.trailing_zeros() as usize;
             pending &= pending - 1;
             let (lower, rest) = self.levels.split_at_mut(i);
             let Some(lv) = rest.first_mut() else { break };
-            if lv.feed(&lower[lv.source as usize].acc, &mut self.out) {
+            if lv.feed(&lower[lv.source as usize].acc, out) {
                 pending |= lv.sinks;
             }
         }
-        Ok(&self.out)
+    }
+
+    /// A raw level's bucket closed inside [`DerivedAggregator::run_contiguous`]: emit it and keep
+    /// it as the level's last closed candle; returns the levels to pass it on to.
+    #[inline(always)]
+    fn close_raw(&mut self, level: usize, closed: Candle, out: &mut Vec<(Timeframe, Candle)>) -> u16 {
+        let Some(lv) = self.levels.get_mut(level) else { return 0 };
+        out.push((lv.tf, closed));
+        lv.acc = closed;
+        lv.active = false;
+        lv.sinks
+    }
+
+    /// [`DerivedAggregator::cascade`], out of line.
+    #[inline(never)]
+    fn cascade_cold(&mut self, pending: u16, out: &mut Vec<(Timeframe, Candle)>) {
+        self.cascade(pending, out);
+    }
+
+    /// Accepts candles from `candles[start..]` while each is valid and directly follows the last
+    /// accepted minute, with the `N` levels fed by 1m (`raw_count`) kept in registers; returns
+    /// the index of the first candle not taken. Same effect as `push_into` on each of them.
+    ///
+    /// Per candle this only validates, adds volume and trades to running prefix sums (shared by
+    /// all levels), and updates each raw level's high, low and countdown to its bucket end; the
+    /// rest of a bucket (open, close, volume and trade differences, minutes) is worked out when
+    /// it closes.
+    #[inline(always)]
+    fn run_contiguous<const N: usize>(
+        &mut self,
+        candles: &[Candle],
+        start: usize,
+        out: &mut Vec<(Timeframe, Candle)>,
+    ) -> usize {
+        let Some(last) = self.last_minute else { return start };
+        // Stay within TIME_LIMIT_MS; a candle past it goes to the general path (and is rejected).
+        let room = ((TIME_LIMIT_MS - last) / MINUTE_MS).max(0) as usize;
+        let stop = candles.len().min(start.saturating_add(room));
+        let Some(run) = candles.get(start..stop) else { return start };
+        let Some(first) = run.first() else { return start };
+        let m0 = last + MINUTE_MS;
+        if !fast_ok(first, m0) {
+            return start;
+        }
+        let mut raw = [RawAcc::EMPTY; N];
+        let mut ids = [0usize; N];
+        let mut mask = self.raw_sinks;
+        for k in 0..N {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask.wrapping_sub(1);
+            ids[k] = i;
+            raw[k] = RawAcc::load(&self.levels[i], first);
+        }
+        let emit_1m = self.emit_1m;
+        // Prefix sums over the run (wrapping; differences of them are exact).
+        let mut volume: i128 = 0;
+        let mut trades: u64 = 0;
+        let mut expect = m0;
+        let mut taken = 0;
+        for (j, c) in run.iter().enumerate() {
+            if !fast_ok(c, expect) {
+                break;
+            }
+            expect += MINUTE_MS;
+            if emit_1m {
+                out.push((Timeframe::M1, *c));
+            }
+            volume = volume.wrapping_add(c.volume.0);
+            trades = trades.wrapping_add(c.trades);
+            // All raw levels first, then what they feed: the order of `push_into`.
+            let mut pending = 0u16;
+            for k in 0..N {
+                let a = &mut raw[k];
+                a.high = if c.high > a.high { c.high } else { a.high };
+                a.low = if c.low < a.low { c.low } else { a.low };
+                a.rem -= 1;
+                if a.rem == 0 {
+                    let closed = Candle {
+                        open_time: a.open_time,
+                        open: a.open,
+                        high: a.high,
+                        low: a.low,
+                        close: c.close,
+                        volume: Volume(volume.wrapping_sub(a.volume_base)),
+                        trades: trades.wrapping_sub(a.trades_base),
+                        minutes: a.minutes_bias,
+                    };
+                    pending |= self.close_raw(ids[k], closed, out);
+                    a.restart(run.get(j + 1), volume, trades);
+                }
+            }
+            if pending != 0 {
+                self.cascade_cold(pending, out);
+            }
+            taken = j + 1;
+        }
+        let Some(last_c) = run.get(taken.wrapping_sub(1)) else { return start };
+        for k in 0..N {
+            raw[k].store(&mut self.levels[ids[k]], last_c, volume, trades);
+        }
+        self.last_minute = Some(last_c.open_time);
+        start + taken
     }
 
     /// The checks on a 1m `open_time` that does not directly follow the last accepted minute.
@@ -547,15 +840,15 @@ impl DerivedAggregator {
 
     /// Closes, shortest timeframe first, every active bucket that ends at or before `limit`,
     /// after passing on to each level the candles its source closed in this same sweep.
-    fn close_ended(&mut self, limit: i64) {
+    fn close_ended(&mut self, limit: i64, out: &mut Vec<(Timeframe, Candle)>) {
         let mut pending = 0u16;
         for i in 0..self.levels.len() {
             let (lower, rest) = self.levels.split_at_mut(i);
             let lv = &mut rest[0];
-            if pending & (1 << i) != 0 && lv.feed(&lower[lv.source as usize].acc, &mut self.out) {
+            if pending & (1 << i) != 0 && lv.feed(&lower[lv.source as usize].acc, out) {
                 pending |= lv.sinks;
             } else if lv.active && lv.end <= limit {
-                lv.close(&mut self.out);
+                lv.close(out);
                 pending |= lv.sinks;
             }
         }
@@ -565,8 +858,10 @@ impl DerivedAggregator {
     /// shorter timeframes first. The last accepted minute is kept, so older input is still
     /// rejected; see rule 5 in the module docs for input that continues a flushed bucket.
     pub fn flush(&mut self) -> &[(Timeframe, Candle)] {
-        self.out.clear();
-        self.close_ended(i64::MAX);
+        let mut out = core::mem::take(&mut self.out);
+        out.clear();
+        self.close_ended(i64::MAX, &mut out);
+        self.out = out;
         &self.out
     }
 
@@ -1197,6 +1492,137 @@ mod tests {
                     assert!(c.minutes >= 1 && c.minutes <= tf.minutes());
                 }
             }
+        }
+    }
+
+    /// Everything but the scratch output buffer.
+    fn same_state(a: &DerivedAggregator, b: &DerivedAggregator) -> bool {
+        a.levels == b.levels
+            && a.last_minute == b.last_minute
+            && (a.raw_sinks, a.raw_count, a.emit_1m) == (b.raw_sinks, b.raw_count, b.emit_1m)
+    }
+
+    /// `push_closed_1m_batch` gives exactly what `push_closed_1m` one by one gives: the same
+    /// candles in the same order, the same errors at the same candles (with the state as after
+    /// the last good one), the same state and forming candles after every batch, for random
+    /// timeframe sets and inputs with gaps, duplicates, out-of-order, misaligned, inconsistent and
+    /// out-of-range candles, flushes between batches, and batches of every size.
+    #[test]
+    fn batch_matches_one_by_one() {
+        let sets: [&[Timeframe]; 6] = [
+            &Timeframe::ALL,
+            &[Timeframe::H4, Timeframe::H6, Timeframe::H8, Timeframe::H12, Timeframe::D1],
+            &[Timeframe::M3, Timeframe::M5, Timeframe::M15],
+            &[Timeframe::M1],
+            &[Timeframe::M5],
+            &[Timeframe::M1, Timeframe::H6, Timeframe::H8],
+        ];
+        for seed in 0..300u64 {
+            let mut rng = Rng::new(1000 + seed);
+            let tfs: Vec<Timeframe> = if seed % 3 == 0 {
+                sets[(seed / 3) as usize % sets.len()].to_vec()
+            } else {
+                Timeframe::ALL.into_iter().filter(|_| rng.chance(1, 2)).collect()
+            };
+            let top = TIME_LIMIT_MS - TIME_LIMIT_MS % 60_000;
+            let mut t = match seed % 5 {
+                0 => top - rng.below(3000) as i64 * 60_000,
+                1 => (rng.below(4 * 1440) as i64 - 2 * 1440) * 60_000,
+                _ => T0 + rng.below(1440) as i64 * 60_000,
+            };
+            let mut mid = 3_000_000;
+            let n = 50 + rng.below(4000) as usize;
+            let gap_rate = [0, 200, 20, 3][rng.below(4) as usize];
+            let bad_rate = [0, 500, 30][rng.below(3) as usize];
+            let mut input: Vec<Candle> = Vec::with_capacity(n);
+            for _ in 0..n {
+                let mut c = random_1m(&mut rng, t, &mut mid);
+                if bad_rate != 0 && rng.chance(1, bad_rate) {
+                    match rng.below(8) {
+                        0 => c.open_time -= 60_000,                          // duplicate
+                        1 => c.open_time -= (2 + rng.below(50) as i64) * 60_000, // out of order
+                        2 => c.open_time += 1 + rng.below(59_999) as i64,    // misaligned
+                        3 => c.minutes = rng.below(3) as u32 * 2,            // 0 or 2 or 4
+                        4 => c.high = Price(c.low.0 - 1),
+                        5 => c.open = Price(c.high.0 + 1),
+                        6 => c.close = Price(c.low.0 - 1),
+                        _ => c.volume = Volume(-1 - rng.below(10) as i128),
+                    }
+                    input.push(c);
+                    continue;
+                }
+                input.push(c);
+                t += if gap_rate != 0 && rng.chance(1, gap_rate) {
+                    let span = if rng.chance(1, 4) { 3000 } else { 20 };
+                    (2 + rng.below(span) as i64) * 60_000
+                } else {
+                    60_000
+                };
+            }
+
+            let mut one = DerivedAggregator::new(&tfs);
+            let mut bat = DerivedAggregator::new(&tfs);
+            let mut want: Vec<(Timeframe, Candle)> = Vec::new();
+            let mut got: Vec<(Timeframe, Candle)> = Vec::new();
+            let mut want_err: Vec<(usize, CandleError)> = Vec::new();
+            let mut got_err: Vec<(usize, CandleError)> = Vec::new();
+            let mut pos = 0;
+            while pos < input.len() {
+                let len = match rng.below(4) {
+                    0 => 1,
+                    1 => rng.below(8) as usize,
+                    2 => rng.below(300) as usize,
+                    _ => input.len(),
+                }
+                .min(input.len() - pos);
+                let batch = &input[pos..pos + len];
+                if rng.chance(1, 3) {
+                    // The caller consumed the output.
+                    got.clear();
+                    want.clear();
+                }
+                // Reference, one by one.
+                for (k, c) in batch.iter().enumerate() {
+                    match one.push_closed_1m(*c) {
+                        Ok(o) => want.extend_from_slice(o),
+                        Err(e) => want_err.push((pos + k, e)),
+                    }
+                }
+                // Batch: resume after each rejected candle.
+                let mut from = 0;
+                let mark = got.len();
+                while from <= batch.len() {
+                    let rest = &batch[from..];
+                    let before = bat.clone();
+                    match bat.push_closed_1m_batch(rest, &mut got) {
+                        Ok(()) => break,
+                        Err((i, e)) => {
+                            // The state is as after the last good candle: replaying rest[..i]
+                            // one by one on `before` gives it.
+                            let mut check = before;
+                            for c in &rest[..i] {
+                                check.push_closed_1m(*c).unwrap();
+                            }
+                            assert!(same_state(&check, &bat), "seed {seed}: state after error");
+                            got_err.push((pos + from + i, e));
+                            from += i + 1;
+                        }
+                    }
+                }
+                assert!(got.len() >= mark);
+                assert_eq!(got, want, "seed {seed} tfs {tfs:?} batch at {pos} len {len}");
+                assert_eq!(got_err, want_err, "seed {seed}");
+                assert!(same_state(&one, &bat), "seed {seed} after batch at {pos}");
+                let probe = input.get(pos + len).copied();
+                for tf in &tfs {
+                    assert_eq!(one.forming(*tf, probe.as_ref()), bat.forming(*tf, probe.as_ref()));
+                }
+                if rng.chance(1, 20) {
+                    assert_eq!(one.flush().to_vec(), bat.flush().to_vec(), "seed {seed}");
+                }
+                pos += len;
+            }
+            assert_eq!(one.flush().to_vec(), bat.flush().to_vec());
         }
     }
 
