@@ -84,6 +84,33 @@ mod native {
 
     pub fn aggregate(c: &mut Criterion) {
         let mut group = c.benchmark_group("candles");
+        // Where the time goes: the same batch path with fewer timeframes configured.
+        {
+            use Timeframe::*;
+            let ones = minutes(2, false);
+            let mut out = Vec::new();
+            group.throughput(Throughput::Elements(ones.len() as u64));
+            let configs: [(&str, Vec<Timeframe>); 4] = [
+                ("validate_only", vec![]),
+                ("3m_5m", vec![M3, M5]),
+                ("3m_5m_15m", vec![M3, M5, M15]),
+                ("3m_to_1h", vec![M3, M5, M15, M30, H1]),
+            ];
+            for (name, tfs) in configs {
+                group.bench_function(format!("breakdown/{name}"), |b| {
+                    b.iter(|| {
+                        let mut agg = DerivedAggregator::new(&tfs);
+                        let mut n = 0;
+                        for chunk in black_box(&ones).chunks(200) {
+                            out.clear();
+                            agg.push_closed_1m_batch(chunk, &mut out).expect("valid input");
+                            n += out.len();
+                        }
+                        black_box(n)
+                    })
+                });
+            }
+        }
         let mut out = Vec::new();
         for (name, gaps) in [("contiguous", false), ("5pct_missing", true)] {
             let ones = minutes(2, gaps);

@@ -372,12 +372,23 @@ impl Level {
                 bucket_open_slow(c.open_time, self.dur)
             };
             self.end = open + self.dur;
-            let next = Candle { open_time: open, ..*c };
-            self.acc = next;
+            // Field by field: `c` may have just been written the same way, and a wide copy of it
+            // would stall on store forwarding.
+            let (o, h, l, cl, v, t, m) = (c.open, c.high, c.low, c.close, c.volume, c.trades, c.minutes);
+            let a = &mut self.acc;
+            a.open_time = open;
+            a.open = o;
+            a.high = h;
+            a.low = l;
+            a.close = cl;
+            a.volume = v;
+            a.trades = t;
+            a.minutes = m;
             let closes = c.open_time + self.source_ms == self.end;
             self.active = !closes;
             if closes {
-                out.push((self.tf, next));
+                let k = Candle { open_time: open, open: o, high: h, low: l, close: cl, volume: v, trades: t, minutes: m };
+                out.push((self.tf, k));
             }
             closes
         }
@@ -411,6 +422,59 @@ fn fast_ok(c: &Candle, expect: i64) -> bool {
         | (c.close > c.high)
         | (c.volume.0 < 0);
     !bad
+}
+
+/// Minutes in a block of [`DerivedAggregator::run_blocks_3_5`] (the least common multiple of 3
+/// and 5).
+const BLOCK: usize = 15;
+const BLOCK_MS: i64 = BLOCK as i64 * MINUTE_MS;
+
+/// High, low, volume and trades of a few consecutive validated 1m candles.
+#[derive(Clone, Copy)]
+struct Seg {
+    high: Price,
+    low: Price,
+    volume: i128,
+    trades: u64,
+}
+
+impl Seg {
+    #[inline(always)]
+    fn of(cs: &[Candle]) -> Seg {
+        let mut s = Seg { high: Price(i64::MIN), low: Price(i64::MAX), volume: 0, trades: 0 };
+        for c in cs {
+            s.high = if c.high > s.high { c.high } else { s.high };
+            s.low = if c.low < s.low { c.low } else { s.low };
+            s.volume = s.volume.wrapping_add(c.volume.0);
+            s.trades = s.trades.wrapping_add(c.trades);
+        }
+        s
+    }
+
+    #[inline(always)]
+    fn join(&self, o: &Seg) -> Seg {
+        Seg {
+            high: if o.high > self.high { o.high } else { self.high },
+            low: if o.low < self.low { o.low } else { self.low },
+            volume: self.volume.wrapping_add(o.volume),
+            trades: self.trades.wrapping_add(o.trades),
+        }
+    }
+
+    /// The candle of `b[lo..hi]`, which this segment folds, opening at `open_time`.
+    #[inline(always)]
+    fn candle(&self, open_time: i64, b: &[Candle; BLOCK], lo: usize, hi: usize) -> Candle {
+        Candle {
+            open_time,
+            open: b[lo].open,
+            high: self.high,
+            low: self.low,
+            close: b[hi - 1].close,
+            volume: Volume(self.volume),
+            trades: self.trades,
+            minutes: (hi - lo) as u32,
+        }
+    }
 }
 
 /// A level fed by 1m candles, held in registers during [`DerivedAggregator::run_contiguous`].
@@ -500,11 +564,15 @@ impl RawAcc {
 
     /// Writes the state back to `lv` after the run ended with `last`.
     #[inline(always)]
-    fn store(&self, lv: &mut Level, last: &Candle, volume: i128, trades: u64) {
+    fn store(&self, lv: &mut Level, last: &Candle, volume: i128, trades: u64, out: &[(Timeframe, Candle)]) {
         if self.rem == self.dur_min {
-            // Nothing in the current bucket: the level closed on `last` (close_raw kept the candle).
+            // Nothing in the current bucket: the level closed on `last`, so its candle is among
+            // the last ones emitted.
             lv.active = false;
             lv.end = self.open_time;
+            if let Some((_, k)) = out.iter().rev().find(|(tf, _)| *tf == lv.tf) {
+                lv.acc = *k;
+            }
         } else {
             lv.active = true;
             lv.end = self.open_time + lv.dur;
@@ -538,6 +606,9 @@ pub struct DerivedAggregator {
     /// 15m, and of any two of 4h, 6h, 8h, 12h and 1d that are not multiples of each other the
     /// next larger ones are multiples of one of them).
     raw_count: u32,
+    /// Whether the levels fed by 1m are exactly 3m and 5m (levels 0 and 1), so that
+    /// `run_blocks_3_5` applies.
+    blocks_3_5: bool,
     /// Whether 1m itself is configured (each accepted 1m candle is emitted as closed).
     emit_1m: bool,
     last_minute: Option<i64>,
@@ -587,7 +658,10 @@ impl DerivedAggregator {
         // its bucket's last minute), so the output never reallocates.
         let out = Vec::with_capacity(2 * levels.len() + 1);
         let raw_count = raw_sinks.count_ones();
-        Self { levels, raw_sinks, raw_count, emit_1m, last_minute: None, out }
+        let blocks_3_5 = raw_sinks == 0b11
+            && levels.first().is_some_and(|l| l.tf == Timeframe::M3 && l.sinks == 0)
+            && levels.get(1).is_some_and(|l| l.tf == Timeframe::M5);
+        Self { levels, raw_sinks, raw_count, blocks_3_5, emit_1m, last_minute: None, out }
     }
 
     /// An aggregator for every timeframe in [`Timeframe::ALL`], 1m included.
@@ -639,12 +713,30 @@ impl DerivedAggregator {
     ) -> Result<(), (usize, CandleError)> {
         let mut i = 0;
         while i < candles.len() {
-            i = match self.raw_count {
-                1 => self.run_contiguous::<1>(candles, i, out),
-                2 => self.run_contiguous::<2>(candles, i, out),
-                0 => self.run_contiguous::<0>(candles, i, out),
+            let from = i;
+            let mut max = usize::MAX;
+            if self.blocks_3_5 {
+                i = if self.emit_1m {
+                    self.run_blocks_3_5::<true>(candles, i, out)
+                } else {
+                    self.run_blocks_3_5::<false>(candles, i, out)
+                };
+                // Candle by candle only up to the next block boundary, then blocks again.
+                if let Some(last) = self.last_minute {
+                    max = (BLOCK_MS - (last + MINUTE_MS).rem_euclid(BLOCK_MS)) as usize / MINUTE_MS as usize;
+                }
+            }
+            i = match (self.raw_count, self.emit_1m) {
+                (1, false) => self.run_contiguous::<1, false>(candles, i, max, out),
+                (2, false) => self.run_contiguous::<2, false>(candles, i, max, out),
+                (1, true) => self.run_contiguous::<1, true>(candles, i, max, out),
+                (2, true) => self.run_contiguous::<2, true>(candles, i, max, out),
+                (0, _) => self.run_contiguous::<0, true>(candles, i, max, out),
                 _ => i,
             };
+            if i > from {
+                continue;
+            }
             let Some(&c) = candles.get(i) else { break };
             // A gap, a rejected candle, or the first candle: the general path.
             self.push_into(c, out).map_err(|e| (i, e))?;
@@ -720,15 +812,130 @@ impl DerivedAggregator {
         }
     }
 
-    /// A raw level's bucket closed inside [`DerivedAggregator::run_contiguous`]: emit it and keep
-    /// it as the level's last closed candle; returns the levels to pass it on to.
+    /// A raw level's bucket closed inside [`DerivedAggregator::run_contiguous`]: emit it, and
+    /// keep it as the level's last closed candle if levels read it from there; returns those
+    /// levels. (Otherwise `RawAcc::store` fetches it back from `out` at the end of the run.)
     #[inline(always)]
     fn close_raw(&mut self, level: usize, closed: Candle, out: &mut Vec<(Timeframe, Candle)>) -> u16 {
         let Some(lv) = self.levels.get_mut(level) else { return 0 };
         out.push((lv.tf, closed));
-        lv.acc = closed;
-        lv.active = false;
+        if lv.sinks != 0 {
+            lv.acc = closed;
+        }
         lv.sinks
+    }
+
+    /// [`DerivedAggregator::cascade`], with the levels fed by level `src` reading `with` instead of
+    /// its accumulator.
+    #[inline(never)]
+    fn cascade_with(&mut self, mut pending: u16, src: usize, with: &Candle, out: &mut Vec<(Timeframe, Candle)>) {
+        while pending != 0 {
+            let i = pending.trailing_zeros() as usize;
+            pending &= pending - 1;
+            let (lower, rest) = self.levels.split_at_mut(i);
+            let Some(lv) = rest.first_mut() else { break };
+            let c = if lv.source as usize == src { with } else { &lower[lv.source as usize].acc };
+            if lv.feed(c, out) {
+                pending |= lv.sinks;
+            }
+        }
+    }
+
+    /// The usual configuration, 3m and 5m fed by 1m (levels 0 and 1; 3m feeds nothing since
+    /// every longer timeframe is a multiple of 5m): whole 15-minute blocks of contiguous valid
+    /// candles starting on a block boundary, each handled in straight-line code. The 15 candles
+    /// are validated together, folded once into the 7 segments the 3m and 5m boundaries cut the
+    /// block into, and the five 3m and three 5m candles are emitted in the order `push_into`
+    /// would emit them. The levels fed by 5m get the block as one candle (open time that of the
+    /// last 5m candle, so it closes them exactly as that would): their buckets end on multiples
+    /// of 15 minutes, so they cannot close on the block's first two 5m candles, and merging is
+    /// associative. Returns the index of the first candle not taken.
+    #[inline(always)]
+    fn run_blocks_3_5<const EMIT_1M: bool>(
+        &mut self,
+        candles: &[Candle],
+        start: usize,
+        out: &mut Vec<(Timeframe, Candle)>,
+    ) -> usize {
+        let Some(last) = self.last_minute else { return start };
+        let m0 = last + MINUTE_MS;
+        // On a block boundary the last minute closed both 3m and 5m.
+        let inactive = self.levels.get(..2).is_some_and(|l| !l[0].active && !l[1].active);
+        if m0.rem_euclid(BLOCK_MS) != 0 || !inactive {
+            return start;
+        }
+        let room = ((TIME_LIMIT_MS - last) / MINUTE_MS).max(0) as usize;
+        let stop = candles.len().min(start.saturating_add(room));
+        let Some(run) = candles.get(start..stop) else { return start };
+        let (tf3, tf5, sinks) = (self.levels[0].tf, self.levels[1].tf, self.levels[1].sinks);
+        let mut t0 = m0;
+        let mut taken = 0;
+        let mut last_3m = None;
+        let mut last_5m = None;
+        for b in run.chunks_exact(BLOCK) {
+            let Ok(b) = <&[Candle; BLOCK]>::try_from(b) else { break };
+            let mut ok = true;
+            for (t, c) in b.iter().enumerate() {
+                ok &= fast_ok(c, t0 + t as i64 * MINUTE_MS);
+            }
+            if !ok {
+                break;
+            }
+            out.reserve(if EMIT_1M { BLOCK + 8 } else { 8 });
+            let at = |k: i64| t0 + k * MINUTE_MS;
+            let s0 = Seg::of(&b[0..3]);
+            let s1 = Seg::of(&b[3..5]);
+            let s2 = Seg::of(&b[5..6]);
+            let s3 = Seg::of(&b[6..9]);
+            let s4 = Seg::of(&b[9..10]);
+            let s5 = Seg::of(&b[10..12]);
+            let s6 = Seg::of(&b[12..15]);
+            let emit_1m = |out: &mut Vec<(Timeframe, Candle)>, r: core::ops::Range<usize>| {
+                if EMIT_1M {
+                    for c in &b[r] {
+                        out.push((Timeframe::M1, *c));
+                    }
+                }
+            };
+            emit_1m(out, 0..3);
+            out.push((tf3, s0.candle(at(0), b, 0, 3)));
+            emit_1m(out, 3..5);
+            out.push((tf5, s0.join(&s1).candle(at(0), b, 0, 5)));
+            emit_1m(out, 5..6);
+            out.push((tf3, s1.join(&s2).candle(at(3), b, 3, 6)));
+            emit_1m(out, 6..9);
+            out.push((tf3, s3.candle(at(6), b, 6, 9)));
+            emit_1m(out, 9..10);
+            out.push((tf5, s2.join(&s3).join(&s4).candle(at(5), b, 5, 10)));
+            emit_1m(out, 10..12);
+            out.push((tf3, s4.join(&s5).candle(at(9), b, 9, 12)));
+            emit_1m(out, 12..15);
+            let k3 = s6.candle(at(12), b, 12, 15);
+            out.push((tf3, k3));
+            let s56 = s5.join(&s6);
+            let k5 = s56.candle(at(10), b, 10, 15);
+            out.push((tf5, k5));
+            last_3m = Some(k3);
+            last_5m = Some(k5);
+            if sinks != 0 {
+                let whole = s0.join(&s1).join(&s2).join(&s3).join(&s4).join(&s56).candle(at(10), b, 0, 15);
+                if let Some(lv) = self.levels.get_mut(1) {
+                    lv.acc = k5;
+                }
+                self.cascade_with(sinks, 1, &whole, out);
+            }
+            taken += BLOCK;
+            t0 += BLOCK_MS;
+        }
+        if let (Some(k3), Some(k5)) = (last_3m, last_5m) {
+            for (lv, k) in self.levels.iter_mut().zip([k3, k5]) {
+                lv.active = false;
+                lv.end = t0;
+                lv.acc = k;
+            }
+            self.last_minute = Some(t0 - MINUTE_MS);
+        }
+        start + taken
     }
 
     /// [`DerivedAggregator::cascade`], out of line.
@@ -746,16 +953,17 @@ impl DerivedAggregator {
     /// rest of a bucket (open, close, volume and trade differences, minutes) is worked out when
     /// it closes.
     #[inline(always)]
-    fn run_contiguous<const N: usize>(
+    fn run_contiguous<const N: usize, const EMIT_1M: bool>(
         &mut self,
         candles: &[Candle],
         start: usize,
+        max: usize,
         out: &mut Vec<(Timeframe, Candle)>,
     ) -> usize {
         let Some(last) = self.last_minute else { return start };
         // Stay within TIME_LIMIT_MS; a candle past it goes to the general path (and is rejected).
         let room = ((TIME_LIMIT_MS - last) / MINUTE_MS).max(0) as usize;
-        let stop = candles.len().min(start.saturating_add(room));
+        let stop = candles.len().min(start.saturating_add(room.min(max)));
         let Some(run) = candles.get(start..stop) else { return start };
         let Some(first) = run.first() else { return start };
         let m0 = last + MINUTE_MS;
@@ -771,18 +979,16 @@ impl DerivedAggregator {
             ids[k] = i;
             raw[k] = RawAcc::load(&self.levels[i], first);
         }
-        let emit_1m = self.emit_1m;
         // Prefix sums over the run (wrapping; differences of them are exact).
         let mut volume: i128 = 0;
         let mut trades: u64 = 0;
-        let mut expect = m0;
         let mut taken = 0;
         for (j, c) in run.iter().enumerate() {
-            if !fast_ok(c, expect) {
+            // `j` is below 2^53 / 60000, so this cannot overflow.
+            if !fast_ok(c, m0 + j as i64 * MINUTE_MS) {
                 break;
             }
-            expect += MINUTE_MS;
-            if emit_1m {
+            if EMIT_1M && self.emit_1m {
                 out.push((Timeframe::M1, *c));
             }
             volume = volume.wrapping_add(c.volume.0);
@@ -816,7 +1022,7 @@ impl DerivedAggregator {
         }
         let Some(last_c) = run.get(taken.wrapping_sub(1)) else { return start };
         for k in 0..N {
-            raw[k].store(&mut self.levels[ids[k]], last_c, volume, trades);
+            raw[k].store(&mut self.levels[ids[k]], last_c, volume, trades, out);
         }
         self.last_minute = Some(last_c.open_time);
         start + taken
@@ -1499,7 +1705,7 @@ mod tests {
     fn same_state(a: &DerivedAggregator, b: &DerivedAggregator) -> bool {
         a.levels == b.levels
             && a.last_minute == b.last_minute
-            && (a.raw_sinks, a.raw_count, a.emit_1m) == (b.raw_sinks, b.raw_count, b.emit_1m)
+            && (a.raw_sinks, a.raw_count, a.blocks_3_5, a.emit_1m) == (b.raw_sinks, b.raw_count, b.blocks_3_5, b.emit_1m)
     }
 
     /// `push_closed_1m_batch` gives exactly what `push_closed_1m` one by one gives: the same
@@ -1538,7 +1744,9 @@ mod tests {
             for _ in 0..n {
                 let mut c = random_1m(&mut rng, t, &mut mid);
                 if bad_rate != 0 && rng.chance(1, bad_rate) {
-                    match rng.below(8) {
+                    match rng.below(10) {
+                        8 => c.close = Price(c.high.0 + 1),
+                        9 => c.open = Price(c.low.0 - 1),
                         0 => c.open_time -= 60_000,                          // duplicate
                         1 => c.open_time -= (2 + rng.below(50) as i64) * 60_000, // out of order
                         2 => c.open_time += 1 + rng.below(59_999) as i64,    // misaligned
@@ -1549,6 +1757,11 @@ mod tests {
                         _ => c.volume = Volume(-1 - rng.below(10) as i128),
                     }
                     input.push(c);
+                    // Half the time the bad candle takes the place of a minute, so the stream
+                    // goes on right after it (a bad candle inside an otherwise contiguous run).
+                    if rng.chance(1, 2) {
+                        t += 60_000;
+                    }
                     continue;
                 }
                 input.push(c);
