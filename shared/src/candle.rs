@@ -51,6 +51,18 @@
 //! this gives exactly the same candles as merging the 1m candles of each bucket directly (the
 //! randomized test checks it against a naive recomputation).
 //!
+//! [`DerivedAggregator::push_closed_1m_batch`] takes a slice (backfill, replay, flush batches) and
+//! gives exactly the concatenated output of feeding it one by one (a randomized test compares
+//! them, errors and state included). A run of minutes that directly follow each other skips the
+//! per-candle `Result` and output reset: validation is one branch-free test per candle, volume and
+//! trades go into prefix sums shared by all levels fed by 1m, and those levels keep only high,
+//! low and a countdown to their bucket end in registers. When the levels fed by 1m are 3m and 5m
+//! (whenever both are configured), aligned 15-minute blocks are handled in straight-line code:
+//! the 15 candles are validated together and folded once into the 7 segments the 3m and 5m
+//! boundaries cut them into, giving five 3m, three 5m and (if it is 5m's only consumer) one 15m
+//! candle without per-candle branches; longer timeframes are fed once per block. Gaps, rejected
+//! candles and the first candle take the one-by-one path.
+//!
 //! ## Flush batches
 //! [`FlushBatch`] (design seed §7) buffers closed candles of one series and says when to hand them
 //! on: when `batch_max` are buffered or `flush_ms` have passed since the last flush. Flushing
@@ -868,6 +880,11 @@ impl DerivedAggregator {
         let stop = candles.len().min(start.saturating_add(room));
         let Some(run) = candles.get(start..stop) else { return start };
         let (tf3, tf5, sinks) = (self.levels[0].tf, self.levels[1].tf, self.levels[1].sinks);
+        // When 5m feeds only 15m, the block is 15m's candle: emit it directly.
+        let direct_15m = sinks == 0b100
+            && self.levels.get(2).is_some_and(|l| l.tf == Timeframe::M15 && !l.active);
+        let sinks_15m = if direct_15m { self.levels[2].sinks } else { 0 };
+        let mut last_15m = None;
         let mut t0 = m0;
         let mut taken = 0;
         let mut last_3m = None;
@@ -917,7 +934,17 @@ impl DerivedAggregator {
             out.push((tf5, k5));
             last_3m = Some(k3);
             last_5m = Some(k5);
-            if sinks != 0 {
+            if direct_15m {
+                let whole = s0.join(&s1).join(&s2).join(&s3).join(&s4).join(&s56).candle(t0, b, 0, 15);
+                out.push((Timeframe::M15, whole));
+                last_15m = Some(whole);
+                if sinks_15m != 0 {
+                    if let Some(lv) = self.levels.get_mut(2) {
+                        lv.acc = whole;
+                    }
+                    self.cascade_cold(sinks_15m, out);
+                }
+            } else if sinks != 0 {
                 let whole = s0.join(&s1).join(&s2).join(&s3).join(&s4).join(&s56).candle(at(10), b, 0, 15);
                 if let Some(lv) = self.levels.get_mut(1) {
                     lv.acc = k5;
@@ -934,6 +961,11 @@ impl DerivedAggregator {
                 lv.acc = k;
             }
             self.last_minute = Some(t0 - MINUTE_MS);
+            if let (Some(k), Some(lv)) = (last_15m, self.levels.get_mut(2)) {
+                lv.active = false;
+                lv.end = t0;
+                lv.acc = k;
+            }
         }
         start + taken
     }
