@@ -489,6 +489,23 @@ impl Seg {
     }
 }
 
+/// [`fast_ok`] for every candle of a block starting at `t0`, with the time, minutes and volume
+/// sign checks folded into bit accumulators tested once.
+#[inline(always)]
+fn block_ok(b: &[Candle; BLOCK], t0: i64) -> bool {
+    let mut time_bits = 0i64;
+    let mut minute_bits = 0u32;
+    let mut volume_high = 0i64;
+    let mut ohlc_ok = true;
+    for (t, c) in b.iter().enumerate() {
+        time_bits |= c.open_time ^ (t0 + t as i64 * MINUTE_MS);
+        minute_bits |= c.minutes ^ 1;
+        volume_high |= (c.volume.0 >> 64) as i64;
+        ohlc_ok &= (c.open >= c.low) & (c.open <= c.high) & (c.close >= c.low) & (c.close <= c.high);
+    }
+    time_bits == 0 && minute_bits == 0 && volume_high >= 0 && ohlc_ok
+}
+
 /// A level fed by 1m candles, held in registers during [`DerivedAggregator::run_contiguous`].
 #[derive(Clone, Copy)]
 struct RawAcc {
@@ -891,11 +908,7 @@ impl DerivedAggregator {
         let mut last_5m = None;
         for b in run.chunks_exact(BLOCK) {
             let Ok(b) = <&[Candle; BLOCK]>::try_from(b) else { break };
-            let mut ok = true;
-            for (t, c) in b.iter().enumerate() {
-                ok &= fast_ok(c, t0 + t as i64 * MINUTE_MS);
-            }
-            if !ok {
+            if !block_ok(b, t0) {
                 break;
             }
             out.reserve(if EMIT_1M { BLOCK + 8 } else { 8 });
