@@ -908,7 +908,8 @@ impl DerivedAggregator {
         let mut last_5m = None;
         for b in run.chunks_exact(BLOCK) {
             let Ok(b) = <&[Candle; BLOCK]>::try_from(b) else { break };
-            if !block_ok(b, t0) {
+            // A gap inside the block usually shows in its last candle's time: reject it early.
+            if b[BLOCK - 1].open_time != t0 + (BLOCK as i64 - 1) * MINUTE_MS || !block_ok(b, t0) {
                 break;
             }
             out.reserve(if EMIT_1M { BLOCK + 8 } else { 8 });
