@@ -399,7 +399,16 @@ impl Level {
             let closes = c.open_time + self.source_ms == self.end;
             self.active = !closes;
             if closes {
-                let k = Candle { open_time: open, open: o, high: h, low: l, close: cl, volume: v, trades: t, minutes: m };
+                let k = Candle {
+                    open_time: open,
+                    open: o,
+                    high: h,
+                    low: l,
+                    close: cl,
+                    volume: v,
+                    trades: t,
+                    minutes: m,
+                };
                 out.push((self.tf, k));
             }
             closes
@@ -559,7 +568,8 @@ impl RawAcc {
             }
         } else {
             // A new bucket; after a flush it may be the rest of the flushed one (rule 5).
-            let open_time = if m >= lv.end && m < lv.end + lv.dur { lv.end } else { bucket_open_slow(m, lv.dur) };
+            let open_time =
+                if m >= lv.end && m < lv.end + lv.dur { lv.end } else { bucket_open_slow(m, lv.dur) };
             let rem = ((open_time + lv.dur - m) / MINUTE_MS) as u32;
             RawAcc {
                 high: Price(i64::MIN),
@@ -857,7 +867,13 @@ impl DerivedAggregator {
     /// [`DerivedAggregator::cascade`], with the levels fed by level `src` reading `with` instead of
     /// its accumulator.
     #[inline(never)]
-    fn cascade_with(&mut self, mut pending: u16, src: usize, with: &Candle, out: &mut Vec<(Timeframe, Candle)>) {
+    fn cascade_with(
+        &mut self,
+        mut pending: u16,
+        src: usize,
+        with: &Candle,
+        out: &mut Vec<(Timeframe, Candle)>,
+    ) {
         while pending != 0 {
             let i = pending.trailing_zeros() as usize;
             pending &= pending - 1;
@@ -893,13 +909,17 @@ impl DerivedAggregator {
         if m0.rem_euclid(BLOCK_MS) != 0 || !inactive {
             return start;
         }
-        let room = ((TIME_LIMIT_MS - last) / MINUTE_MS).max(0) as usize;
+        let room = usize::try_from((TIME_LIMIT_MS - last) / MINUTE_MS).unwrap_or(if last > TIME_LIMIT_MS {
+            0
+        } else {
+            usize::MAX
+        });
         let stop = candles.len().min(start.saturating_add(room));
         let Some(run) = candles.get(start..stop) else { return start };
         let (tf3, tf5, sinks) = (self.levels[0].tf, self.levels[1].tf, self.levels[1].sinks);
         // When 5m feeds only 15m, the block is 15m's candle: emit it directly.
-        let direct_15m = sinks == 0b100
-            && self.levels.get(2).is_some_and(|l| l.tf == Timeframe::M15 && !l.active);
+        let direct_15m =
+            sinks == 0b100 && self.levels.get(2).is_some_and(|l| l.tf == Timeframe::M15 && !l.active);
         let sinks_15m = if direct_15m { self.levels[2].sinks } else { 0 };
         let mut last_15m = None;
         let mut t0 = m0;
@@ -1008,7 +1028,11 @@ impl DerivedAggregator {
     ) -> usize {
         let Some(last) = self.last_minute else { return start };
         // Stay within TIME_LIMIT_MS; a candle past it goes to the general path (and is rejected).
-        let room = ((TIME_LIMIT_MS - last) / MINUTE_MS).max(0) as usize;
+        let room = usize::try_from((TIME_LIMIT_MS - last) / MINUTE_MS).unwrap_or(if last > TIME_LIMIT_MS {
+            0
+        } else {
+            usize::MAX
+        });
         let stop = candles.len().min(start.saturating_add(room.min(max)));
         let Some(run) = candles.get(start..stop) else { return start };
         let Some(first) = run.first() else { return start };
@@ -1751,7 +1775,8 @@ mod tests {
     fn same_state(a: &DerivedAggregator, b: &DerivedAggregator) -> bool {
         a.levels == b.levels
             && a.last_minute == b.last_minute
-            && (a.raw_sinks, a.raw_count, a.blocks_3_5, a.emit_1m) == (b.raw_sinks, b.raw_count, b.blocks_3_5, b.emit_1m)
+            && (a.raw_sinks, a.raw_count, a.blocks_3_5, a.emit_1m)
+                == (b.raw_sinks, b.raw_count, b.blocks_3_5, b.emit_1m)
     }
 
     /// `push_closed_1m_batch` gives exactly what `push_closed_1m` one by one gives: the same
@@ -1793,10 +1818,10 @@ mod tests {
                     match rng.below(10) {
                         8 => c.close = Price(c.high.0 + 1),
                         9 => c.open = Price(c.low.0 - 1),
-                        0 => c.open_time -= 60_000,                          // duplicate
+                        0 => c.open_time -= 60_000, // duplicate
                         1 => c.open_time -= (2 + rng.below(50) as i64) * 60_000, // out of order
-                        2 => c.open_time += 1 + rng.below(59_999) as i64,    // misaligned
-                        3 => c.minutes = rng.below(3) as u32 * 2,            // 0 or 2 or 4
+                        2 => c.open_time += 1 + rng.below(59_999) as i64, // misaligned
+                        3 => c.minutes = rng.below(3) as u32 * 2, // 0 or 2 or 4
                         4 => c.high = Price(c.low.0 - 1),
                         5 => c.open = Price(c.high.0 + 1),
                         6 => c.close = Price(c.low.0 - 1),
