@@ -3,9 +3,13 @@
 //! The imperative shell around `shared`: it owns sockets, clocks, files and tasks, and turns bytes
 //! into `shared` inputs. Entry points: [`cli::run`] (the `millrace` binary) and [`http::serve`].
 
+pub mod binance;
+pub mod bus;
 pub mod cli;
 pub mod http;
 pub mod replay;
+pub mod sim;
+pub mod store;
 
 /// The version string shown by `millrace --version`, `/api/v1/version` and the dashboard.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

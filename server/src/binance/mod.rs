@@ -1,0 +1,1 @@
+//! Binance protocol: wire types, REST client, stream client (being written).

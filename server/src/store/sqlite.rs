@@ -1,0 +1,1 @@
+//! SQLite implementation of [`super::CandleStore`] (being written).
