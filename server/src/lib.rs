@@ -6,7 +6,9 @@
 pub mod binance;
 pub mod bus;
 pub mod cli;
+pub mod config;
 pub mod http;
+pub mod ingest;
 pub mod replay;
 pub mod sim;
 pub mod store;

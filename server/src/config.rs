@@ -1,0 +1,536 @@
+//! Configuration of `millrace serve`: a TOML file, then `MILLRACE_*` environment variables, then
+//! command-line flags, each overriding the one before. Every parameter of the design seeds is a
+//! key here with the seed's default, so `millrace` with no configuration at all runs the built-in
+//! simulator into an embedded SQLite file and serves the dashboard on http://127.0.0.1:8080.
+//!
+//! ## Environment overrides
+//! `MILLRACE_<SECTION>__<KEY>` (two underscores between section and key) sets `[section] key`,
+//! e.g. `MILLRACE_INGEST__ONDEMAND_MAX_JOBS=50`. The value is read as a TOML value when it parses
+//! as one (`50`, `true`, `["sim:spot:BTC/USDT"]`), else as a string. The short forms
+//! `MILLRACE_ADDR`, `MILLRACE_DATA_DIR`, `MILLRACE_STATIC_DIR`, `MILLRACE_SIM_SPEED` and
+//! `MILLRACE_ADMIN_TOKEN` are the flags' environment forms.
+//!
+//! ## Errors
+//! Unknown keys, values of the wrong type and values out of range stop start-up with a message
+//! naming the key (`ingest.batch_max: must be between 1 and 100000, got 0`), never a fallback.
+//!
+//! ## Example
+//! ```toml
+//! [server]
+//! addr = "127.0.0.1:8080"
+//! data_dir = "data"
+//! admin_token = "change-me"
+//!
+//! [ingest]
+//! pinned = ["sim:spot:BTC/USDT", "sim:spot:ETH/USDT"]
+//! ondemand_max_jobs = 20
+//! ondemand_idle_ttl_s = 60
+//!
+//! [[sources]]
+//! name = "sim"
+//! kind = "sim"
+//! speed = 1.0
+//!
+//! [[sources]]
+//! name = "binance"
+//! kind = "binance"
+//! market = "spot"
+//!
+//! [[backfill]]
+//! series = "sim:spot:BTC/USDT:1m"
+//! retention_days = 7
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use shared::candle::Timeframe;
+use shared::protocol::{InstrumentId, Market, SeriesId};
+
+/// Everything `millrace serve` runs with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub limits: LimitsConfig,
+    pub ingest: IngestConfig,
+    pub sources: Vec<SourceConfig>,
+    pub backfill: Vec<BackfillTaskConfig>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Directory of the SQLite file (`millrace.db`); created if missing.
+    pub data_dir: PathBuf,
+    /// Built dashboard; defaults to `dist` at the workspace root.
+    pub static_dir: Option<PathBuf>,
+    /// Bearer token for admin actions; admin actions are disabled without one.
+    pub admin_token: Option<String>,
+    /// Milliseconds between heartbeats on the `heartbeat` stream.
+    pub heartbeat_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("data"),
+            static_dir: None,
+            admin_token: None,
+            heartbeat_ms: 1000,
+        }
+    }
+}
+
+/// `[limits]`: protection of the browser API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request frame accepted (bytes); larger ones get a `too_large` reply.
+    pub max_message_bytes: usize,
+    /// Streams one WebSocket connection may hold.
+    pub max_subscriptions_per_connection: usize,
+    /// Concurrent WebSocket connections from one IP address.
+    pub max_connections_per_ip: usize,
+    /// Messages buffered per topic for slow subscribers; one that falls further behind is
+    /// dropped with close reason `lagging`.
+    pub bus_capacity: usize,
+    /// A send to a client that takes longer than this (ms) drops the client.
+    pub send_timeout_ms: u64,
+    /// Largest `limit` of `GET /api/v1/klines`.
+    pub max_klines_limit: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 64 * 1024,
+            max_subscriptions_per_connection: 200,
+            max_connections_per_ip: 10_000,
+            bus_capacity: 1024,
+            send_timeout_ms: 10_000,
+            max_klines_limit: 5000,
+        }
+    }
+}
+
+/// `[ingest]`: the supervisor and candle pipeline (seeds/ingest-supervisor-and-binance-kline-ws.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Instruments (or series; their instrument is used) whose jobs start at boot and are never
+    /// evicted (the seed's whitelist, refcount -1).
+    pub pinned: Vec<String>,
+    /// Most on-demand jobs at once; 0 = unlimited (seed §4).
+    pub ondemand_max_jobs: usize,
+    /// On-demand jobs idle (no subscriber) longer than this are stopped (seed §5).
+    pub ondemand_idle_ttl_s: u64,
+    /// How often the idle reaper runs (seed: every second).
+    pub reaper_interval_ms: u64,
+    /// Minimum interval between forming-candle publications per job (seed §6: 250 ms).
+    pub forming_min_interval_ms: u64,
+    /// Flush the closed-candle buffer at this many candles (seed §7: 200).
+    pub batch_max: usize,
+    /// ... or after this long (seed §7: 0.5 s).
+    pub flush_ms: u64,
+    /// Reconnect back-off: first delay (seed §10: 2 s), doubling up to the cap, with jitter.
+    pub reconnect_base_ms: u64,
+    pub reconnect_cap_ms: u64,
+    /// A connection healthy this long resets the back-off.
+    pub reconnect_reset_after_ms: u64,
+    /// No message from upstream for this long = dead connection.
+    pub stall_timeout_ms: u64,
+    /// Open a new upstream connection after this long (Binance closes at 24 h).
+    pub planned_reconnect_after_s: u64,
+    /// Derived timeframes computed from 1m (seed §9).
+    pub derived: Vec<Timeframe>,
+    /// Failed persists are retried after this long; the candles stay buffered meanwhile.
+    pub persist_retry_ms: u64,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        use Timeframe::*;
+        Self {
+            pinned: vec!["sim:spot:BTC/USDT".into(), "sim:spot:ETH/USDT".into()],
+            ondemand_max_jobs: 20,
+            ondemand_idle_ttl_s: 60,
+            reaper_interval_ms: 1000,
+            forming_min_interval_ms: 250,
+            batch_max: 200,
+            flush_ms: 500,
+            reconnect_base_ms: 2000,
+            reconnect_cap_ms: 60_000,
+            reconnect_reset_after_ms: 60_000,
+            stall_timeout_ms: 30_000,
+            planned_reconnect_after_s: 23 * 3600 + 50 * 60,
+            derived: vec![M3, M5, M15, M30, H1, H2, H4, H6, H8, H12, D1],
+            persist_retry_ms: 1000,
+        }
+    }
+}
+
+/// Kind of a market-data source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// The built-in simulated exchange, spoken to over Binance's protocol on loopback.
+    Sim,
+    /// Binance (spot or USD-M futures).
+    Binance,
+}
+
+/// `[[sources]]`: where market data comes from. The `name` is the exchange part of ids
+/// (`sim:spot:BTC/USDT`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SourceConfig {
+    pub name: String,
+    pub kind: SourceKind,
+    pub market: Market,
+    /// REST base URL; default: Binance's for `binance`, the embedded simulator's for `sim`.
+    pub rest_base: Option<String>,
+    /// WebSocket base URL; default as for `rest_base`.
+    pub ws_base: Option<String>,
+    /// `sim` only: simulated seconds per real second.
+    pub speed: f64,
+    /// `sim` only: random seed (same seed, same market).
+    pub seed: u64,
+    /// `sim` only: listen address of the embedded simulator (port 0 = any free port).
+    pub sim_addr: SocketAddr,
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        Self {
+            name: "sim".into(),
+            kind: SourceKind::Sim,
+            market: Market::Spot,
+            rest_base: None,
+            ws_base: None,
+            speed: 1.0,
+            seed: 42,
+            sim_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+/// `[[backfill]]`: a history task (seeds/incremental-newest-first-backfill.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackfillTaskConfig {
+    /// A 1m series id.
+    pub series: String,
+    /// How far back to fetch (days before now).
+    pub retention_days: u32,
+    /// Candles per REST request (Binance max 1000).
+    pub batch_limit: u16,
+    /// Stop after this many consecutive batches with nothing inside the retention window
+    /// (the seed's `max_expired_batches`, 3).
+    pub max_expired_batches: u32,
+    /// Start at boot (the seed's `auto_start`).
+    pub auto_start: bool,
+    /// Pause between REST requests (ms), to stay well inside the exchange's rate limits.
+    pub pause_ms: u64,
+}
+
+impl Default for BackfillTaskConfig {
+    fn default() -> Self {
+        Self {
+            series: String::new(),
+            retention_days: 7,
+            batch_limit: 1000,
+            max_expired_batches: 3,
+            auto_start: true,
+            pause_ms: 100,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            limits: LimitsConfig::default(),
+            ingest: IngestConfig::default(),
+            sources: vec![SourceConfig::default()],
+            backfill: vec![BackfillTaskConfig {
+                series: "sim:spot:BTC/USDT:1m".into(),
+                retention_days: 3,
+                ..BackfillTaskConfig::default()
+            }],
+        }
+    }
+}
+
+/// Command-line flags that override the file and the environment (`None` = not given).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub addr: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub static_dir: Option<PathBuf>,
+    pub sim_speed: Option<f64>,
+    pub admin_token: Option<String>,
+}
+
+impl Config {
+    /// Loads `file` (if any), applies `env` (pairs of name and value, normally
+    /// `std::env::vars()`), then `flags`, and validates the result.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &Overrides,
+    ) -> anyhow::Result<Config> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --config {}", path.display()))?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+            }
+            None => toml::Table::new(),
+        };
+        for (name, value) in env {
+            apply_env(&mut table, &name, &value)?;
+        }
+        let mut config: Config = {
+            let de = toml::Value::Table(table);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let path = e.path().to_string();
+                anyhow::anyhow!("configuration key `{path}`: {}", e.into_inner())
+            })?
+        };
+        if let Some(a) = flags.addr {
+            config.server.addr = a;
+        }
+        if let Some(d) = &flags.data_dir {
+            config.server.data_dir = d.clone();
+        }
+        if let Some(d) = &flags.static_dir {
+            config.server.static_dir = Some(d.clone());
+        }
+        if let Some(t) = &flags.admin_token {
+            config.server.admin_token = Some(t.clone());
+        }
+        if let Some(speed) = flags.sim_speed {
+            for s in config.sources.iter_mut().filter(|s| s.kind == SourceKind::Sim) {
+                s.speed = speed;
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and cross-references; the error names the key.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        fn range<T: PartialOrd + std::fmt::Display + Copy>(key: &str, v: T, lo: T, hi: T) -> anyhow::Result<()> {
+            if v < lo || v > hi {
+                anyhow::bail!("configuration key `{key}`: must be between {lo} and {hi}, got {v}");
+            }
+            Ok(())
+        }
+        let i = &self.ingest;
+        range("ingest.batch_max", i.batch_max, 1, 100_000)?;
+        range("ingest.flush_ms", i.flush_ms, 1, 3_600_000)?;
+        range("ingest.forming_min_interval_ms", i.forming_min_interval_ms, 0, 3_600_000)?;
+        range("ingest.ondemand_idle_ttl_s", i.ondemand_idle_ttl_s, 0, 30 * 86_400)?;
+        range("ingest.reaper_interval_ms", i.reaper_interval_ms, 10, 3_600_000)?;
+        range("ingest.reconnect_base_ms", i.reconnect_base_ms, 1, 3_600_000)?;
+        range("ingest.reconnect_cap_ms", i.reconnect_cap_ms, i.reconnect_base_ms, 3_600_000)?;
+        range("ingest.stall_timeout_ms", i.stall_timeout_ms, 100, 3_600_000)?;
+        range("ingest.planned_reconnect_after_s", i.planned_reconnect_after_s, 1, 86_400)?;
+        range("ingest.persist_retry_ms", i.persist_retry_ms, 1, 3_600_000)?;
+        if i.derived.contains(&Timeframe::M1) {
+            anyhow::bail!("configuration key `ingest.derived`: 1m is the ingested timeframe, not a derived one");
+        }
+        let l = &self.limits;
+        range("limits.max_message_bytes", l.max_message_bytes, 256, 1 << 20)?;
+        range("limits.max_subscriptions_per_connection", l.max_subscriptions_per_connection, 1, 100_000)?;
+        range("limits.max_connections_per_ip", l.max_connections_per_ip, 1, 1_000_000)?;
+        range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
+        range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
+        range("limits.max_klines_limit", l.max_klines_limit, 1, 100_000)?;
+        range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
+        if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {
+            anyhow::bail!("configuration key `server.admin_token`: must be at least 8 characters");
+        }
+        let mut names = std::collections::HashSet::new();
+        for (n, s) in self.sources.iter().enumerate() {
+            let key = format!("sources[{n}]");
+            if s.name.is_empty() || s.name.contains([':', '@', ',', '/', ' ']) {
+                anyhow::bail!("configuration key `{key}.name`: {:?} must be non-empty and free of `:@,/ `", s.name);
+            }
+            if !names.insert(s.name.as_str()) {
+                anyhow::bail!("configuration key `{key}.name`: source {:?} is defined twice", s.name);
+            }
+            if s.kind == SourceKind::Sim {
+                if !(s.speed.is_finite() && s.speed > 0.0 && s.speed <= 100_000.0) {
+                    anyhow::bail!("configuration key `{key}.speed` (--sim-speed): must be > 0 and <= 100000, got {}", s.speed);
+                }
+            }
+            for (k, url) in [("rest_base", &s.rest_base), ("ws_base", &s.ws_base)] {
+                if let Some(u) = url {
+                    let ok = match k {
+                        "rest_base" => u.starts_with("http://") || u.starts_with("https://"),
+                        _ => u.starts_with("ws://") || u.starts_with("wss://"),
+                    };
+                    if !ok {
+                        anyhow::bail!("configuration key `{key}.{k}`: {u:?} is not a {} URL", if k == "rest_base" { "http(s)" } else { "ws(s)" });
+                    }
+                }
+            }
+        }
+        for (n, p) in i.pinned.iter().enumerate() {
+            let inst = parse_instrument_or_series(p)
+                .map_err(|e| anyhow::anyhow!("configuration key `ingest.pinned[{n}]`: {e}"))?;
+            self.source(&inst.exchange)
+                .ok_or_else(|| anyhow::anyhow!("configuration key `ingest.pinned[{n}]`: no source named {:?}", inst.exchange))?;
+        }
+        for (n, b) in self.backfill.iter().enumerate() {
+            let key = format!("backfill[{n}]");
+            let series: SeriesId = b
+                .series
+                .parse()
+                .map_err(|e| anyhow::anyhow!("configuration key `{key}.series`: {e}"))?;
+            if series.timeframe != Timeframe::M1 {
+                anyhow::bail!("configuration key `{key}.series`: backfill fetches 1m candles (derived timeframes follow); got {}", series.timeframe);
+            }
+            if self.source(&series.instrument.exchange).is_none() {
+                anyhow::bail!("configuration key `{key}.series`: no source named {:?}", series.instrument.exchange);
+            }
+            range(&format!("{key}.retention_days"), b.retention_days, 1, 3650)?;
+            range(&format!("{key}.batch_limit"), b.batch_limit, 1, 1000)?;
+            range(&format!("{key}.max_expired_batches"), b.max_expired_batches, 1, 1000)?;
+        }
+        Ok(())
+    }
+
+    /// The source named `name`.
+    pub fn source(&self, name: &str) -> Option<&SourceConfig> {
+        self.sources.iter().find(|s| s.name == name)
+    }
+
+    /// The SQLite file.
+    pub fn db_path(&self) -> PathBuf {
+        self.server.data_dir.join("millrace.db")
+    }
+
+    /// The pinned instruments.
+    pub fn pinned_instruments(&self) -> Vec<InstrumentId> {
+        let mut out: Vec<InstrumentId> =
+            self.ingest.pinned.iter().filter_map(|p| parse_instrument_or_series(p).ok()).collect();
+        out.sort_by_key(|i| i.to_string());
+        out.dedup();
+        out
+    }
+}
+
+/// An instrument id, or a series id whose instrument is taken.
+pub fn parse_instrument_or_series(s: &str) -> Result<InstrumentId, String> {
+    if let Ok(series) = s.parse::<SeriesId>() {
+        return Ok(series.instrument);
+    }
+    s.parse::<InstrumentId>().map_err(|e| e.to_string())
+}
+
+/// Applies one environment variable to the raw table, if it is one of ours.
+fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> anyhow::Result<()> {
+    let short = match name {
+        "MILLRACE_ADDR" => Some(("server", "addr")),
+        "MILLRACE_DATA_DIR" => Some(("server", "data_dir")),
+        "MILLRACE_STATIC_DIR" => Some(("server", "static_dir")),
+        "MILLRACE_ADMIN_TOKEN" => Some(("server", "admin_token")),
+        _ => None,
+    };
+    let (section, key) = match short {
+        Some((s, k)) => (s.to_string(), k.to_string()),
+        None => {
+            let Some(rest) = name.strip_prefix("MILLRACE_") else { return Ok(()) };
+            let Some((s, k)) = rest.split_once("__") else { return Ok(()) };
+            (s.to_ascii_lowercase(), k.to_ascii_lowercase())
+        }
+    };
+    if !matches!(section.as_str(), "server" | "limits" | "ingest") {
+        anyhow::bail!(
+            "environment variable {name}: `{section}` is not a configuration section that can be set from the environment (server, limits, ingest)"
+        );
+    }
+    let parsed = format!("v = {value}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let entry = table
+        .entry(section.clone())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(t) = entry else {
+        anyhow::bail!("configuration key `{section}` must be a table");
+    };
+    t.insert(key, parsed);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> anyhow::Result<Config> {
+        let dir = std::env::temp_dir().join(format!("millrace-config-{}-{}", std::process::id(), text.len()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("millrace.toml");
+        std::fs::write(&path, text).unwrap();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::load(Some(&path), env, &Overrides::default())
+    }
+
+    #[test]
+    fn no_configuration_is_the_documented_default() {
+        let c = Config::load(None, Vec::new(), &Overrides::default()).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.server.addr.to_string(), "127.0.0.1:8080");
+        assert_eq!((c.ingest.batch_max, c.ingest.flush_ms, c.ingest.forming_min_interval_ms), (200, 500, 250));
+        assert_eq!(c.ingest.reconnect_base_ms, 2000);
+        assert_eq!(c.sources[0].kind, SourceKind::Sim);
+        assert_eq!(c.backfill[0].max_expired_batches, 3);
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let text = "[ingest]\nondemand_max_jobs = 5\nbatch_max = 50\n[server]\naddr = \"127.0.0.1:9000\"\n";
+        let c = load(text, &[("MILLRACE_INGEST__BATCH_MAX", "70"), ("MILLRACE_ADMIN_TOKEN", "secret-token")]).unwrap();
+        assert_eq!((c.ingest.ondemand_max_jobs, c.ingest.batch_max), (5, 70));
+        assert_eq!(c.server.admin_token.as_deref(), Some("secret-token"));
+        let flags = Overrides { addr: Some("127.0.0.1:7000".parse().unwrap()), sim_speed: Some(60.0), ..Default::default() };
+        let c = Config::load(None, vec![("MILLRACE_ADDR".into(), "127.0.0.1:9999".into())], &flags).unwrap();
+        assert_eq!(c.server.addr.to_string(), "127.0.0.1:7000");
+        assert_eq!(c.sources[0].speed, 60.0);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = load("[ingest]\nbatch_max = 0\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("ingest.batch_max"), "{e}");
+        let e = load("[ingest]\nbatch_max = \"many\"\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("ingest.batch_max"), "{e}");
+        let e = load("[ingest]\nbatchmax = 3\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("batchmax"), "{e}");
+        let e = load("", &[("MILLRACE_INGEST__FLUSH_MS", "soon")]).unwrap_err().to_string();
+        assert!(e.contains("ingest.flush_ms"), "{e}");
+        let e = load("[ingest]\npinned = [\"nowhere:spot:BTC/USDT\"]\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("ingest.pinned[0]"), "{e}");
+        let e = load("[[sources]]\nname = \"sim\"\nspeed = -1.0\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("sources[0].speed"), "{e}");
+        let e = load("[[backfill]]\nseries = \"sim:spot:BTC/USDT:5m\"\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("backfill[0].series"), "{e}");
+        let e = load("[ingest]\nderived = [\"7m\"]\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("ingest.derived"), "{e}");
+        let e = load("", &[("MILLRACE_NOPE__X", "1")]).unwrap_err().to_string();
+        assert!(e.contains("MILLRACE_NOPE__X"), "{e}");
+    }
+}

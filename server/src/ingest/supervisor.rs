@@ -1,0 +1,498 @@
+//! The ingest supervisor: the control plane over ingest jobs (seeds/ingest-supervisor-and-binance-kline-ws.md
+//! §§1-5, 10-11). It decides which jobs run; the jobs themselves (the data plane, one
+//! [`JobRunner::run`] future per instrument) move the data.
+//!
+//! - A job per **instrument**: only 1m candles are ingested, so subscribing to `…:5m` and `…:1h`
+//!   of one instrument shares one job (seed §9).
+//! - **Pinned** jobs (the whitelist) start at boot and are never evicted or reaped (the seed's
+//!   `refcount = -1`; here `pinned: true`, and their subscriber count is still shown).
+//! - **On-demand** jobs are reference counted by subscriptions: each [`Lease`] (one browser tab's
+//!   subscription to one series) counts once, and dropping the lease releases it, so a closing tab
+//!   can never leak a reference.
+//! - **Capacity** `ondemand_max_jobs`: when full, the on-demand job idle (refcount 0) the longest
+//!   is evicted; if none is idle the subscription is refused with
+//!   [`SubscribeError::CapacityExhausted`] (seed §4: "an orderly no, not a crash").
+//! - **Idle reaper**: on-demand jobs idle longer than `ondemand_idle_ttl_s` are stopped (seed §5).
+//! - **Crashes**: a job future that panics or returns while not asked to stop is counted
+//!   (`crashes`, `last_crash_at_ms`, `last_error`) and restarted after a back-off. Connection
+//!   failures inside a running job are reported through [`JobHealth::crash`] by the job itself.
+//! - [`Supervisor::snapshot`] is the debug snapshot served at `GET /api/v1/ops/jobs`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use serde::Serialize;
+use shared::protocol::{InstrumentId, SeriesId};
+use tokio::sync::watch;
+
+use crate::config::IngestConfig;
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A boxed job future.
+pub type JobFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Runs the data plane of one job until `ctx.stop` flips to `true`.
+pub trait JobRunner: Send + Sync + 'static {
+    /// Checks that a series can be served (known source and symbol, ingested or derived
+    /// timeframe); the error text reaches the client.
+    fn validate(&self, series: &SeriesId) -> Result<(), String>;
+    /// The job loop. It must return soon after `ctx.stop` becomes `true`; returning earlier
+    /// counts as a crash and the job is restarted.
+    fn run(&self, ctx: JobContext) -> JobFuture;
+}
+
+/// What a running job gets from the supervisor.
+#[derive(Clone)]
+pub struct JobContext {
+    pub instrument: InstrumentId,
+    /// Becomes `true` when the job must stop.
+    pub stop: watch::Receiver<bool>,
+    pub health: Arc<JobHealth>,
+}
+
+impl JobContext {
+    /// Completes when the job is asked to stop.
+    pub async fn stopped(&mut self) {
+        let _ = self.stop.wait_for(|s| *s).await;
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+}
+
+/// Live counters of one job, written by the job, read by the snapshot and metrics.
+#[derive(Debug, Default)]
+pub struct JobHealth {
+    pub crashes: AtomicU64,
+    pub last_crash_at_ms: AtomicI64,
+    last_error: Mutex<Option<String>>,
+    pub connected: AtomicBool,
+    pub connects: AtomicU64,
+    pub messages: AtomicU64,
+    pub malformed: AtomicU64,
+    pub closed_candles: AtomicU64,
+    pub gap_filled_candles: AtomicU64,
+    pub persisted_batches: AtomicU64,
+    pub persist_failures: AtomicU64,
+    pub last_message_at_ms: AtomicI64,
+    pub last_closed_open_time: AtomicI64,
+}
+
+impl JobHealth {
+    /// Records a crash (a lost connection, a failed REST fill, a panic) with its reason.
+    pub fn crash(&self, error: impl Into<String>) {
+        let error = error.into();
+        self.crashes.fetch_add(1, Relaxed);
+        self.last_crash_at_ms.store(now_ms(), Relaxed);
+        tracing::warn!(%error, "ingest job crashed");
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+    }
+
+    /// Records an error that is not a crash (e.g. a persist to retry).
+    pub fn error(&self, error: impl Into<String>) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.into());
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeError {
+    #[error("{0}")]
+    UnknownSeries(String),
+    #[error("capacity exhausted: {max} on-demand jobs are running and none is idle; try again later")]
+    CapacityExhausted { max: usize },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+struct Job {
+    pinned: bool,
+    /// Live subscriptions per series.
+    subs: BTreeMap<String, u32>,
+    refcount: u32,
+    /// When the refcount last became 0 (ms); `None` while referenced. New on-demand jobs start
+    /// referenced by the subscription creating them.
+    last_zero_at_ms: Option<i64>,
+    started_at_ms: i64,
+    /// Unique per start, so a lease of an evicted job never touches its successor.
+    generation: u64,
+    stop: watch::Sender<bool>,
+    health: Arc<JobHealth>,
+}
+
+struct State {
+    jobs: HashMap<InstrumentId, Job>,
+    next_generation: u64,
+    shutting_down: bool,
+    evictions: u64,
+    refusals: u64,
+    reaped: u64,
+}
+
+struct Inner {
+    config: IngestConfig,
+    runner: Arc<dyn JobRunner>,
+    state: Mutex<State>,
+    /// Job tasks still alive (including stopped ones still flushing).
+    running: Arc<AtomicU64>,
+}
+
+/// Handle to the supervisor; cheap to clone.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+/// One subscription's reference on a job. Dropping it releases the reference.
+pub struct Lease {
+    inner: Weak<Inner>,
+    instrument: InstrumentId,
+    series: String,
+    generation: u64,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            Supervisor { inner }.release(&self.instrument, &self.series, self.generation);
+        }
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lease({})", self.series)
+    }
+}
+
+impl Supervisor {
+    /// A supervisor with no jobs; call [`Supervisor::start`] to start the pinned jobs and the reaper.
+    pub fn new(config: IngestConfig, runner: Arc<dyn JobRunner>) -> Self {
+        let state = State {
+            jobs: HashMap::new(),
+            next_generation: 1,
+            shutting_down: false,
+            evictions: 0,
+            refusals: 0,
+            reaped: 0,
+        };
+        Self { inner: Arc::new(Inner { config, runner, state: Mutex::new(state), running: Arc::default() }) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the pinned jobs and the idle reaper (on the current tokio runtime). The reaper
+    /// stops with the supervisor's last handle or at [`Supervisor::shutdown`].
+    pub fn start(&self, pinned: &[InstrumentId]) {
+        {
+            let mut st = self.lock();
+            for inst in pinned {
+                if let Some(job) = st.jobs.get_mut(inst) {
+                    job.pinned = true;
+                    continue;
+                }
+                let job = self.spawn_job(&mut st, inst.clone(), true);
+                st.jobs.insert(inst.clone(), job);
+            }
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let every = Duration::from_millis(self.inner.config.reaper_interval_ms);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { break };
+                let sup = Supervisor { inner };
+                if sup.lock().shutting_down {
+                    break;
+                }
+                sup.reap(now_ms());
+            }
+        });
+    }
+
+    /// Checks `series` and takes a reference on its instrument's job, starting it if needed
+    /// (evicting the longest-idle on-demand job when at capacity).
+    pub fn subscribe(&self, series: &SeriesId) -> Result<Lease, SubscribeError> {
+        self.inner.runner.validate(series).map_err(SubscribeError::UnknownSeries)?;
+        let instrument = series.instrument.clone();
+        let name = series.to_string();
+        let mut st = self.lock();
+        if st.shutting_down {
+            return Err(SubscribeError::ShuttingDown);
+        }
+        if !st.jobs.contains_key(&instrument) {
+            let max = self.inner.config.ondemand_max_jobs;
+            let ondemand = st.jobs.values().filter(|j| !j.pinned).count();
+            if max > 0 && ondemand >= max {
+                let victim = st
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| !j.pinned && j.refcount == 0)
+                    .filter_map(|(k, j)| j.last_zero_at_ms.map(|t| (t, k.clone())))
+                    .min();
+                match victim {
+                    Some((_, key)) => {
+                        let job = st.jobs.remove(&key).expect("victim exists");
+                        let _ = job.stop.send(true);
+                        st.evictions += 1;
+                        tracing::info!(instrument = %key, "evicted the longest-idle on-demand job");
+                    }
+                    None => {
+                        st.refusals += 1;
+                        return Err(SubscribeError::CapacityExhausted { max });
+                    }
+                }
+            }
+            let job = self.spawn_job(&mut st, instrument.clone(), false);
+            st.jobs.insert(instrument.clone(), job);
+        }
+        let job = st.jobs.get_mut(&instrument).expect("inserted above");
+        job.refcount += 1;
+        *job.subs.entry(name.clone()).or_default() += 1;
+        job.last_zero_at_ms = None;
+        Ok(Lease { inner: Arc::downgrade(&self.inner), instrument, series: name, generation: job.generation })
+    }
+
+    fn release(&self, instrument: &InstrumentId, series: &str, generation: u64) {
+        let mut st = self.lock();
+        let Some(job) = st.jobs.get_mut(instrument) else { return };
+        if job.generation != generation {
+            return; // the job this lease referenced was stopped; its successor is not ours
+        }
+        job.refcount = job.refcount.saturating_sub(1);
+        if let Some(n) = job.subs.get_mut(series) {
+            *n -= 1;
+            if *n == 0 {
+                job.subs.remove(series);
+            }
+        }
+        if job.refcount == 0 {
+            job.last_zero_at_ms = Some(now_ms());
+        }
+    }
+
+    /// Stops on-demand jobs idle longer than the TTL; returns how many.
+    pub fn reap(&self, now_ms: i64) -> usize {
+        let ttl_ms = self.inner.config.ondemand_idle_ttl_s as i64 * 1000;
+        let mut st = self.lock();
+        let expired: Vec<InstrumentId> = st
+            .jobs
+            .iter()
+            .filter(|(_, j)| !j.pinned && j.refcount == 0)
+            .filter(|(_, j)| j.last_zero_at_ms.is_some_and(|t| now_ms - t >= ttl_ms))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &expired {
+            if let Some(job) = st.jobs.remove(k) {
+                let _ = job.stop.send(true);
+                tracing::info!(instrument = %k, "reaped idle on-demand job");
+            }
+        }
+        st.reaped += expired.len() as u64;
+        expired.len()
+    }
+
+    /// Stops a job now (admin). Its subscribers stop receiving data; a new subscription starts
+    /// a fresh job. Returns whether it existed.
+    pub fn stop_job(&self, instrument: &InstrumentId) -> bool {
+        let mut st = self.lock();
+        match st.jobs.remove(instrument) {
+            Some(job) => {
+                let _ = job.stop.send(true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every job and refuses new subscriptions. Jobs flush their buffers as they stop;
+    /// wait for that with [`Supervisor::wait_stopped`].
+    pub fn shutdown(&self) {
+        let mut st = self.lock();
+        st.shutting_down = true;
+        for (_, job) in st.jobs.drain() {
+            let _ = job.stop.send(true);
+        }
+    }
+
+    fn spawn_job(&self, st: &mut State, instrument: InstrumentId, pinned: bool) -> Job {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let health = Arc::new(JobHealth::default());
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        let runner = self.inner.runner.clone();
+        let ctx = JobContext { instrument: instrument.clone(), stop: stop_rx, health: health.clone() };
+        let base = Duration::from_millis(self.inner.config.reconnect_base_ms);
+        let cap = Duration::from_millis(self.inner.config.reconnect_cap_ms);
+        let running = self.inner.running.clone();
+        running.fetch_add(1, Relaxed);
+        tokio::spawn(async move {
+            let mut delay = base;
+            loop {
+                let run = tokio::spawn(runner.run(ctx.clone()));
+                let outcome = run.await;
+                if ctx.is_stopped() {
+                    break;
+                }
+                match outcome {
+                    Ok(()) => ctx.health.crash("job loop returned without being stopped"),
+                    Err(e) => ctx.health.crash(format!("job loop panicked: {e}")),
+                }
+                let mut ctx2 = ctx.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = ctx2.stopped() => break,
+                }
+                delay = (delay * 2).min(cap);
+            }
+            running.fetch_sub(1, Relaxed);
+            tracing::debug!(instrument = %ctx.instrument, "ingest job stopped");
+        });
+        tracing::info!(%instrument, pinned, "ingest job started");
+        Job {
+            pinned,
+            subs: BTreeMap::new(),
+            refcount: 0,
+            last_zero_at_ms: if pinned { None } else { Some(now_ms()) },
+            started_at_ms: now_ms(),
+            generation,
+            stop: stop_tx,
+            health,
+        }
+    }
+
+    /// Waits until every job task has ended (after [`Supervisor::shutdown`]), at most `timeout`.
+    pub async fn wait_stopped(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.inner.running.load(Relaxed) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// The debug snapshot (seed §10: "which pair keeps crashing").
+    pub fn snapshot(&self) -> SupervisorSnapshot {
+        let st = self.lock();
+        let now = now_ms();
+        let mut jobs: Vec<JobSnapshot> = st
+            .jobs
+            .iter()
+            .map(|(inst, j)| {
+                let h = &j.health;
+                let load = |a: &AtomicI64| Some(a.load(Relaxed)).filter(|v| *v != 0);
+                JobSnapshot {
+                    instrument: inst.to_string(),
+                    series_id: format!("{inst}:1m"),
+                    pinned: j.pinned,
+                    refcount: if j.pinned { -1 } else { j.refcount as i64 },
+                    subscribers: j.refcount,
+                    subscriptions: j.subs.clone(),
+                    idle_since_ms: j.last_zero_at_ms,
+                    idle_for_ms: j.last_zero_at_ms.map(|t| now - t),
+                    started_at_ms: j.started_at_ms,
+                    crashes: h.crashes.load(Relaxed),
+                    last_crash_at_ms: load(&h.last_crash_at_ms),
+                    last_error: h.last_error(),
+                    connected: h.connected.load(Relaxed),
+                    connects: h.connects.load(Relaxed),
+                    messages: h.messages.load(Relaxed),
+                    malformed: h.malformed.load(Relaxed),
+                    closed_candles: h.closed_candles.load(Relaxed),
+                    gap_filled_candles: h.gap_filled_candles.load(Relaxed),
+                    persist_failures: h.persist_failures.load(Relaxed),
+                    last_message_at_ms: load(&h.last_message_at_ms),
+                    last_closed_open_time: load(&h.last_closed_open_time),
+                }
+            })
+            .collect();
+        jobs.sort_by(|a, b| (!a.pinned, &a.instrument).cmp(&(!b.pinned, &b.instrument)));
+        let ondemand = jobs.iter().filter(|j| !j.pinned).count();
+        SupervisorSnapshot {
+            capacity: Capacity {
+                ondemand_max_jobs: self.inner.config.ondemand_max_jobs,
+                ondemand_jobs: ondemand,
+                pinned_jobs: jobs.len() - ondemand,
+                ondemand_idle_ttl_s: self.inner.config.ondemand_idle_ttl_s,
+                evictions: st.evictions,
+                refusals: st.refusals,
+                reaped: st.reaped,
+            },
+            jobs,
+        }
+    }
+
+    /// Health counters of a job, if it runs.
+    pub fn health(&self, instrument: &InstrumentId) -> Option<Arc<JobHealth>> {
+        self.lock().jobs.get(instrument).map(|j| j.health.clone())
+    }
+}
+
+/// `GET /api/v1/ops/jobs`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SupervisorSnapshot {
+    pub capacity: Capacity,
+    pub jobs: Vec<JobSnapshot>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Capacity {
+    pub ondemand_max_jobs: usize,
+    pub ondemand_jobs: usize,
+    pub pinned_jobs: usize,
+    pub ondemand_idle_ttl_s: u64,
+    pub evictions: u64,
+    pub refusals: u64,
+    pub reaped: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JobSnapshot {
+    pub instrument: String,
+    /// The upstream series (always 1m).
+    pub series_id: String,
+    pub pinned: bool,
+    /// The seed's refcount: -1 for pinned jobs, else live subscriptions.
+    pub refcount: i64,
+    /// Live subscriptions (also for pinned jobs).
+    pub subscribers: u32,
+    /// Live subscriptions per series.
+    pub subscriptions: BTreeMap<String, u32>,
+    pub idle_since_ms: Option<i64>,
+    pub idle_for_ms: Option<i64>,
+    pub started_at_ms: i64,
+    pub crashes: u64,
+    pub last_crash_at_ms: Option<i64>,
+    pub last_error: Option<String>,
+    pub connected: bool,
+    pub connects: u64,
+    pub messages: u64,
+    pub malformed: u64,
+    pub closed_candles: u64,
+    pub gap_filled_candles: u64,
+    pub persist_failures: u64,
+    pub last_message_at_ms: Option<i64>,
+    pub last_closed_open_time: Option<i64>,
+}
