@@ -1,1 +1,80 @@
-//! Binance protocol: wire types, REST client, stream client (being written).
+//! The Binance protocol, client side: what millrace speaks to real Binance and to its own
+//! simulated exchange (which serialises its output with the same [`wire`] types).
+//!
+//! - [`wire`] — serde types for stream events, stream requests/replies and REST bodies, exact
+//!   conversion to `shared` types ([`wire::parse_frame`]), symbol and stream names.
+//!
+//! Only this module (and the simulator, through [`wire`]) knows Binance's formats; everything
+//! downstream sees `shared` types.
+
+pub mod wire;
+
+use shared::protocol::Market;
+use shared::sync::ContinuityRule;
+
+/// Real Binance spot REST base URL.
+pub const SPOT_REST_URL: &str = "https://api.binance.com";
+/// Real Binance spot WebSocket base URL.
+pub const SPOT_WS_URL: &str = "wss://stream.binance.com:9443";
+/// Real Binance USD-M futures REST base URL.
+pub const FUTURES_REST_URL: &str = "https://fapi.binance.com";
+/// Real Binance USD-M futures WebSocket base URL.
+pub const FUTURES_WS_URL: &str = "wss://fstream.binance.com";
+
+/// Which Binance API family: spot (`/api/v3`) or USD-M futures (`/fapi/v1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Venue {
+    Spot,
+    Futures,
+}
+
+impl Venue {
+    /// The venue for a millrace market; `None` for markets Binance does not have.
+    pub fn of_market(market: Market) -> Option<Venue> {
+        match market {
+            Market::Spot => Some(Venue::Spot),
+            Market::Futures => Some(Venue::Futures),
+            Market::Stock => None,
+        }
+    }
+
+    /// The REST path prefix: `/api/v3` or `/fapi/v1`.
+    pub const fn api_prefix(self) -> &'static str {
+        match self {
+            Venue::Spot => "/api/v3",
+            Venue::Futures => "/fapi/v1",
+        }
+    }
+
+    /// Real Binance's REST base URL.
+    pub const fn default_rest_url(self) -> &'static str {
+        match self {
+            Venue::Spot => SPOT_REST_URL,
+            Venue::Futures => FUTURES_REST_URL,
+        }
+    }
+
+    /// Real Binance's WebSocket base URL.
+    pub const fn default_ws_url(self) -> &'static str {
+        match self {
+            Venue::Spot => SPOT_WS_URL,
+            Venue::Futures => FUTURES_WS_URL,
+        }
+    }
+
+    /// The depth continuity rule of this venue's diff stream.
+    pub const fn continuity_rule(self) -> ContinuityRule {
+        match self {
+            Venue::Spot => ContinuityRule::Spot,
+            Venue::Futures => ContinuityRule::Futures,
+        }
+    }
+
+    /// The millrace market.
+    pub const fn market(self) -> Market {
+        match self {
+            Venue::Spot => Market::Spot,
+            Venue::Futures => Market::Futures,
+        }
+    }
+}
