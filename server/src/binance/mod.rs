@@ -3,10 +3,20 @@
 //!
 //! - [`wire`] — serde types for stream events, stream requests/replies and REST bodies, exact
 //!   conversion to `shared` types ([`wire::parse_frame`]), symbol and stream names.
+//! - [`rest`] — [`rest::RestClient`]: klines, depth, exchangeInfo, time; request-weight tracking
+//!   and client-side back-off after 429/418.
+//! - [`stream`] — [`stream::connect`] / [`stream::Connection`]: one combined-stream WebSocket
+//!   with pong replies, idle pings, stall detection and the planned reconnect before Binance's
+//!   24 h cut; [`stream::Backoff`] for reconnect delays.
+//!
+//! The caller (the ingest supervisor) owns reconnecting, counting malformed frames and feeding
+//! `shared::sync::BookSync` / the candle pipeline; nothing here spawns a task.
 //!
 //! Only this module (and the simulator, through [`wire`]) knows Binance's formats; everything
 //! downstream sees `shared` types.
 
+pub mod rest;
+pub mod stream;
 pub mod wire;
 
 use shared::protocol::Market;
