@@ -35,7 +35,7 @@
 //! | `"e":"trade"` / `"e":"aggTrade"`                 | [`StreamEvent::Trade`] / [`StreamEvent::AggTrade`] |
 //! | `"e":"bookTicker"`, or `u`/`b`/`B`/`a`/`A` without `e` (spot) | [`StreamEvent::BookTicker`] |
 //! | `{"result":..,"id":..}` / `{"error":{..},"id":..}` | [`StreamEvent::Reply`]      |
-//! | any other `"e"`                                  | [`StreamEvent::Other`]        |
+//! | any other `"e"`, or an array (`!miniTicker@arr`) | [`StreamEvent::Other`]        |
 //!
 //! A futures partial book in raw form cannot be told from a diff (same payload); subscribe to
 //! partial books through combined streams.
@@ -776,7 +776,8 @@ pub enum StreamEvent {
     BookTicker { stream: Option<String>, ticker: WsBookTicker },
     /// The answer to a request sent on the connection.
     Reply(WsReply),
-    /// A well-formed event of a type this module does not decode (`24hrTicker`, ...).
+    /// A well-formed event of a type this module does not decode (`24hrTicker`, ...);
+    /// `event_type` is its `"e"`, or [`ARRAY_EVENT`] for an array payload.
     Other { stream: Option<String>, event_type: String },
 }
 
@@ -829,7 +830,7 @@ struct Peek<'a> {
     #[serde(default)]
     stream: Option<String>,
     #[serde(borrow, default)]
-    data: Option<PeekObject<'a>>,
+    data: Option<PeekData<'a>>,
     #[serde(borrow, default)]
     e: Option<Cow<'a, str>>,
     #[serde(rename = "lastUpdateId", default)]
@@ -843,6 +844,36 @@ struct Peek<'a> {
     #[serde(default)]
     error: Present,
 }
+
+/// The `data` of an envelope: an event object, or an array (`!miniTicker@arr` and other
+/// all-market streams), which this module does not decode.
+enum PeekData<'a> {
+    Object(PeekObject<'a>),
+    Array,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for PeekData<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = PeekData<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an event object or an array")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<PeekData<'a>, A::Error> {
+                PeekObject::deserialize(de::value::MapAccessDeserializer::new(map)).map(PeekData::Object)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PeekData<'a>, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(PeekData::Array)
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// The `event_type` of [`StreamEvent::Other`] for an array payload.
+pub const ARRAY_EVENT: &str = "[array]";
 
 #[derive(Deserialize)]
 struct DataOnly<T> {
@@ -858,9 +889,17 @@ fn decode<'a, T: Deserialize<'a>>(text: &'a str, combined: bool) -> Result<T, Wi
 /// Decodes one text frame of a Binance stream connection (combined or raw form, or a reply);
 /// see the module docs for how shapes map to [`StreamEvent`]s.
 pub fn parse_frame(text: &str) -> Result<StreamEvent, WireError> {
+    if text.trim_start().starts_with('[') {
+        // a raw all-market stream (`/ws/!miniTicker@arr`): valid JSON is an event we skip
+        serde_json::from_str::<IgnoredAny>(text).map_err(|e| json_error(text, e))?;
+        return Ok(StreamEvent::Other { stream: None, event_type: ARRAY_EVENT.to_string() });
+    }
     let peek: Peek<'_> = serde_json::from_str(text).map_err(|e| json_error(text, e))?;
     let (stream, inner, combined) = match (peek.stream, peek.data) {
-        (Some(stream), Some(data)) => (Some(stream), data, true),
+        (Some(stream), Some(PeekData::Object(data))) => (Some(stream), data, true),
+        (Some(stream), Some(PeekData::Array)) => {
+            return Ok(StreamEvent::Other { stream: Some(stream), event_type: ARRAY_EVENT.to_string() })
+        }
         (Some(_), None) => return Err(WireError::Field { field: "data".into(), msg: "missing".into() }),
         (None, _) => {
             if peek.result.0 || peek.error.0 {
@@ -1421,6 +1460,10 @@ mod tests {
         assert_eq!((trade.agg_trade_id, trade.first_trade_id, trade.qty), (15683430, 19862790, q("58")));
         let other = r#"{"e":"24hrTicker","E":1,"s":"BTCUSDT"}"#;
         assert_eq!(parse_frame(other).unwrap(), StreamEvent::Other { stream: None, event_type: "24hrTicker".into() });
+        let arr = r#"{"stream":"!miniTicker@arr","data":[{"e":"24hrMiniTicker","E":1,"s":"BTCUSDT","c":"1"}]}"#;
+        let want = StreamEvent::Other { stream: Some("!miniTicker@arr".into()), event_type: ARRAY_EVENT.into() };
+        assert_eq!(parse_frame(arr).unwrap(), want);
+        assert_eq!(parse_frame(r#" [{"e":"24hrMiniTicker"}]"#).unwrap().stream(), None);
     }
 
     #[test]
@@ -1476,7 +1519,10 @@ mod tests {
 
         assert!(matches!(parse_frame(r#"{"stream":"a@trade","data":{"e":"tra"#), Err(WireError::Syntax { .. })));
         assert!(matches!(parse_frame("not json"), Err(WireError::Syntax { .. })));
-        assert!(matches!(parse_frame("[1,2]"), Err(WireError::Shape { .. })));
+        assert!(matches!(parse_frame(r#"{"stream":"a@trade","data":5}"#), Err(WireError::Field { .. })));
+        assert!(matches!(parse_frame(r#"{"stream":"a@trade","data":{"e":"trade"}}"#), Err(WireError::Field { .. })));
+        assert!(matches!(parse_frame("[1,2"), Err(WireError::Syntax { .. })));
+        assert!(matches!(parse_frame("5"), Err(WireError::Shape { .. })));
         assert!(matches!(parse_frame(r#"{"hello":1}"#), Err(WireError::UnknownFrame(_))));
         assert!(matches!(parse_frame(""), Err(WireError::Syntax { .. })));
         // inconsistent values
