@@ -1,1 +1,628 @@
-//! SQLite implementation of [`super::CandleStore`] (being written).
+//! [`SqliteStore`]: the [`CandleStore`] in one SQLite file (WAL mode), the default store.
+//!
+//! # Schema (version [`SCHEMA_VERSION`], kept in `PRAGMA user_version`)
+//!
+//! ```sql
+//! series            (id INTEGER PRIMARY KEY, name TEXT UNIQUE)          -- `exchange:market:SYMBOL:tf`
+//! candles           (series_id, open_time, open, high, low, close, volume, trades, minutes)
+//!                   PRIMARY KEY (series_id, open_time)  STRICT, WITHOUT ROWID
+//! backfill_progress (task TEXT PRIMARY KEY, covered TEXT -- JSON [[from,to],...], ...)
+//! ```
+//!
+//! Every value is stored exactly, as an integer, never a float:
+//! - prices are the raw `i64` of [`shared::fixed::Price`];
+//! - `volume` (an `i128`) is an `INTEGER` when it fits in an `i64` (always, in practice: 9.2e10
+//!   units) and otherwise a 16-byte big-endian two's-complement `BLOB` (the column is `ANY`). One
+//!   column, varint-small on disk, readable by SQL in the common case, exact at the extremes;
+//!   measured as fast as the alternatives (benches/store.rs);
+//! - `trades` (a `u64`) and the progress counters are stored as the `i64` with the same bits, so
+//!   values above `i64::MAX` (never seen) read back exactly but look negative to raw SQL.
+//!
+//! The candle table is `WITHOUT ROWID`, clustered on `(series_id, open_time)`: a range query is one
+//! contiguous b-tree walk, and a batch of new candles appends at the right edge of its series.
+//! `STRICT` makes SQLite itself refuse a non-integer in an integer column.
+//!
+//! # Migrations
+//!
+//! [`MIGRATIONS`] lists the schema steps in order; a file at version `n` gets steps `n..` applied in
+//! one `BEGIN IMMEDIATE` transaction together with the new `user_version`, so a crash mid-migration
+//! leaves the old version intact and two processes opening the same new file do not race. A file
+//! whose version is newer than this build knows is refused ([`StoreError::SchemaTooNew`]) before
+//! anything is written to it. Add a migration by appending a step; never edit a released one.
+//!
+//! # Durability: WAL with `synchronous = NORMAL`
+//!
+//! A commit appends the transaction's pages to the write-ahead log (`<file>-wal`) without an
+//! `fsync`; the log is synced only when it is checkpointed back into the database file.
+//! - **Process crash / `kill -9`: safe.** A committed transaction is in the log (in the OS page
+//!   cache), so it survives; an uncommitted one is ignored on the next open. Tested by killing a
+//!   writer process mid-stream (`tests/store.rs`).
+//! - **Power loss / kernel panic:** the database stays consistent (never corrupt, never a partial
+//!   transaction), but the transactions committed since the last checkpoint may be rolled back.
+//!   For candles this is harmless: the ingest job refetches from the newest stored candle, and
+//!   backfill progress is written in the same transaction as its candles, so it never claims
+//!   coverage that was lost. `synchronous = FULL` would close this window at the cost of an
+//!   `fsync` per commit.
+//!
+//! # Concurrency
+//!
+//! One writer connection behind a [`Mutex`] (SQLite allows one writer at a time anyway; the lock
+//! queues writers in-process instead of spinning on `SQLITE_BUSY`). Reads use other connections
+//! from a small pool, so with WAL a read never waits for a write, however long: it sees the last
+//! committed state. Writes take the write lock at `BEGIN` (`IMMEDIATE`), so another process
+//! writing the same file makes us wait (`busy_timeout`), never fail mid-transaction.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Statement, TransactionBehavior};
+use shared::candle::Candle;
+use shared::fixed::{Price, Volume};
+use shared::protocol::SeriesId;
+
+use super::{BackfillProgress, CandleStore, SeriesInfo, SeriesRows, StoreError};
+
+/// The schema version this build writes (the number of [`MIGRATIONS`]).
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Schema steps; step `i` takes a file from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: series dictionary, candles, backfill progress.
+    "CREATE TABLE series (
+         id   INTEGER PRIMARY KEY,
+         name TEXT NOT NULL UNIQUE
+     ) STRICT;
+     CREATE TABLE candles (
+         series_id INTEGER NOT NULL REFERENCES series (id),
+         open_time INTEGER NOT NULL,
+         open      INTEGER NOT NULL,
+         high      INTEGER NOT NULL,
+         low       INTEGER NOT NULL,
+         close     INTEGER NOT NULL,
+         volume    ANY     NOT NULL,
+         trades    INTEGER NOT NULL,
+         minutes   INTEGER NOT NULL,
+         PRIMARY KEY (series_id, open_time)
+     ) STRICT, WITHOUT ROWID;
+     CREATE TABLE backfill_progress (
+         task             TEXT    NOT NULL PRIMARY KEY,
+         covered          TEXT    NOT NULL,
+         run_started_from INTEGER,
+         cursor           INTEGER,
+         state            TEXT    NOT NULL,
+         stop_reason      TEXT,
+         candles_written  INTEGER NOT NULL,
+         batches          INTEGER NOT NULL,
+         last_error       TEXT,
+         updated_at_ms    INTEGER NOT NULL
+     ) STRICT;",
+];
+
+/// Page size of a new file. Larger pages than the 4 KiB default mean fewer b-tree pages touched
+/// (and fewer WAL frames written) per batch of appended candles; measured in benches/store.rs.
+const PAGE_SIZE: u32 = 8192;
+/// Pages of WAL before a commit checkpoints it into the database (SQLite's default is 1000).
+const WAL_AUTOCHECKPOINT: u32 = 4000;
+/// Page cache per connection, in KiB (negative `cache_size`).
+const CACHE_KIB: i64 = 32 * 1024;
+/// How long a statement waits for a lock held by another process before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Idle read connections kept open; more concurrent readers open extra connections and close them.
+const MAX_IDLE_READERS: usize = 4;
+
+/// Rows per multi-row upsert statement. Fewer statement executions per batch; SQLite's limit is
+/// 32766 bound parameters per statement (`CHUNK * 9` stays far below).
+const CHUNK: usize = 25;
+
+fn upsert_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO candles (series_id, open_time, open, high, low, close, volume, trades, minutes) VALUES ",
+    );
+    for i in 0..rows {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str("(?,?,?,?,?,?,?,?,?)");
+    }
+    sql.push_str(
+        " ON CONFLICT (series_id, open_time) DO UPDATE SET open = excluded.open, high = excluded.high, \
+         low = excluded.low, close = excluded.close, volume = excluded.volume, \
+         trades = excluded.trades, minutes = excluded.minutes",
+    );
+    sql
+}
+
+const SELECT_SERIES_ID: &str = "SELECT id FROM series WHERE name = ?1";
+const INSERT_SERIES: &str = "INSERT INTO series (name) VALUES (?1) ON CONFLICT (name) DO NOTHING";
+
+fn db(e: rusqlite::Error) -> StoreError {
+    StoreError::Db(e.to_string())
+}
+
+/// The SQLite candle store. Cheap to share behind an `Arc`; every method is blocking (see the
+/// module docs of [`super`]).
+pub struct SqliteStore {
+    /// The database file, for error messages and for opening read connections.
+    path: PathBuf,
+    /// The one write connection and its series-id cache. Locked for the duration of a write
+    /// transaction: SQLite has a single writer per file, so queueing here costs nothing.
+    writer: Mutex<Writer>,
+    /// Idle read connections (WAL readers never block on the writer). Locked only to take or
+    /// return a connection, never while a query runs.
+    readers: Mutex<Vec<Connection>>,
+}
+
+/// The write connection and what it caches.
+struct Writer {
+    conn: Connection,
+    /// Series name -> row id, filled as series are written. Cleared when a transaction fails,
+    /// since ids inserted by a rolled-back transaction do not exist.
+    ids: HashMap<SeriesId, i64>,
+    /// Multi-row upsert SQL (`CHUNK` rows) and the single-row one, built once.
+    upsert_chunk: String,
+    upsert_one: String,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock dropped (rolled back) any open transaction: the state is sound.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed, with its parent directory) the database at `path`, switches it
+    /// to WAL and brings its schema up to [`SCHEMA_VERSION`].
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Db(format!("cannot create directory {}: {e}", dir.display())))?;
+        }
+        let with_path = |e: rusqlite::Error| StoreError::Db(format!("{}: {e}", path.display()));
+        let mut conn = Connection::open(path).map_err(with_path)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(with_path)?;
+        let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(with_path)?;
+        check_version(path, found)?;
+        // Only effective while the file is still empty (a new database); before WAL, which fixes it.
+        conn.pragma_update(None, "page_size", PAGE_SIZE).map_err(with_path)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(with_path)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Db(format!("{}: cannot switch to WAL mode (got {mode})", path.display())));
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT}; \
+             PRAGMA cache_size = -{CACHE_KIB}; PRAGMA temp_store = MEMORY;"
+        ))
+        .map_err(with_path)?;
+        migrate(&mut conn, path)?;
+        let writer = Writer { conn, ids: HashMap::new(), upsert_chunk: upsert_sql(CHUNK), upsert_one: upsert_sql(1) };
+        let store = SqliteStore { path: path.to_path_buf(), writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) };
+        // Open one reader now, so a file we cannot read fails here rather than on the first query.
+        let reader = store.open_reader()?;
+        lock(&store.readers).push(reader);
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open_reader(&self) -> Result<Connection, StoreError> {
+        let with_path = |e: rusqlite::Error| StoreError::Db(format!("{}: {e}", self.path.display()));
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(with_path)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(with_path)?;
+        // Read-write open (a WAL reader maintains the -shm index) but refusing any write.
+        conn.execute_batch(&format!("PRAGMA query_only = ON; PRAGMA cache_size = -{CACHE_KIB};"))
+            .map_err(with_path)?;
+        Ok(conn)
+    }
+
+    /// Runs `f` on a pooled read connection.
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let pooled = lock(&self.readers).pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => self.open_reader()?,
+        };
+        let result = f(&conn);
+        let mut idle = lock(&self.readers);
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+        result
+    }
+
+    /// One transaction: the rows of `batch`, then `progress` if given.
+    fn write_tx(&self, batch: &[SeriesRows<'_>], progress: Option<&BackfillProgress>) -> Result<usize, StoreError> {
+        let mut guard = lock(&self.writer);
+        let Writer { conn, ids, upsert_chunk, upsert_one } = &mut *guard;
+        let result = (|| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+            let mut written = 0;
+            for rows in batch {
+                if rows.candles.is_empty() {
+                    continue;
+                }
+                let id = series_id_for_write(&tx, ids, rows.series)?;
+                let mut chunks = rows.candles.chunks_exact(CHUNK);
+                if chunks.len() > 0 {
+                    let mut stmt = tx.prepare_cached(upsert_chunk).map_err(db)?;
+                    for chunk in &mut chunks {
+                        bind_and_run(&mut stmt, id, chunk)?;
+                    }
+                }
+                let rest = chunks.remainder();
+                if !rest.is_empty() {
+                    let mut stmt = tx.prepare_cached(upsert_one).map_err(db)?;
+                    for c in rest {
+                        bind_and_run(&mut stmt, id, std::slice::from_ref(c))?;
+                    }
+                }
+                written += rows.candles.len();
+            }
+            if let Some(p) = progress {
+                save_progress(&tx, p)?;
+            }
+            tx.commit().map_err(db)?;
+            Ok(written)
+        })();
+        if result.is_err() {
+            // The transaction rolled back (dropped); ids it inserted are gone.
+            ids.clear();
+        }
+        result
+    }
+}
+
+fn check_version(path: &Path, found: i64) -> Result<(), StoreError> {
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew { path: path.display().to_string(), found, supported: SCHEMA_VERSION });
+    }
+    if found < 0 {
+        return Err(StoreError::Corrupt { table: "user_version", detail: format!("negative schema version {found}") });
+    }
+    Ok(())
+}
+
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let with_path = |e: rusqlite::Error| StoreError::Db(format!("{}: migrating the schema: {e}", path.display()));
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(with_path)?;
+    // Read again under the write lock: another process may have migrated meanwhile.
+    let found: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(with_path)?;
+    check_version(path, found)?;
+    if found == SCHEMA_VERSION {
+        return Ok(()); // dropping `tx` ends the empty transaction
+    }
+    for (i, step) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.execute_batch(step)
+            .map_err(|e| StoreError::Db(format!("{}: migration {} failed: {e}", path.display(), i + 1)))?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(with_path)?;
+    tx.commit().map_err(with_path)?;
+    tracing::info!(path = %path.display(), from = found, to = SCHEMA_VERSION, "store schema migrated");
+    Ok(())
+}
+
+fn series_id_for_write(conn: &Connection, ids: &mut HashMap<SeriesId, i64>, series: &SeriesId) -> Result<i64, StoreError> {
+    if let Some(&id) = ids.get(series) {
+        return Ok(id);
+    }
+    let name = series.to_string();
+    conn.prepare_cached(INSERT_SERIES).map_err(db)?.execute([&name]).map_err(db)?;
+    let id: i64 = conn.prepare_cached(SELECT_SERIES_ID).map_err(db)?.query_row([&name], |r| r.get(0)).map_err(db)?;
+    ids.insert(series.clone(), id);
+    Ok(id)
+}
+
+fn series_id_for_read(conn: &Connection, series: &SeriesId) -> Result<Option<i64>, StoreError> {
+    conn.prepare_cached(SELECT_SERIES_ID)
+        .map_err(db)?
+        .query_row([series.to_string()], |r| r.get(0))
+        .optional()
+        .map_err(db)
+}
+
+/// Binds `rows` (as many as the statement has row tuples) and executes it.
+fn bind_and_run(stmt: &mut Statement<'_>, series_id: i64, rows: &[Candle]) -> Result<(), StoreError> {
+    let mut i = 1;
+    for c in rows {
+        stmt.raw_bind_parameter(i, series_id).map_err(db)?;
+        stmt.raw_bind_parameter(i + 1, c.open_time).map_err(db)?;
+        stmt.raw_bind_parameter(i + 2, c.open.raw()).map_err(db)?;
+        stmt.raw_bind_parameter(i + 3, c.high.raw()).map_err(db)?;
+        stmt.raw_bind_parameter(i + 4, c.low.raw()).map_err(db)?;
+        stmt.raw_bind_parameter(i + 5, c.close.raw()).map_err(db)?;
+        let v = c.volume.raw();
+        match i64::try_from(v) {
+            Ok(small) => stmt.raw_bind_parameter(i + 6, small),
+            Err(_) => stmt.raw_bind_parameter(i + 6, v.to_be_bytes()),
+        }
+        .map_err(db)?;
+        stmt.raw_bind_parameter(i + 7, c.trades as i64).map_err(db)?;
+        stmt.raw_bind_parameter(i + 8, c.minutes).map_err(db)?;
+        i += 9;
+    }
+    stmt.raw_execute().map_err(db)?;
+    Ok(())
+}
+
+fn corrupt(table: &'static str, detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt { table, detail: detail.into() }
+}
+
+/// An integer column, or `Corrupt`.
+fn int(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<i64, StoreError> {
+    match row.get_ref(idx).map_err(db)? {
+        ValueRef::Integer(v) => Ok(v),
+        other => Err(corrupt(table, format!("{column} is {:?}, not an integer", other.data_type()))),
+    }
+}
+
+fn opt_int(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<Option<i64>, StoreError> {
+    match row.get_ref(idx).map_err(db)? {
+        ValueRef::Null => Ok(None),
+        _ => int(row, idx, table, column).map(Some),
+    }
+}
+
+fn opt_text(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<Option<String>, StoreError> {
+    match row.get_ref(idx).map_err(db)? {
+        ValueRef::Null => Ok(None),
+        ValueRef::Text(t) => std::str::from_utf8(t)
+            .map(|s| Some(s.to_owned()))
+            .map_err(|_| corrupt(table, format!("{column} is not UTF-8"))),
+        other => Err(corrupt(table, format!("{column} is {:?}, not text", other.data_type()))),
+    }
+}
+
+fn text(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<String, StoreError> {
+    opt_text(row, idx, table, column)?.ok_or_else(|| corrupt(table, format!("{column} is NULL")))
+}
+
+/// Decodes a row of `SELECT open_time, open, high, low, close, volume, trades, minutes`.
+fn decode_candle(row: &Row<'_>) -> Result<Candle, StoreError> {
+    const T: &str = "candles";
+    let open_time = int(row, 0, T, "open_time")?;
+    let at = |what: String| corrupt(T, format!("open_time {open_time}: {what}"));
+    let volume = match row.get_ref(5).map_err(db)? {
+        ValueRef::Integer(v) => v as i128,
+        ValueRef::Blob(b) => match <[u8; 16]>::try_from(b) {
+            Ok(bytes) => i128::from_be_bytes(bytes),
+            Err(_) => return Err(at(format!("volume is a {}-byte blob, not 16", b.len()))),
+        },
+        other => return Err(at(format!("volume is {:?}, not an integer", other.data_type()))),
+    };
+    let minutes = int(row, 7, T, "minutes")?;
+    Ok(Candle {
+        open_time,
+        open: Price::from_raw(int(row, 1, T, "open")?),
+        high: Price::from_raw(int(row, 2, T, "high")?),
+        low: Price::from_raw(int(row, 3, T, "low")?),
+        close: Price::from_raw(int(row, 4, T, "close")?),
+        volume: Volume::from_raw(volume),
+        trades: int(row, 6, T, "trades")? as u64,
+        minutes: u32::try_from(minutes).map_err(|_| at(format!("minutes {minutes} out of range")))?,
+    })
+}
+
+fn save_progress(conn: &Connection, p: &BackfillProgress) -> Result<(), StoreError> {
+    let covered = serde_json::to_string(&p.covered).map_err(|e| StoreError::Db(format!("encoding coverage: {e}")))?;
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO backfill_progress (task, covered, run_started_from, cursor, state, \
+         stop_reason, candles_written, batches, last_error, updated_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )
+    .map_err(db)?
+    .execute(rusqlite::params![
+        p.task,
+        covered,
+        p.run_started_from,
+        p.cursor,
+        p.state,
+        p.stop_reason,
+        p.candles_written as i64,
+        p.batches as i64,
+        p.last_error,
+        p.updated_at_ms,
+    ])
+    .map_err(db)?;
+    Ok(())
+}
+
+fn decode_progress(row: &Row<'_>) -> Result<BackfillProgress, StoreError> {
+    const T: &str = "backfill_progress";
+    let task = text(row, 0, T, "task")?;
+    let covered_json = text(row, 1, T, "covered")?;
+    let covered: Vec<(i64, i64)> = serde_json::from_str(&covered_json)
+        .map_err(|e| corrupt(T, format!("task {task}: covered {covered_json:?}: {e}")))?;
+    Ok(BackfillProgress {
+        covered,
+        run_started_from: opt_int(row, 2, T, "run_started_from")?,
+        cursor: opt_int(row, 3, T, "cursor")?,
+        state: text(row, 4, T, "state")?,
+        stop_reason: opt_text(row, 5, T, "stop_reason")?,
+        candles_written: int(row, 6, T, "candles_written")? as u64,
+        batches: int(row, 7, T, "batches")? as u64,
+        last_error: opt_text(row, 8, T, "last_error")?,
+        updated_at_ms: int(row, 9, T, "updated_at_ms")?,
+        task,
+    })
+}
+
+impl CandleStore for SqliteStore {
+    fn write(&self, batch: &[SeriesRows<'_>]) -> Result<usize, StoreError> {
+        self.write_tx(batch, None)
+    }
+
+    /// With neither bound, the newest `limit` candles (like Binance). Rows come back oldest first.
+    fn candles(
+        &self,
+        series: &SeriesId,
+        start: Option<i64>,
+        end: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Candle>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let newest_first = start.is_none();
+        let (lo, hi) = (start.unwrap_or(i64::MIN), end.unwrap_or(i64::MAX));
+        if lo > hi {
+            return Ok(Vec::new());
+        }
+        let sql = if newest_first {
+            "SELECT open_time, open, high, low, close, volume, trades, minutes FROM candles \
+             WHERE series_id = ?1 AND open_time BETWEEN ?2 AND ?3 ORDER BY open_time DESC LIMIT ?4"
+        } else {
+            "SELECT open_time, open, high, low, close, volume, trades, minutes FROM candles \
+             WHERE series_id = ?1 AND open_time BETWEEN ?2 AND ?3 ORDER BY open_time ASC LIMIT ?4"
+        };
+        self.read(|conn| {
+            let Some(id) = series_id_for_read(conn, series)? else { return Ok(Vec::new()) };
+            let mut stmt = conn.prepare_cached(sql).map_err(db)?;
+            let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+            let mut rows = stmt.query(rusqlite::params![id, lo, hi, limit_sql]).map_err(db)?;
+            let mut out = Vec::with_capacity(limit.min(4096));
+            while let Some(row) = rows.next().map_err(db)? {
+                out.push(decode_candle(row)?);
+            }
+            if newest_first {
+                out.reverse();
+            }
+            Ok(out)
+        })
+    }
+
+    fn last_open_time(&self, series: &SeriesId) -> Result<Option<i64>, StoreError> {
+        self.read(|conn| {
+            let Some(id) = series_id_for_read(conn, series)? else { return Ok(None) };
+            let mut stmt = conn
+                .prepare_cached("SELECT open_time FROM candles WHERE series_id = ?1 ORDER BY open_time DESC LIMIT 1")
+                .map_err(db)?;
+            let mut rows = stmt.query([id]).map_err(db)?;
+            match rows.next().map_err(db)? {
+                Some(row) => int(row, 0, "candles", "open_time").map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Sorted by series name. Counting reads every row (one pass over the table): meant for
+    /// status pages and startup, not for a hot path.
+    fn series(&self) -> Result<Vec<SeriesInfo>, StoreError> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT s.name, c.n, c.first, c.last FROM \
+                     (SELECT series_id, count(*) AS n, min(open_time) AS first, max(open_time) AS last \
+                      FROM candles GROUP BY series_id) AS c \
+                     JOIN series AS s ON s.id = c.series_id ORDER BY s.name",
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query([]).map_err(db)?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(db)? {
+                let name = text(row, 0, "series", "name")?;
+                let series = name.parse().map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
+                out.push(SeriesInfo {
+                    series,
+                    count: int(row, 1, "candles", "count")? as u64,
+                    first_open_time: int(row, 2, "candles", "open_time")?,
+                    last_open_time: int(row, 3, "candles", "open_time")?,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn backfill_progress(&self, task: &str) -> Result<Option<BackfillProgress>, StoreError> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT task, covered, run_started_from, cursor, state, stop_reason, candles_written, \
+                     batches, last_error, updated_at_ms FROM backfill_progress WHERE task = ?1",
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query([task]).map_err(db)?;
+            match rows.next().map_err(db)? {
+                Some(row) => decode_progress(row).map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn save_backfill_progress(&self, progress: &BackfillProgress) -> Result<(), StoreError> {
+        self.write_tx(&[], Some(progress)).map(|_| ())
+    }
+
+    fn write_with_progress(&self, batch: &[SeriesRows<'_>], progress: &BackfillProgress) -> Result<usize, StoreError> {
+        self.write_tx(batch, Some(progress))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upsert_sql_has_one_tuple_per_row() {
+        let sql = upsert_sql(3);
+        assert_eq!(sql.matches("(?,?,?,?,?,?,?,?,?)").count(), 3);
+        assert!(CHUNK * 9 < 32766);
+    }
+
+    #[test]
+    fn versions() {
+        let p = Path::new("x.db");
+        assert!(check_version(p, 0).is_ok());
+        assert!(check_version(p, SCHEMA_VERSION).is_ok());
+        assert!(matches!(
+            check_version(p, SCHEMA_VERSION + 1),
+            Err(StoreError::SchemaTooNew { found, supported, .. }) if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION
+        ));
+        assert!(matches!(check_version(p, -1), Err(StoreError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn every_migration_applies_to_an_empty_database() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn, Path::new(":memory:")).unwrap();
+        let v: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        // Idempotent: a second run is a no-op.
+        migrate(&mut conn, Path::new(":memory:")).unwrap();
+    }
+
+    #[test]
+    fn range_queries_use_the_primary_key() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn, Path::new(":memory:")).unwrap();
+        for sql in [
+            "SELECT open_time FROM candles WHERE series_id = 1 AND open_time BETWEEN 0 AND 9 ORDER BY open_time DESC LIMIT 5",
+            "SELECT open_time FROM candles WHERE series_id = 1 ORDER BY open_time DESC LIMIT 1",
+        ] {
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map([], |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let plan = plan.join(" | ");
+            assert!(plan.contains("USING PRIMARY KEY"), "{sql}: {plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{sql} sorts: {plan}");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Storage and bus throughput.
+//!
+//! - `store/write/*`: closed 1m candles persisted per second into a real SQLite file (under
+//!   `target/tmp`, on disk) through [`SqliteStore::write`]: batches of 200 rows across 8 series
+//!   (the pipeline's `batch_max`), of 5,000 rows, and a replay of already stored rows (upserts).
+//!   Every batch is one transaction; new batches append after the previous ones, as live ingest
+//!   and newest-first backfill pages do.
+//! - `store/raw/*`: the same rows through plain rusqlite (one prepared single-row upsert, one
+//!   transaction per batch) into the same schema: the baseline the store is measured against.
+//! - `store/read/*`: a chart load (`candles`, newest 1,000 rows).
+//! - `bus/*`: [`InProcessBus`] publish cost, and messages delivered per second to N subscribers
+//!   (each a tokio task receiving every message), on a 2-worker runtime.
+//!
+//! `cargo bench -p server --bench store` (a filter selects: `-- store/write`, `-- bus`).
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use server::bus::{Bus, InProcessBus, Subscription};
+use server::store::sqlite::SqliteStore;
+use server::store::{CandleStore, SeriesRows};
+use shared::candle::Candle;
+use shared::fixed::{Price, Volume};
+use shared::protocol::SeriesId;
+
+const MIN: i64 = 60_000;
+
+fn db_path(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-store");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.db"));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
+}
+
+fn series(n: usize) -> Vec<SeriesId> {
+    (0..n).map(|i| format!("binance:spot:SYM{i}/USDT:1m").parse().unwrap()).collect()
+}
+
+/// Realistic BTC-like values: prices around 6.5e12 raw, volumes of a few coins.
+fn candle(t: i64, salt: i64) -> Candle {
+    let p = 6_500_000_000_000 + (t / MIN * 7919 + salt * 104_729) % 10_000_000_000;
+    Candle {
+        open_time: t,
+        open: Price::from_raw(p),
+        high: Price::from_raw(p + 1_500_000_000),
+        low: Price::from_raw(p - 1_200_000_000),
+        close: Price::from_raw(p + 300_000_000),
+        volume: Volume::from_raw(1_234_567_890 + (t / MIN % 1000) as i128 * 1_000_003),
+        trades: 1500 + (t / MIN % 300) as u64,
+        minutes: 1,
+    }
+}
+
+/// Fills `out[s]` with `per_series` candles of series `s` starting at minute `*next`.
+fn next_batch(out: &mut [Vec<Candle>], per_series: usize, next: &mut i64) {
+    for (s, rows) in out.iter_mut().enumerate() {
+        rows.clear();
+        rows.extend((0..per_series as i64).map(|i| candle((*next + i) * MIN, s as i64)));
+    }
+    *next += per_series as i64;
+}
+
+fn store_write(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store/write");
+    for (name, n_series, rows) in [("batch200_8series", 8, 200), ("batch5000_8series", 8, 5000)] {
+        let store = SqliteStore::open(&db_path(name)).unwrap();
+        let ids = series(n_series);
+        let mut bufs = vec![Vec::new(); n_series];
+        let mut next = 0;
+        g.throughput(Throughput::Elements(rows as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                next_batch(&mut bufs, rows / n_series, &mut next);
+                let batch: Vec<SeriesRows<'_>> =
+                    ids.iter().zip(&bufs).map(|(series, candles)| SeriesRows { series, candles }).collect();
+                store.write(&batch).unwrap()
+            })
+        });
+    }
+    // Replays: every row already stored (the upsert's update path).
+    {
+        let store = SqliteStore::open(&db_path("upsert200")).unwrap();
+        let ids = series(8);
+        let mut bufs = vec![Vec::new(); 8];
+        let mut next = 0;
+        next_batch(&mut bufs, 25, &mut next);
+        let batch: Vec<SeriesRows<'_>> =
+            ids.iter().zip(&bufs).map(|(series, candles)| SeriesRows { series, candles }).collect();
+        store.write(&batch).unwrap();
+        g.throughput(Throughput::Elements(200));
+        g.bench_function("upsert200_existing", |b| b.iter(|| store.write(&batch).unwrap()));
+    }
+    g.finish();
+}
+
+/// Plain rusqlite, single-row upsert, same schema and pragmas: the baseline.
+fn store_raw(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store/raw");
+    let path = db_path("raw200");
+    drop(SqliteStore::open(&path).unwrap()); // schema
+    let mut conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;").unwrap();
+    conn.execute_batch("INSERT INTO series (id, name) VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'), (5, 'e'), (6, 'f'), (7, 'g'), (8, 'h')").unwrap();
+    let mut bufs = vec![Vec::new(); 8];
+    let mut next = 0;
+    g.throughput(Throughput::Elements(200));
+    g.bench_function("batch200_8series", |b| {
+        b.iter(|| {
+            next_batch(&mut bufs, 25, &mut next);
+            let tx = conn.transaction().unwrap();
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "INSERT INTO candles (series_id, open_time, open, high, low, close, volume, trades, minutes) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (series_id, open_time) DO UPDATE SET \
+                         open = excluded.open, high = excluded.high, low = excluded.low, close = excluded.close, \
+                         volume = excluded.volume, trades = excluded.trades, minutes = excluded.minutes",
+                    )
+                    .unwrap();
+                for (s, rows) in bufs.iter().enumerate() {
+                    for c in rows {
+                        stmt.execute(rusqlite::params![
+                            s as i64 + 1,
+                            c.open_time,
+                            c.open.raw(),
+                            c.high.raw(),
+                            c.low.raw(),
+                            c.close.raw(),
+                            c.volume.raw() as i64,
+                            c.trades as i64,
+                            c.minutes
+                        ])
+                        .unwrap();
+                    }
+                }
+            }
+            tx.commit().unwrap();
+        })
+    });
+    g.finish();
+}
+
+fn store_read(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store/read");
+    let store = SqliteStore::open(&db_path("read")).unwrap();
+    let ids = series(4);
+    let mut bufs = vec![Vec::new(); 4];
+    let mut next = 0;
+    for _ in 0..50 {
+        next_batch(&mut bufs, 5000, &mut next);
+        let batch: Vec<SeriesRows<'_>> =
+            ids.iter().zip(&bufs).map(|(series, candles)| SeriesRows { series, candles }).collect();
+        store.write(&batch).unwrap();
+    }
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("newest1000_of_250k", |b| {
+        b.iter(|| {
+            let rows = store.candles(&ids[1], None, None, 1000).unwrap();
+            assert_eq!(rows.len(), 1000);
+            rows
+        })
+    });
+    g.finish();
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Messages per round: the publisher waits for every subscriber between rounds, so with a
+/// channel of 1,024 nobody lags and every message counts as delivered.
+const ROUND: usize = 512;
+
+fn bus_fanout(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("bus");
+    let payload = Bytes::from(vec![b'x'; 200]);
+
+    g.throughput(Throughput::Elements(1));
+    {
+        let bus = InProcessBus::default();
+        let _other = bus.subscribe("kline@binance:spot:ETH/USDT:1m");
+        g.bench_function("publish_no_subscribers", |b| {
+            b.iter(|| bus.publish(black_box("kline@binance:spot:BTC/USDT:1m"), payload.clone()))
+        });
+        let _lagging = bus.subscribe("kline@binance:spot:BTC/USDT:1m");
+        g.bench_function("publish_1_idle_subscriber", |b| {
+            b.iter(|| bus.publish(black_box("kline@binance:spot:BTC/USDT:1m"), payload.clone()))
+        });
+    }
+
+    for subs in [1usize, 100, 1000, 5000] {
+        g.throughput(Throughput::Elements((ROUND * subs) as u64));
+        g.bench_function(format!("delivered_to_{subs}_subscribers"), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let bus = InProcessBus::new(1024);
+                    let topic = "kline@binance:spot:BTC/USDT:1m";
+                    let done = Arc::new(AtomicUsize::new(0));
+                    let round_done = Arc::new(tokio::sync::Notify::new());
+                    let mut tasks = Vec::with_capacity(subs);
+                    for _ in 0..subs {
+                        let mut sub = bus.subscribe(topic);
+                        let (done, round_done) = (done.clone(), round_done.clone());
+                        tasks.push(tokio::spawn(async move {
+                            let mut bytes = 0usize;
+                            for _ in 0..iters {
+                                for _ in 0..ROUND {
+                                    bytes += sub.recv().await.unwrap().payload.len();
+                                }
+                                if done.fetch_add(1, Ordering::AcqRel) + 1 == subs {
+                                    done.store(0, Ordering::Release);
+                                    round_done.notify_one();
+                                }
+                            }
+                            black_box(bytes)
+                        }));
+                    }
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        for _ in 0..ROUND {
+                            bus.publish(topic, payload.clone());
+                        }
+                        round_done.notified().await;
+                    }
+                    let elapsed = start.elapsed();
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                    elapsed
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    targets = store_write, store_raw, store_read, bus_fanout
+}
+criterion_main!(benches);
