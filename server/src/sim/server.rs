@@ -1,0 +1,186 @@
+//! The simulator's HTTP server: the router (Binance REST, WebSocket streams, `/sim` control) and
+//! the start-up of the driver and server tasks.
+//!
+//! | path | what |
+//! |------|------|
+//! | `/api/v3/{ping,time,exchangeInfo,klines,uiKlines,depth}` | Binance spot REST ([`super::rest`]) |
+//! | `/fapi/v1/{ping,time,exchangeInfo,klines,depth}` | Binance USD-M futures REST (same markets) |
+//! | `/ws`, `/ws/<streams>`, `/stream?streams=` | spot streams ([`super::ws`]) |
+//! | `/fapi/ws`, `/fapi/ws/<streams>`, `/fapi/stream?streams=` | futures streams |
+//! | `GET /sim/faults`, `POST /sim/faults` | the fault plan and counters; inject faults ([`super::faults`]) |
+//! | `GET /sim/status` | symbols, clock, connections |
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::faults::{FaultCommand, Faults};
+use super::hub::Hub;
+use super::market::{run_driver, Exchange};
+use super::rest::{self, RateLimiter};
+use super::{ws, SimConfig};
+
+/// Connection-level settings the sessions read.
+#[derive(Debug, Clone)]
+pub(crate) struct WsSettings {
+    pub ping_interval: Duration,
+    pub pong_timeout: Duration,
+    pub max_streams_per_connection: usize,
+}
+
+/// Everything a request handler needs; shared as `Arc<Srv>`.
+pub(crate) struct Srv {
+    pub ex: Arc<Exchange>,
+    pub hub: Arc<Hub>,
+    pub faults: Arc<Faults>,
+    pub limiter: RateLimiter,
+    pub config: WsSettings,
+    /// Turns true on shutdown; sessions close with 1001.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// The running pieces, for the handle.
+pub(crate) struct Running {
+    pub addr: SocketAddr,
+    pub ex: Arc<Exchange>,
+    pub hub: Arc<Hub>,
+    pub faults: Arc<Faults>,
+    pub stop: watch::Sender<bool>,
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+/// Binds `bind` and spawns the driver and the server on the current tokio runtime.
+pub(crate) fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result<Running> {
+    let runtime = tokio::runtime::Handle::try_current().context("Sim::start must be called inside a tokio runtime")?;
+    for s in &config.symbols {
+        s.validate().map_err(anyhow::Error::msg)?;
+    }
+    if config.symbols.is_empty() {
+        anyhow::bail!("the simulator needs at least one symbol");
+    }
+    let std_listener = std::net::TcpListener::bind(bind)
+        .with_context(|| format!("cannot listen on {bind} (is another simulator running?)"))?;
+    std_listener.set_nonblocking(true).context("cannot make the listener non-blocking")?;
+    let listener = {
+        let _guard = runtime.enter();
+        tokio::net::TcpListener::from_std(std_listener).context("cannot register the listener with tokio")?
+    };
+    let addr = listener.local_addr().context("listener has no local address")?;
+
+    let start_ms = config.start_ms.unwrap_or_else(super::clock::wall_clock_ms);
+    let clock = super::SimClock::new(start_ms, config.speed);
+    let ex = Arc::new(Exchange::new(config.symbols.clone(), config.seed, clock));
+    let faults = Arc::new(Faults::new(config.max_connection_age));
+    let hub = Arc::new(Hub::new(config.ws_queue, faults.clone()));
+    faults.attach_hub(Arc::downgrade(&hub));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let srv = Arc::new(Srv {
+        ex: ex.clone(),
+        hub: hub.clone(),
+        faults: faults.clone(),
+        limiter: RateLimiter::new(
+            config.rest_weight_per_minute,
+            config.rate_window,
+            config.ban_after_violations,
+            config.ban_duration,
+        ),
+        config: WsSettings {
+            ping_interval: config.ping_interval,
+            pong_timeout: config.pong_timeout,
+            max_streams_per_connection: config.max_streams_per_connection,
+        },
+        stop: stop_rx.clone(),
+    });
+    let app = router(srv);
+    let driver = runtime.spawn(run_driver(ex.clone(), hub.clone(), faults.clone(), stop_rx.clone()));
+    let mut stop_serve = stop_rx;
+    let server = runtime.spawn(async move {
+        let serve = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move {
+                let _ = stop_serve.wait_for(|s| *s).await;
+            });
+        if let Err(e) = serve.await {
+            tracing::error!("sim server failed: {e}");
+        }
+    });
+    tracing::info!(%addr, symbols = config.symbols.len(), speed = config.speed, seed = config.seed, "simulated exchange listening");
+    Ok(Running { addr, ex, hub, faults, stop: stop_tx, tasks: vec![driver, server] })
+}
+
+fn router(srv: Arc<Srv>) -> Router {
+    let api = |prefix: &str, r: Router<Arc<Srv>>| {
+        let p = |e: &str| format!("{prefix}/{e}");
+        r.route(&p("ping"), get(rest::ping))
+            .route(&p("time"), get(rest::time))
+            .route(&p("exchangeInfo"), get(rest::exchange_info))
+            .route(&p("klines"), get(rest::klines))
+            .route(&p("depth"), get(rest::depth))
+    };
+    let rest_routes = api("/fapi/v1", api("/api/v3", Router::new()))
+        .route("/api/v3/uiKlines", get(rest::klines))
+        .route("/api/{*rest}", get(rest::not_found))
+        .route("/fapi/{*rest}", get(rest::not_found))
+        .route_layer(axum::middleware::from_fn_with_state(srv.clone(), rest::limits));
+    let ws_routes = Router::new()
+        .route("/ws", get(ws::ws_bare))
+        .route("/ws/{*streams}", get(ws::ws_raw))
+        .route("/stream", get(ws::ws_combined))
+        .route("/fapi/ws", get(ws::ws_bare))
+        .route("/fapi/ws/{*streams}", get(ws::ws_raw))
+        .route("/fapi/stream", get(ws::ws_combined));
+    let control =
+        Router::new().route("/sim/faults", get(get_faults).post(post_faults)).route("/sim/status", get(status));
+    rest_routes.merge(ws_routes).merge(control).with_state(srv)
+}
+
+/// `GET /sim/faults`: `{"plan":..,"counters":..}`.
+async fn get_faults(State(srv): State<Arc<Srv>>) -> Response {
+    Json(serde_json::json!({ "plan": srv.faults.plan(), "counters": srv.faults.counters() })).into_response()
+}
+
+/// `POST /sim/faults` with one [`FaultCommand`] or a list: `{"applied":n,"dropped":k}`.
+async fn post_faults(State(srv): State<Arc<Srv>>, body: axum::body::Bytes) -> Response {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Body {
+        One(FaultCommand),
+        Many(Vec<FaultCommand>),
+    }
+    let cmds = match serde_json::from_slice::<Body>(&body) {
+        Ok(Body::One(c)) => vec![c],
+        Ok(Body::Many(v)) => v,
+        Err(_) => {
+            // parse again as a single command for a useful message
+            let msg = match serde_json::from_slice::<FaultCommand>(&body) {
+                Err(e) => e.to_string(),
+                Ok(_) => "invalid fault command".into(),
+            };
+            let body = serde_json::json!({ "code": -1, "msg": format!("bad fault command: {msg}") });
+            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        }
+    };
+    let applied = cmds.len();
+    let dropped: usize = cmds.into_iter().map(|c| srv.faults.apply(c)).sum();
+    Json(serde_json::json!({ "applied": applied, "dropped": dropped })).into_response()
+}
+
+/// `GET /sim/status`.
+async fn status(State(srv): State<Arc<Srv>>) -> Response {
+    Json(serde_json::json!({
+        "now_ms": srv.ex.clock.now_ms(),
+        "start_ms": srv.ex.clock.start_ms(),
+        "speed": srv.ex.clock.speed(),
+        "symbols": srv.ex.markets.iter().map(|m| m.spec.symbol.clone()).collect::<Vec<_>>(),
+        "connections": srv.hub.connections(),
+    }))
+    .into_response()
+}
