@@ -27,8 +27,8 @@ fn config(speed: f64) -> SimConfig {
     SimConfig { seed: 7, speed, start_ms: Some(START), ..SimConfig::default() }
 }
 
-fn start(config: SimConfig) -> SimHandle {
-    Sim::start(config, "127.0.0.1:0".parse().unwrap()).unwrap()
+async fn start(config: SimConfig) -> SimHandle {
+    Sim::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
 
 fn live_first() -> i64 {
@@ -130,7 +130,7 @@ fn same_candle(a: &Candle, b: &Candle) -> bool {
 
 #[tokio::test]
 async fn rest_endpoints_speak_binance() {
-    let sim = start(config(1.0));
+    let sim = start(config(1.0)).await;
     assert_eq!(get_json(&sim, "/api/v3/ping").await, serde_json::json!({}));
     let t: wire::ServerTime = serde_json::from_value(get_json(&sim, "/api/v3/time").await).unwrap();
     assert!((t.server_time - START).abs() < 5_000);
@@ -186,7 +186,7 @@ async fn rest_endpoints_speak_binance() {
 
 #[tokio::test]
 async fn rest_klines_selection_history_and_live_join() {
-    let sim = start(config(600.0));
+    let sim = start(config(600.0)).await;
     let first = live_first();
     sim_reach(&sim, first + 6 * MINUTE_MS).await;
     let now = sim.now_ms();
@@ -272,7 +272,7 @@ async fn rest_klines_selection_history_and_live_join() {
 
 #[tokio::test]
 async fn rate_limits_429_then_418() {
-    let sim = start(SimConfig { rest_weight_per_minute: 10, ban_after_violations: 2, ..config(1.0) });
+    let sim = start(SimConfig { rest_weight_per_minute: 10, ban_after_violations: 2, ..config(1.0) }).await;
     let mut statuses = Vec::new();
     for _ in 0..20 {
         let (s, used, retry, body) = get(&sim, "/api/v3/time").await;
@@ -299,7 +299,7 @@ async fn rate_limits_429_then_418() {
 
 #[tokio::test]
 async fn the_binance_connector_talks_to_the_simulator() {
-    let sim = start(config(60.0));
+    let sim = start(config(60.0)).await;
     let rest = RestClient::new(RestConfig::new(Venue::Spot, sim.rest_base())).unwrap();
     let info = rest.exchange_info().await.unwrap();
     assert_eq!(info.symbols.len(), 8);
@@ -340,7 +340,7 @@ async fn the_binance_connector_talks_to_the_simulator() {
 /// A local book synced with `BookSync` from the REST snapshot and the diff stream, over a real
 /// WebSocket, equals the simulator's true book whenever both are at the same update id.
 async fn sync_equals_truth(futures: bool) {
-    let sim = start(config(5.0));
+    let sim = start(config(5.0)).await;
     let (symbol, base, api, rule) = if futures {
         ("DOGEUSDT", sim.futures_ws_base(), "/fapi/v1/depth", ContinuityRule::Futures)
     } else {
@@ -398,16 +398,20 @@ async fn futures_depth_sync_with_pu_equals_the_true_book() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_speed_600_each_minute_closes_once_in_about_100ms() {
-    let sim = start(config(600.0));
-    let mut ws = connect(&format!("{}/stream?streams=btcusdt@kline_1m", sim.ws_base())).await;
+    let sim = start(config(600.0)).await;
+    let mut ws = connect(&format!("{}/stream?streams=btcusdt@kline_1m/btcusdt@kline_5m", sim.ws_base())).await;
     let begun = Instant::now();
     let mut closed: Vec<(wire::KlineUpdate, Instant)> = Vec::new();
+    let mut closed_5m: Vec<wire::KlineUpdate> = Vec::new();
     let mut forming = 0;
     while begun.elapsed() < Duration::from_millis(2_000) {
         let f = text(&mut ws).await;
         let v: Value = serde_json::from_str(&f).unwrap();
-        assert_eq!(v["stream"], "btcusdt@kline_1m");
+        assert!(v["stream"] == "btcusdt@kline_1m" || v["stream"] == "btcusdt@kline_5m", "{v}");
         match wire::parse_frame(&f).unwrap() {
+            StreamEvent::Kline { kline, .. } if kline.closed && kline.timeframe == Timeframe::M5 => {
+                closed_5m.push(kline)
+            }
             StreamEvent::Kline { kline, .. } if kline.closed => closed.push((kline, Instant::now())),
             StreamEvent::Kline { .. } => forming += 1,
             other => panic!("{other:?}"),
@@ -428,12 +432,21 @@ async fn at_speed_600_each_minute_closes_once_in_about_100ms() {
         assert!(same_candle(&k.candle, truth));
         assert!(k.event_time >= k.close_time, "closed after its minute ended");
     }
+    // derived streams close too, as merges of the 1m
+    assert!(closed_5m.len() >= 2, "{} 5m klines closed", closed_5m.len());
+    for w in closed_5m.windows(2) {
+        assert_eq!(w[1].candle.open_time, w[0].candle.open_time + 5 * MINUTE_MS);
+    }
+    for k in &closed_5m {
+        let ones = sim.closed_klines("BTCUSDT", k.candle.open_time, k.candle.open_time + 4 * MINUTE_MS);
+        assert_eq!(Some(k.candle), merge(Timeframe::M5, &ones));
+    }
     sim.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kline_ohlcv_equals_the_trades_of_its_minute() {
-    let sim = start(config(60.0));
+    let sim = start(config(60.0)).await;
     let mut ws = connect(&format!("{}/stream?streams=ethusdt@trade/ethusdt@kline_1m", sim.ws_base())).await;
     let mut trades: Vec<(i64, Price, shared::Qty, u64)> = Vec::new();
     let mut closed: Vec<wire::KlineUpdate> = Vec::new();
@@ -480,7 +493,7 @@ async fn kline_ohlcv_equals_the_trades_of_its_minute() {
 
 #[tokio::test]
 async fn stream_requests_raw_and_combined() {
-    let sim = start(config(30.0));
+    let sim = start(config(30.0)).await;
     // raw stream by path
     let mut ws = connect(&format!("{}/ws/btcusdt@trade", sim.ws_base())).await;
     let v: Value = serde_json::from_str(&text(&mut ws).await).unwrap();
@@ -549,7 +562,7 @@ async fn stream_requests_raw_and_combined() {
 
 #[tokio::test]
 async fn server_pings_and_answers_pings() {
-    let sim = start(SimConfig { ping_interval: Duration::from_millis(100), ..config(1.0) });
+    let sim = start(SimConfig { ping_interval: Duration::from_millis(100), ..config(1.0) }).await;
     let mut ws = connect(&format!("{}/ws", sim.ws_base())).await;
     let mut pings = 0;
     let begun = Instant::now();
@@ -575,10 +588,29 @@ async fn server_pings_and_answers_pings() {
 }
 
 #[tokio::test]
+async fn a_client_that_never_answers_pings_is_closed() {
+    let sim = start(SimConfig {
+        ping_interval: Duration::from_millis(50),
+        pong_timeout: Duration::from_millis(200),
+        ..config(1.0)
+    })
+    .await;
+    // never read, so tungstenite never answers the pings
+    let _silent = connect(&format!("{}/ws", sim.ws_base())).await;
+    let begun = Instant::now();
+    while sim.faults().counters().ping_timeouts == 0 {
+        assert!(begun.elapsed() < PATIENCE, "the silent client was never closed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(sim.connections(), 0);
+}
+
+#[tokio::test]
 async fn determinism_per_seed() {
-    let a = start(config(600.0));
-    let b = start(config(600.0));
-    let c = start(SimConfig { seed: 8, ..config(600.0) });
+    let a = start(config(600.0)).await;
+    let b = start(config(600.0)).await;
+    let c = start(SimConfig { seed: 8, ..config(600.0) }).await;
     let until = live_first() + 4 * MINUTE_MS;
     sim_reach(&a, until).await;
     sim_reach(&b, until).await;
@@ -611,7 +643,7 @@ async fn depth_client(sim: &SimHandle, symbol: &str) -> Ws {
 
 #[tokio::test]
 async fn fault_skip_duplicate_reorder_malformed_on_a_stream() {
-    let sim = start(config(5.0));
+    let sim = start(config(5.0)).await;
     let faults = sim.faults();
     let stream = "btcusdt@depth@100ms";
 
@@ -668,7 +700,7 @@ async fn fault_skip_duplicate_reorder_malformed_on_a_stream() {
 
 #[tokio::test]
 async fn fault_stall_keeps_the_connection_silent_then_resumes() {
-    let sim = start(config(5.0));
+    let sim = start(config(5.0)).await;
     let mut ws = depth_client(&sim, "ethusdt").await;
     sim.faults().stall(StreamTarget::kind(StreamClass::Depth), Duration::from_millis(700));
     // whatever was already queued may still arrive; then silence
@@ -693,7 +725,7 @@ async fn fault_stall_keeps_the_connection_silent_then_resumes() {
 
 #[tokio::test]
 async fn fault_drop_all_or_one_symbol() {
-    let sim = start(config(5.0));
+    let sim = start(config(5.0)).await;
     let mut btc = depth_client(&sim, "btcusdt").await;
     let mut eth = depth_client(&sim, "ethusdt").await;
     assert_eq!(sim.connections(), 2);
@@ -728,7 +760,7 @@ async fn fault_drop_all_or_one_symbol() {
 
 #[tokio::test]
 async fn fault_max_connection_age_closes_with_a_close_frame() {
-    let sim = start(config(1.0));
+    let sim = start(config(1.0)).await;
     let mut ws = connect(&format!("{}/ws/btcusdt@trade", sim.ws_base())).await;
     let opened = Instant::now();
     sim.faults().set_max_connection_age(Some(Duration::from_millis(300)));
@@ -753,7 +785,7 @@ async fn fault_max_connection_age_closes_with_a_close_frame() {
 
 #[tokio::test]
 async fn fault_rest_failures_by_path_and_over_http() {
-    let sim = start(config(1.0));
+    let sim = start(config(1.0)).await;
     let faults = sim.faults();
     faults.fail_rest(1, 500, Some("/api/v3/depth"), None);
     assert_eq!(get(&sim, "/api/v3/time").await.0, 200, "other paths unaffected");
@@ -788,7 +820,7 @@ async fn fault_rest_failures_by_path_and_over_http() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_client_is_dropped_and_does_not_stall_others() {
-    let sim = start(SimConfig { ws_queue: 32, ..config(600.0) });
+    let sim = start(SimConfig { ws_queue: 32, ..config(600.0) }).await;
     let all: Vec<String> = sim
         .symbols()
         .iter()
@@ -826,7 +858,7 @@ async fn idle_cpu() {
         let f: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
         f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
     }
-    let sim = start(SimConfig::default());
+    let sim = start(SimConfig::default()).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (c0, t0) = (cpu_ticks(), Instant::now());
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -10,7 +10,7 @@
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use server::sim::{Sim, SimConfig};
-//! let sim = Sim::start(SimConfig { speed: 60.0, ..SimConfig::default() }, "127.0.0.1:0".parse()?)?;
+//! let sim = Sim::start(SimConfig { speed: 60.0, ..SimConfig::default() }, "127.0.0.1:0".parse()?).await?;
 //! let rest = sim.rest_base(); // http://127.0.0.1:PORT  (+ /api/v3/klines ...)
 //! let ws = sim.ws_base(); //     ws://127.0.0.1:PORT    (+ /stream?streams=btcusdt@kline_1m)
 //! let truth = sim.closed_klines("BTCUSDT", 0, sim.now_ms()); // the oracle
@@ -138,10 +138,10 @@ pub struct Sim;
 
 impl Sim {
     /// Starts the simulator on the current tokio runtime, listening on `bind` (port 0 picks a
-    /// free port; see [`SimHandle::addr`]). Fails outside a runtime, when the address is taken,
-    /// or for an invalid symbol spec.
-    pub fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result<SimHandle> {
-        let r = server::start(config, bind)?;
+    /// free port; see [`SimHandle::addr`]). Fails when the address is taken or a symbol spec is
+    /// invalid. Returns once it listens; the engine and the server run as spawned tasks.
+    pub async fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result<SimHandle> {
+        let r = server::start(config, bind).await?;
         Ok(SimHandle {
             inner: Arc::new(Inner {
                 addr: r.addr,
@@ -303,7 +303,7 @@ pub fn run_standalone(args: SimArgs) -> anyhow::Result<ExitCode> {
     let config = args.config()?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the tokio runtime")?;
     runtime.block_on(async {
-        let sim = Sim::start(config, args.addr)?;
+        let sim = Sim::start(config, args.addr).await?;
         eprintln!(
             "millrace sim: REST {} · WebSocket {} · futures WebSocket {}",
             sim.rest_base(),

@@ -59,7 +59,7 @@ pub(crate) struct Running {
 }
 
 /// Binds `bind` and spawns the driver and the server on the current tokio runtime.
-pub(crate) fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result<Running> {
+pub(crate) async fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result<Running> {
     let runtime = tokio::runtime::Handle::try_current().context("Sim::start must be called inside a tokio runtime")?;
     for s in &config.symbols {
         s.validate().map_err(anyhow::Error::msg)?;
@@ -67,13 +67,9 @@ pub(crate) fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result<Runni
     if config.symbols.is_empty() {
         anyhow::bail!("the simulator needs at least one symbol");
     }
-    let std_listener = std::net::TcpListener::bind(bind)
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
         .with_context(|| format!("cannot listen on {bind} (is another simulator running?)"))?;
-    std_listener.set_nonblocking(true).context("cannot make the listener non-blocking")?;
-    let listener = {
-        let _guard = runtime.enter();
-        tokio::net::TcpListener::from_std(std_listener).context("cannot register the listener with tokio")?
-    };
     let addr = listener.local_addr().context("listener has no local address")?;
 
     let start_ms = config.start_ms.unwrap_or_else(super::clock::wall_clock_ms);
