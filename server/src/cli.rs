@@ -19,6 +19,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the server (the default when no subcommand is given).
     Serve(crate::http::ServeArgs),
+    /// Run the simulated exchange alone, speaking Binance's REST and WebSocket protocol
+    /// (point a `[[sources]]` entry's rest_base / ws_base at it).
+    Sim(crate::sim::SimArgs),
     /// Replay recorded exchange data through millrace's market logic and check it.
     #[command(subcommand)]
     Replay(ReplayCommand),
@@ -41,6 +44,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         None => crate::http::run_blocking(crate::http::ServeArgs::default()),
         Some(Command::Serve(args)) => crate::http::run_blocking(args),
+        Some(Command::Sim(args)) => crate::sim::run_standalone(args),
         Some(Command::Replay(cmd)) => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());

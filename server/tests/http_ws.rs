@@ -37,7 +37,11 @@ fn static_dir() -> PathBuf {
 async fn spawn_app() -> TestApp {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let config = ServeConfig { static_dir: static_dir(), heartbeat_every: BEAT };
+    let mut base = server::config::Config::default();
+    base.server.data_dir = static_dir().join(format!("data-{}", addr.port()));
+    base.ingest.pinned = vec![];
+    base.backfill = vec![];
+    let config = ServeConfig { config: base, static_dir: static_dir(), heartbeat_every: BEAT };
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(async move {
         serve(listener, config, async move {

@@ -1,52 +1,100 @@
 //! One WebSocket session on `GET /ws`: requests in, replies and pushes out.
 //!
-//! Requests are handled by [`Session::handle_text`], which does no IO: it returns the reply and
-//! changes which streams the session receives. The async [`session`] loop owns the socket and the
-//! broadcast receivers. A bad frame is answered with an error reply; the socket stays open.
+//! Requests are handled by [`Session::handle_text`], which does no socket IO: it returns the
+//! reply and changes which streams the session receives. A `kline@{series}` subscription takes a
+//! [`Lease`] on the series' ingest job (so the supervisor's refcount counts this tab) and a bus
+//! subscription; unsubscribing or closing the socket drops both. The async [`session`] loop owns
+//! the socket. A bad frame is answered with an error reply; the socket stays open.
+//!
+//! Slow clients never hold anyone up: the bus keeps `limits.bus_capacity` messages per topic, and
+//! a client that falls further behind is closed with code 4000 and reason `lagging: …` (its
+//! dashboard reconnects and reloads state); a send that takes longer than
+//! `limits.send_timeout_ms` drops the client too.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use shared::protocol::{ClientRequest, ErrorCode, Method, Reply, Stream};
 use tokio::sync::{broadcast, watch};
 
-use super::Heartbeats;
+use super::Hub;
+use crate::bus::{Bus, InProcessBus, RecvError, Subscription};
+use crate::ingest::{Lease, SubscribeError};
+use crate::metrics::Metrics;
 
-/// Largest request accepted; larger frames get a `too_large` reply.
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Largest frame the transport reads at all; larger ones end the connection.
 pub const MAX_TRANSPORT_BYTES: usize = 1024 * 1024;
 
 /// Close code "going away" (RFC 6455 7.4.1), sent when the server shuts down.
 const GOING_AWAY: u16 = 1001;
+/// Close code for a client that fell behind (application range 4000-4999).
+pub const LAGGING: u16 = 4000;
+
+type BusSub = <InProcessBus as Bus>::Sub;
+
+/// A live stream subscription of this connection.
+struct Sub {
+    /// Reference on the ingest job; dropped with the subscription.
+    _lease: Lease,
+    rx: BusSub,
+}
 
 /// The request-handling state of one connection.
 pub struct Session {
-    /// Source of heartbeat receivers.
-    heartbeats: Heartbeats,
+    hub: Arc<Hub>,
     /// `Some` while the client is subscribed to `heartbeat`.
     heartbeat: Option<broadcast::Receiver<Arc<str>>>,
+    /// Market-data subscriptions by stream name.
+    subs: BTreeMap<String, Sub>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.hub.metrics.subscriptions.fetch_sub(self.subs.len() as i64, Relaxed);
+    }
 }
 
 impl Session {
-    pub fn new(heartbeats: Heartbeats) -> Self {
-        Self { heartbeats, heartbeat: None }
+    pub fn new(hub: Arc<Hub>) -> Self {
+        Self { hub, heartbeat: None, subs: BTreeMap::new() }
     }
 
     /// Is the client subscribed to `heartbeat`?
-    #[cfg(test)]
     pub fn is_subscribed_to_heartbeat(&self) -> bool {
         self.heartbeat.is_some()
     }
 
+    /// Stream names this connection is subscribed to (besides `heartbeat`).
+    pub fn subscriptions(&self) -> Vec<String> {
+        self.subs.keys().cloned().collect()
+    }
+
+    fn count(&self) -> usize {
+        self.subs.len() + usize::from(self.heartbeat.is_some())
+    }
+
     /// Handles one text frame and returns the reply to send. A request naming several streams
-    /// is applied only if every name is acceptable; otherwise the first bad one is reported.
+    /// is applied only if every name is acceptable; otherwise the first bad one is reported and
+    /// nothing changes.
     pub fn handle_text(&mut self, text: &str) -> Reply {
-        if text.len() > MAX_REQUEST_BYTES {
+        self.hub.metrics.ws_requests.fetch_add(1, Relaxed);
+        let reply = self.handle(text);
+        if !reply.is_ok() {
+            self.hub.metrics.ws_request_errors.fetch_add(1, Relaxed);
+        }
+        reply
+    }
+
+    fn handle(&mut self, text: &str) -> Reply {
+        let max = self.hub.limits.max_message_bytes;
+        if text.len() > max {
             return Reply::error(
                 0,
                 ErrorCode::TooLarge,
-                format!("request of {} bytes exceeds the limit of {MAX_REQUEST_BYTES}", text.len()),
+                format!("request of {} bytes exceeds the limit of {max}", text.len()),
             );
         }
         let request: ClientRequest = match serde_json::from_str(text) {
@@ -56,50 +104,153 @@ impl Session {
         let mut streams = Vec::with_capacity(request.params.len());
         for name in &request.params {
             match name.parse::<Stream>() {
-                Ok(Stream::Heartbeat) => streams.push(Stream::Heartbeat),
+                Ok(s @ (Stream::Heartbeat | Stream::Kline(_))) => streams.push(s),
                 Ok(other) => {
                     return Reply::error(
                         request.id,
                         ErrorCode::UnknownSeries,
-                        format!("{other} is not offered: no market data source is configured"),
+                        format!("{other} is not offered by this server yet (order-book streams come with the depth service)"),
                     )
                 }
                 Err(e) => return Reply::error(request.id, ErrorCode::BadStream, e.to_string()),
             }
         }
-        for stream in streams {
-            match (request.method, stream) {
-                (Method::Subscribe, Stream::Heartbeat) => {
-                    if self.heartbeat.is_none() {
-                        self.heartbeat = Some(self.heartbeats.subscribe());
+        match request.method {
+            Method::Unsubscribe => {
+                for stream in streams {
+                    match stream {
+                        Stream::Heartbeat => self.heartbeat = None,
+                        other => {
+                            if self.subs.remove(&other.to_string()).is_some() {
+                                self.hub.metrics.subscriptions.fetch_sub(1, Relaxed);
+                            }
+                        }
                     }
                 }
-                (Method::Unsubscribe, Stream::Heartbeat) => self.heartbeat = None,
-                _ => unreachable!("only heartbeat is accepted above"),
+                Reply::ok(request.id)
+            }
+            Method::Subscribe => {
+                let new: Vec<&Stream> = {
+                    let mut seen = std::collections::BTreeSet::new();
+                    streams
+                        .iter()
+                        .filter(|s| match s {
+                            Stream::Heartbeat => self.heartbeat.is_none(),
+                            other => !self.subs.contains_key(&other.to_string()),
+                        })
+                        .filter(|s| seen.insert(s.to_string()))
+                        .collect()
+                };
+                let limit = self.hub.limits.max_subscriptions_per_connection;
+                if self.count() + new.len() > limit {
+                    return Reply::error(
+                        request.id,
+                        ErrorCode::TooManySubscriptions,
+                        format!("a connection may hold {limit} subscriptions; this one holds {}", self.count()),
+                    );
+                }
+                // Take every lease first, so a refusal leaves nothing half-subscribed.
+                let mut taken = Vec::new();
+                for stream in &new {
+                    let Stream::Kline(series) = stream else { continue };
+                    match self.hub.supervisor.subscribe(series) {
+                        Ok(lease) => taken.push((stream.to_string(), lease)),
+                        Err(e) => {
+                            let code = match e {
+                                SubscribeError::UnknownSeries(_) => ErrorCode::UnknownSeries,
+                                SubscribeError::CapacityExhausted { .. } => {
+                                    self.hub.metrics.subscriptions_refused_capacity.fetch_add(1, Relaxed);
+                                    ErrorCode::CapacityExhausted
+                                }
+                                SubscribeError::ShuttingDown => ErrorCode::Internal,
+                            };
+                            return Reply::error(request.id, code, format!("{stream}: {e}"));
+                        }
+                    }
+                }
+                if new.iter().any(|s| matches!(s, Stream::Heartbeat)) {
+                    self.heartbeat = Some(self.hub.heartbeats.subscribe());
+                }
+                for (name, lease) in taken {
+                    let rx = self.hub.bus.subscribe(&name);
+                    self.subs.insert(name, Sub { _lease: lease, rx });
+                    self.hub.metrics.subscriptions.fetch_add(1, Relaxed);
+                }
+                Reply::ok(request.id)
             }
         }
-        Reply::ok(request.id)
     }
 
-    /// The next heartbeat frame, or pending forever while unsubscribed.
-    async fn next_heartbeat(&mut self) -> Arc<str> {
+}
+
+/// The next heartbeat frame, or pending forever while unsubscribed.
+async fn next_heartbeat(heartbeat: &mut Option<broadcast::Receiver<Arc<str>>>) -> Arc<str> {
         loop {
-            let Some(rx) = self.heartbeat.as_mut() else {
+            let Some(rx) = heartbeat.as_mut() else {
                 return std::future::pending().await;
             };
             match rx.recv().await {
                 Ok(frame) => return frame,
-                // A slow client skips what it missed and continues from the newest heartbeat.
+                // Heartbeats are disposable: a slow client skips to the newest.
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::debug!(missed, "heartbeat receiver lagged");
                     *rx = rx.resubscribe();
                 }
-                // The publisher stopped: the server is shutting down.
-                Err(broadcast::error::RecvError::Closed) => self.heartbeat = None,
+                Err(broadcast::error::RecvError::Closed) => *heartbeat = None,
             }
         }
+}
+
+/// The next market-data frame of any subscription, or the name of a stream this client lagged
+/// on. Pending forever without subscriptions. A subscription whose bus closed is removed.
+async fn next_push(subs: &mut BTreeMap<String, Sub>, metrics: &Metrics) -> Result<bytes::Bytes, (String, u64)> {
+        loop {
+            if subs.is_empty() {
+                return std::future::pending().await;
+            }
+            let (name, result) = if subs.len() == 1 {
+                let (name, sub) = subs.iter_mut().next().expect("one subscription");
+                (name, sub.rx.recv().await)
+            } else {
+                let futures = subs.iter_mut().map(|(name, sub)| {
+                    Box::pin(async move {
+                        let r = sub.rx.recv().await;
+                        (name, r)
+                    })
+                });
+                futures_util::future::select_all(futures).await.0
+            };
+            match result {
+                Ok(msg) => return Ok(msg.payload),
+                Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
+                Err(RecvError::Closed) => {
+                    let name = name.clone();
+                    subs.remove(&name);
+                    metrics.subscriptions.fetch_sub(1, Relaxed);
+                }
+            }
+        }
+}
+
+impl Session {
+    /// Up to `max` more frames already buffered on any subscription, without waiting, so a
+    /// burst goes out in one socket write.
+    fn drain_ready(&mut self, max: usize, out: &mut Vec<bytes::Bytes>) -> Result<(), (String, u64)> {
+        for (name, sub) in self.subs.iter_mut() {
+            while out.len() < max {
+                match sub.rx.try_recv() {
+                    Ok(Some(msg)) => out.push(msg.payload),
+                    Ok(None) | Err(RecvError::Closed) => break,
+                    Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
+                }
+            }
+        }
+        Ok(())
     }
 }
+
+/// Most frames written per socket flush.
+const WRITE_BATCH: usize = 64;
 
 /// The request id of an unparseable frame if it has one, else 0.
 fn id_of(text: &str) -> u64 {
@@ -111,16 +262,22 @@ fn id_of(text: &str) -> u64 {
 
 fn malformed_msg(e: &serde_json::Error) -> String {
     format!(
-        "not a request ({e}); send {{\"method\":\"SUBSCRIBE\"|\"UNSUBSCRIBE\",\"params\":[\"heartbeat\"],\"id\":1}}"
+        "not a request ({e}); send {{\"method\":\"SUBSCRIBE\"|\"UNSUBSCRIBE\",\"params\":[\"kline@sim:spot:BTC/USDT:1m\"],\"id\":1}}"
     )
 }
 
 /// Runs one connection until the client leaves, the socket fails, or the server shuts down.
-pub async fn session(mut socket: WebSocket, heartbeats: Heartbeats, mut shutdown: watch::Receiver<bool>) {
-    let mut session = Session::new(heartbeats);
+pub async fn session(mut socket: WebSocket, hub: Arc<Hub>, mut shutdown: watch::Receiver<bool>) {
+    use futures_util::SinkExt as _;
+    let send_timeout = Duration::from_millis(hub.limits.send_timeout_ms);
+    let metrics = hub.metrics.clone();
+    let mut session = Session::new(hub);
+    let mut batch: Vec<bytes::Bytes> = Vec::with_capacity(WRITE_BATCH);
     tracing::debug!("websocket session started");
     loop {
-        let out = tokio::select! {
+        batch.clear();
+        let mut lagged: Option<(String, u64)> = None;
+        let reply: Option<Message> = tokio::select! {
             msg = socket.recv() => match msg {
                 Some(Ok(Message::Text(text))) => Some(reply_frame(session.handle_text(text.as_str()))),
                 Some(Ok(Message::Binary(_))) => Some(reply_frame(Reply::error(
@@ -135,16 +292,61 @@ pub async fn session(mut socket: WebSocket, heartbeats: Heartbeats, mut shutdown
                     break;
                 }
             },
-            frame = session.next_heartbeat() => Some(Message::Text(frame.as_ref().into())),
+            frame = next_heartbeat(&mut session.heartbeat) => {
+                batch.push(bytes::Bytes::copy_from_slice(frame.as_bytes()));
+                None
+            }
+            push = next_push(&mut session.subs, &metrics) => {
+                match push {
+                    Ok(payload) => {
+                        batch.push(payload);
+                        if let Err(l) = session.drain_ready(WRITE_BATCH, &mut batch) {
+                            lagged = Some(l);
+                        }
+                    }
+                    Err(l) => lagged = Some(l),
+                }
+                None
+            }
             _ = super::stopped(&mut shutdown) => {
                 let close = CloseFrame { code: GOING_AWAY, reason: "server shutting down".into() };
-                let _ = socket.send(Message::Close(Some(close))).await;
+                let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
                 break;
             }
         };
-        if let Some(out) = out {
-            if let Err(e) = socket.send(out).await {
+        if let Some((stream, skipped)) = lagged {
+            metrics.ws_dropped_lagging.fetch_add(1, Relaxed);
+            tracing::info!(%stream, skipped, "dropping a client that fell behind");
+            let reason = format!("lagging: {skipped} messages of {stream} skipped; reconnect to resync");
+            let reason: String = reason.chars().take(120).collect();
+            let close = CloseFrame { code: LAGGING, reason: reason.into() };
+            let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
+            break;
+        }
+        let pushes = batch.len() as u64;
+        let write = async {
+            if let Some(r) = reply {
+                socket.feed(r).await?;
+            }
+            for payload in batch.drain(..) {
+                // Payloads are JSON text serialised by our publishers.
+                if let Ok(text) = Utf8Bytes::try_from(payload) {
+                    socket.feed(Message::Text(text)).await?;
+                }
+            }
+            socket.flush().await
+        };
+        match tokio::time::timeout(send_timeout, write).await {
+            Ok(Ok(())) => {
+                metrics.ws_messages_sent.fetch_add(pushes, Relaxed);
+            }
+            Ok(Err(e)) => {
                 tracing::debug!("websocket write failed: {e}");
+                break;
+            }
+            Err(_) => {
+                metrics.ws_dropped_slow_send.fetch_add(1, Relaxed);
+                tracing::info!("dropping a client whose send took longer than {send_timeout:?}");
                 break;
             }
         }
@@ -154,46 +356,4 @@ pub async fn session(mut socket: WebSocket, heartbeats: Heartbeats, mut shutdown
 
 fn reply_frame(reply: Reply) -> Message {
     Message::Text(serde_json::to_string(&reply).expect("a reply always serializes").into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn session() -> Session {
-        let (_tx, rx) = watch::channel(false);
-        Session::new(Heartbeats::start(std::time::Duration::from_secs(3600), rx))
-    }
-
-    fn json(reply: &Reply) -> String {
-        serde_json::to_string(reply).unwrap()
-    }
-
-    #[tokio::test]
-    async fn subscribe_and_unsubscribe_heartbeat() {
-        let mut s = session();
-        let r = s.handle_text(r#"{"method":"SUBSCRIBE","params":["heartbeat"],"id":1}"#);
-        assert_eq!(json(&r), r#"{"id":1,"result":null}"#);
-        assert!(s.is_subscribed_to_heartbeat());
-        let r = s.handle_text(r#"{"method":"UNSUBSCRIBE","params":["heartbeat"],"id":2}"#);
-        assert_eq!(json(&r), r#"{"id":2,"result":null}"#);
-        assert!(!s.is_subscribed_to_heartbeat());
-    }
-
-    #[tokio::test]
-    async fn errors_name_the_problem() {
-        let mut s = session();
-        let r = s.handle_text("hello");
-        assert_eq!(r.id, 0);
-        assert_eq!(r.error.unwrap().code, ErrorCode::Malformed);
-        let r = s.handle_text(r#"{"method":"WATCH","params":[],"id":9}"#);
-        assert_eq!((r.id, r.error.unwrap().code), (9, ErrorCode::Malformed));
-        let r = s.handle_text(r#"{"method":"SUBSCRIBE","params":["heartbeat","kline@sim:spot:BTC/USDT:1m"],"id":3}"#);
-        assert_eq!((r.id, r.error.unwrap().code), (3, ErrorCode::UnknownSeries));
-        assert!(!s.is_subscribed_to_heartbeat(), "a failed request changes nothing");
-        let r = s.handle_text(r#"{"method":"SUBSCRIBE","params":["trades@x"],"id":4}"#);
-        assert_eq!((r.id, r.error.unwrap().code), (4, ErrorCode::BadStream));
-        let big = format!(r#"{{"method":"SUBSCRIBE","params":["{}"],"id":5}}"#, "x".repeat(MAX_REQUEST_BYTES));
-        assert_eq!(s.handle_text(&big).error.unwrap().code, ErrorCode::TooLarge);
-    }
 }

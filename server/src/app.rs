@@ -1,0 +1,174 @@
+//! The running service, assembled: store, bus, sources (with embedded simulators), ingest
+//! supervisor with its kline jobs, and backfill. [`App::start`] builds it from a [`Config`];
+//! [`App::stop`] stops it in order — no new subscriptions, backfill runs end, ingest jobs flush
+//! their buffered closed candles into the store — so a graceful shutdown loses nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use shared::protocol::SeriesId;
+
+use crate::backfill::Backfill;
+use crate::bus::InProcessBus;
+use crate::config::Config;
+use crate::ingest::kline_job::{self, KlineJobDeps};
+use crate::ingest::pipeline::Publisher;
+use crate::ingest::supervisor::{JobContext, JobFuture, JobRunner, Supervisor};
+use crate::metrics::{Exposition, Metrics};
+use crate::sources::Sources;
+use crate::store::sqlite::SqliteStore;
+use crate::store::CandleStore;
+
+/// The service.
+pub struct App {
+    pub config: Config,
+    pub store: Arc<dyn CandleStore>,
+    pub bus: Arc<InProcessBus>,
+    pub sources: Arc<Sources>,
+    pub supervisor: Supervisor,
+    pub backfill: Backfill,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Starts kline jobs for the supervisor.
+struct KlineRunner {
+    config: Config,
+    sources: Arc<Sources>,
+    store: Arc<dyn CandleStore>,
+    bus: Arc<dyn Publisher>,
+}
+
+impl JobRunner for KlineRunner {
+    fn validate(&self, series: &SeriesId) -> Result<(), String> {
+        self.sources.validate_series(series)
+    }
+
+    fn run(&self, ctx: JobContext) -> JobFuture {
+        let sources = self.sources.clone();
+        let config = self.config.ingest.clone();
+        let store = self.store.clone();
+        let bus = self.bus.clone();
+        Box::pin(async move {
+            let mut ctx = ctx;
+            // The source may still be loading its symbols (e.g. the exchange is unreachable).
+            let (source, symbol) = loop {
+                match sources.resolve(&ctx.instrument) {
+                    Ok(r) => break r,
+                    Err(e) => {
+                        ctx.health.error(e);
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                            _ = ctx.stopped() => return,
+                        }
+                    }
+                }
+            };
+            let deps = KlineJobDeps {
+                config,
+                rest: source.rest.clone(),
+                ws_base: source.ws_base.clone(),
+                symbol,
+                store,
+                bus,
+            };
+            kline_job::run(ctx, deps).await;
+        })
+    }
+}
+
+impl App {
+    /// Opens the store, starts sources (and simulators), the pinned ingest jobs and the
+    /// auto-start backfill tasks.
+    pub async fn start(config: Config) -> anyhow::Result<App> {
+        let db = config.db_path();
+        let store: Arc<dyn CandleStore> = {
+            let path = db.clone();
+            let s = tokio::task::spawn_blocking(move || SqliteStore::open(&path))
+                .await
+                .context("store task failed")?
+                .with_context(|| format!("cannot open the database {}", db.display()))?;
+            Arc::new(s)
+        };
+        tracing::info!(db = %db.display(), "store open");
+        let bus = Arc::new(InProcessBus::new(config.limits.bus_capacity));
+        let sources = Sources::start(&config).await?;
+        let publisher: Arc<dyn Publisher> = bus.clone();
+        let runner = KlineRunner {
+            config: config.clone(),
+            sources: sources.clone(),
+            store: store.clone(),
+            bus: publisher.clone(),
+        };
+        let supervisor = Supervisor::new(config.ingest.clone(), Arc::new(runner));
+        supervisor.start(&config.pinned_instruments());
+        let backfill = Backfill::new(&config.backfill, &config.ingest.derived, store.clone(), publisher, sources.clone())
+            .context("cannot load backfill progress")?;
+        backfill.start_configured();
+        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default() })
+    }
+
+    /// Stops everything in order; buffered closed candles are flushed to the store.
+    pub async fn stop(&self) {
+        self.supervisor.shutdown();
+        self.backfill.shutdown(Duration::from_secs(5)).await;
+        if !self.supervisor.wait_stopped(Duration::from_secs(10)).await {
+            tracing::warn!("some ingest jobs did not stop within 10 s");
+        }
+        for s in self.sources.all() {
+            if let Some(sim) = &s.sim {
+                sim.shutdown();
+            }
+        }
+    }
+
+    /// `GET /metrics`.
+    pub fn render_metrics(&self) -> String {
+        let mut e = Exposition::new();
+        self.metrics.render(&mut e);
+        let snap = self.supervisor.snapshot();
+        e.single("millrace_ingest_ondemand_jobs", "gauge", "On-demand ingest jobs running.", snap.capacity.ondemand_jobs);
+        e.single("millrace_ingest_pinned_jobs", "gauge", "Pinned ingest jobs running.", snap.capacity.pinned_jobs);
+        e.single("millrace_ingest_ondemand_max_jobs", "gauge", "Capacity for on-demand jobs (0 = unlimited).", snap.capacity.ondemand_max_jobs);
+        e.single("millrace_ingest_evictions_total", "counter", "Idle on-demand jobs evicted for capacity.", snap.capacity.evictions);
+        e.single("millrace_ingest_refusals_total", "counter", "Subscriptions refused for capacity.", snap.capacity.refusals);
+        e.single("millrace_ingest_reaped_total", "counter", "Idle on-demand jobs stopped by the reaper.", snap.capacity.reaped);
+        type Field = fn(&crate::ingest::supervisor::JobSnapshot) -> u64;
+        let per_job: [(&str, &str, &str, Field); 9] = [
+            ("millrace_job_crashes_total", "counter", "Upstream failures per job.", |j| j.crashes),
+            ("millrace_job_connected", "gauge", "1 while the job's upstream stream is connected.", |j| j.connected as u64),
+            ("millrace_job_messages_total", "counter", "Upstream messages per job.", |j| j.messages),
+            ("millrace_job_malformed_total", "counter", "Malformed or unexpected upstream messages per job.", |j| j.malformed),
+            ("millrace_job_closed_candles_total", "counter", "Closed 1m candles accepted per job.", |j| j.closed_candles),
+            ("millrace_job_gap_filled_candles_total", "counter", "Closed 1m candles fetched over REST to fill gaps.", |j| j.gap_filled_candles),
+            ("millrace_job_persist_failures_total", "counter", "Failed persists (retried) per job.", |j| j.persist_failures),
+            ("millrace_job_subscribers", "gauge", "Live subscriptions per job.", |j| j.subscribers as u64),
+            ("millrace_job_pinned", "gauge", "1 for pinned jobs.", |j| j.pinned as u64),
+        ];
+        for (name, kind, help, f) in per_job {
+            e.family(name, kind, help);
+            for j in &snap.jobs {
+                e.sample(name, &[("instrument", &j.instrument)], f(j));
+            }
+        }
+        let tasks = self.backfill.snapshot();
+        e.family("millrace_backfill_progress", "gauge", "Share of the retention window covered (0-1).");
+        for t in &tasks {
+            e.sample("millrace_backfill_progress", &[("series", &t.series)], t.progress);
+        }
+        e.family("millrace_backfill_candles_written", "gauge", "Candles written by the current or last run.");
+        for t in &tasks {
+            e.sample("millrace_backfill_candles_written", &[("series", &t.series)], t.candles_written);
+        }
+        e.family("millrace_backfill_running", "gauge", "1 while a run is active.");
+        for t in &tasks {
+            e.sample("millrace_backfill_running", &[("series", &t.series)], t.running as u64);
+        }
+        e.family("millrace_source_ready", "gauge", "1 when the source's symbols are loaded.");
+        for s in self.sources.snapshot() {
+            let name = s["name"].as_str().unwrap_or_default().to_string();
+            e.sample("millrace_source_ready", &[("source", &name)], s["ready"].as_bool().unwrap_or(false) as u64);
+        }
+        e.finish()
+    }
+}

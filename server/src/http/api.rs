@@ -1,0 +1,264 @@
+//! The REST API.
+//!
+//! Market data (no token):
+//! - `GET /api/v1/klines?series=sim:spot:BTC/USDT:5m&startTime=&endTime=&limit=` — stored
+//!   **closed** candles as Binance-style array rows
+//!   `[openTime, "open", "high", "low", "close", "volume", closeTime, null, trades]`, oldest
+//!   first. Index 7 (Binance's quote-asset volume) is `null`: millrace does not keep it.
+//!   Selection as Binance: with `startTime`, the oldest `limit` from it; with only `endTime`, the
+//!   newest `limit` up to it; with neither, the newest `limit`. `limit` defaults to 500.
+//!   The forming candle is not stored; it comes over `kline@…`.
+//! - `GET /api/v1/series` — the instruments each source offers, the timeframes, and what is stored.
+//!
+//! Operations (no token):
+//! - `GET /api/v1/ops/jobs` — the ingest supervisor's debug snapshot.
+//! - `GET /api/v1/ops/backfill` — backfill tasks and their progress.
+//! - `GET /api/v1/ops/sources` — each source with its REST and WebSocket base URLs.
+//! - `GET /metrics` — Prometheus text format.
+//!
+//! Admin (`Authorization: Bearer <server.admin_token>`; disabled with 403 when no token is set):
+//! - `POST /api/v1/admin/backfill/start` and `/stop`, body `{"series":"sim:spot:BTC/USDT:1m"}`
+//! - `POST /api/v1/admin/jobs/stop`, body `{"instrument":"sim:spot:BTC/USDT"}`
+//!
+//! Errors are `{"code":"<snake_case>","msg":"..."}` with a 4xx status.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use shared::protocol::{InstrumentId, SeriesId};
+
+use super::AppState;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/klines", get(klines))
+        .route("/api/v1/series", get(series))
+        .route("/api/v1/ops/jobs", get(ops_jobs))
+        .route("/api/v1/ops/backfill", get(ops_backfill))
+        .route("/api/v1/ops/sources", get(ops_sources))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/admin/backfill/start", post(admin_backfill_start))
+        .route("/api/v1/admin/backfill/stop", post(admin_backfill_stop))
+        .route("/api/v1/admin/jobs/stop", post(admin_job_stop))
+}
+
+/// An API error response.
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    msg: String,
+}
+
+impl ApiError {
+    pub fn bad(code: &'static str, msg: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, code, msg: msg.into() }
+    }
+    fn internal(msg: impl Into<String>) -> Self {
+        Self { status: StatusCode::INTERNAL_SERVER_ERROR, code: "internal", msg: msg.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(serde_json::json!({"code": self.code, "msg": self.msg}))).into_response()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KlinesQuery {
+    series: Option<String>,
+    #[serde(rename = "startTime")]
+    start_time: Option<String>,
+    #[serde(rename = "endTime")]
+    end_time: Option<String>,
+    limit: Option<String>,
+}
+
+fn int_param(name: &str, v: &Option<String>) -> Result<Option<i64>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(s) => s
+            .parse::<i64>()
+            .map(Some)
+            .map_err(|_| ApiError::bad("malformed", format!("{name} must be an integer (ms since the epoch or a count), got {s:?}"))),
+    }
+}
+
+async fn klines(
+    State(state): State<AppState>,
+    query: Result<Query<KlinesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let app = &state.app;
+    app.metrics.http_klines_requests.fetch_add(1, Relaxed);
+    let bad = |e: ApiError| {
+        app.metrics.http_bad_requests.fetch_add(1, Relaxed);
+        e
+    };
+    let Query(q) = query.map_err(|e| bad(ApiError::bad("malformed", e.body_text())))?;
+    let series_text = q.series.ok_or_else(|| bad(ApiError::bad("malformed", "series is required, e.g. series=sim:spot:BTC/USDT:1m")))?;
+    let series: SeriesId = series_text.parse().map_err(|e| bad(ApiError::bad("bad_stream", format!("series {series_text:?}: {e}"))))?;
+    app.sources.validate_series(&series).map_err(|e| bad(ApiError::bad("unknown_series", e)))?;
+    let start = int_param("startTime", &q.start_time).map_err(bad)?;
+    let end = int_param("endTime", &q.end_time).map_err(bad)?;
+    let max = app.config.limits.max_klines_limit;
+    let limit = int_param("limit", &q.limit).map_err(bad)?.unwrap_or(500);
+    if limit < 1 || limit as usize > max {
+        return Err(bad(ApiError::bad("malformed", format!("limit must be between 1 and {max}, got {limit}"))));
+    }
+    if let (Some(s), Some(e)) = (start, end) {
+        if s > e {
+            return Err(bad(ApiError::bad("malformed", format!("startTime {s} is after endTime {e}"))));
+        }
+    }
+    let store = app.store.clone();
+    let tf = series.timeframe;
+    let rows = tokio::task::spawn_blocking(move || store.candles(&series, start, end, limit as usize))
+        .await
+        .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    // Hand-written JSON: the rows are the hot path of every chart load.
+    let mut out = String::with_capacity(rows.len() * 96 + 2);
+    out.push('[');
+    for (i, c) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        use std::fmt::Write as _;
+        let _ = write!(
+            out,
+            "[{},\"{}\",\"{}\",\"{}\",\"{}\",\"{}\",{},null,{}]",
+            c.open_time,
+            c.open,
+            c.high,
+            c.low,
+            c.close,
+            c.volume,
+            c.open_time + tf.duration_ms() - 1,
+            c.trades
+        );
+    }
+    out.push(']');
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+async fn series(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let app = state.app.clone();
+    let store = app.store.clone();
+    let stored = tokio::task::spawn_blocking(move || store.series())
+        .await
+        .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut timeframes = vec!["1m".to_string()];
+    timeframes.extend(app.config.ingest.derived.iter().map(|t| t.to_string()));
+    let stored: Vec<_> = stored
+        .into_iter()
+        .map(|s| {
+            serde_json::json!({
+                "series": s.series.to_string(),
+                "count": s.count,
+                "first_open_time": s.first_open_time,
+                "last_open_time": s.last_open_time,
+            })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({
+        "timeframes": timeframes,
+        "instruments": app.sources.instruments(),
+        "stored": stored,
+    }))
+    .into_response())
+}
+
+async fn ops_jobs(State(state): State<AppState>) -> Response {
+    Json(state.app.supervisor.snapshot()).into_response()
+}
+
+async fn ops_backfill(State(state): State<AppState>) -> Response {
+    Json(serde_json::json!({ "tasks": state.app.backfill.snapshot() })).into_response()
+}
+
+async fn ops_sources(State(state): State<AppState>) -> Response {
+    Json(serde_json::json!({ "sources": state.app.sources.snapshot() })).into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.app.render_metrics();
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Checks `Authorization: Bearer <token>` against the configured admin token.
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = state.app.config.server.admin_token.as_deref() else {
+        state.app.metrics.admin_unauthorized.fetch_add(1, Relaxed);
+        return Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "unauthorized",
+            msg: "admin actions are disabled: set server.admin_token or MILLRACE_ADMIN_TOKEN".into(),
+        });
+    };
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Constant-time comparison: the token must not leak through timing.
+    let ok = given.is_some_and(|g| {
+        g.len() == expected.len() && g.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    });
+    if ok {
+        Ok(())
+    } else {
+        state.app.metrics.admin_unauthorized.fetch_add(1, Relaxed);
+        Err(ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            code: "unauthorized",
+            msg: "missing or wrong `Authorization: Bearer <token>`".into(),
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SeriesBody {
+    series: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InstrumentBody {
+    instrument: String,
+}
+
+fn body<T: serde::de::DeserializeOwned>(raw: &str) -> Result<T, ApiError> {
+    serde_json::from_str(raw).map_err(|e| ApiError::bad("malformed", format!("bad JSON body: {e}")))
+}
+
+async fn admin_backfill_start(State(state): State<AppState>, headers: HeaderMap, raw: String) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let b: SeriesBody = body(&raw)?;
+    state.app.backfill.start(&b.series).map_err(|e| ApiError::bad("unknown_series", e))?;
+    Ok(Json(serde_json::json!({"result": "started", "series": b.series})).into_response())
+}
+
+async fn admin_backfill_stop(State(state): State<AppState>, headers: HeaderMap, raw: String) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let b: SeriesBody = body(&raw)?;
+    state.app.backfill.stop(&b.series).map_err(|e| ApiError::bad("unknown_series", e))?;
+    Ok(Json(serde_json::json!({"result": "stopping", "series": b.series})).into_response())
+}
+
+async fn admin_job_stop(State(state): State<AppState>, headers: HeaderMap, raw: String) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let b: InstrumentBody = body(&raw)?;
+    let inst: InstrumentId = b.instrument.parse().map_err(|e| ApiError::bad("bad_stream", format!("{e}")))?;
+    if state.app.supervisor.stop_job(&inst) {
+        Ok(Json(serde_json::json!({"result": "stopped", "instrument": b.instrument})).into_response())
+    } else {
+        Err(ApiError { status: StatusCode::NOT_FOUND, code: "not_found", msg: format!("no job for {inst}") })
+    }
+}
