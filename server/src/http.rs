@@ -240,8 +240,18 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (stop_tx, stop_rx) = watch::channel(false);
     let app = Arc::new(App::start(config.config.clone()).await?);
+    serve_app(listener, config, app, shutdown).await
+}
+
+/// [`serve`] for an [`App`] the caller started (e.g. a load tool that also publishes on its bus).
+pub async fn serve_app(
+    listener: TcpListener,
+    config: ServeConfig,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
     let heartbeats = Heartbeats::start(config.heartbeat_every, stop_rx.clone());
     let hub = Arc::new(Hub {
         heartbeats,
