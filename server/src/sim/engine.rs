@@ -6,7 +6,7 @@
 //!   that are always multiples of the step size. Random `f64`s only drive *decisions* (which
 //!   action, how far from the fair value, how many lots); every price and quantity is an integer.
 //! - A hidden **fair value** (in ticks) random-walks with about 6 bp of volatility per simulated
-//!   minute and a weak pull back towards the start price.
+//!   minute and a weak pull back towards the price it started at.
 //! - Participants act as a Poisson process (about [`ACTIONS_PER_S`] actions per simulated
 //!   second): **limit orders** placed around the fair value (half close to it, half deeper), which
 //!   trade first when they cross the book (marketable limits); **cancels** of resting orders
@@ -122,8 +122,9 @@ pub struct Engine {
 
 impl Engine {
     /// A new engine for `spec` at simulated time `start_ms`, its book seeded with resting orders
-    /// around the start price (no trades).
-    pub fn new(spec: &SymbolSpec, seed: u64, start_ms: i64) -> Engine {
+    /// around `start_price` (rounded to the tick; no trades).
+    pub fn new(spec: &SymbolSpec, seed: u64, start_ms: i64, start_price: Price) -> Engine {
+        let start_ticks = (start_price.raw() / spec.tick.raw()).max(spec.reference_ticks() / 10).max(10);
         let mut rng = SmallRng::seed_from_u64(derive_seed(seed, &spec.symbol, &[1]));
         let update_id = 1_000_000_000 + rng.random_range(0..1_000_000_000u64);
         let next_trade_id = 100_000_000 + rng.random_range(0..100_000_000u64);
@@ -132,13 +133,13 @@ impl Engine {
             step: spec.step.raw(),
             bp: spec.bp_ticks(),
             lot_steps: spec.lot_steps(),
-            start_ticks: spec.start_ticks(),
+            start_ticks,
             rng,
             bids: BTreeMap::new(),
             asks: BTreeMap::new(),
             live: Live::default(),
             next_order_id: 1,
-            fair: spec.start_ticks(),
+            fair: start_ticks,
             next_action_ms: start_ms,
             update_id,
             next_trade_id,
@@ -441,7 +442,7 @@ mod tests {
 
     fn run(symbol: &str, seed: u64, secs: i64) -> (Engine, Vec<Trade>) {
         let spec = SymbolSpec::by_name(symbol).unwrap();
-        let mut e = Engine::new(&spec, seed, T0);
+        let mut e = Engine::new(&spec, seed, T0, spec.reference_price);
         let mut trades = Vec::new();
         e.advance(T0 + secs * 1000, &mut trades);
         (e, trades)
@@ -451,7 +452,7 @@ mod tests {
     fn never_crossed_and_consistent_after_every_action() {
         for sym in ["BTCUSDT", "DOGEUSDT", "XRPUSDT"] {
             let spec = SymbolSpec::by_name(sym).unwrap();
-            let mut e = Engine::new(&spec, 7, T0);
+            let mut e = Engine::new(&spec, 7, T0, spec.reference_price);
             e.check_invariants().unwrap();
             let mut trades = Vec::new();
             let mut last_id = e.update_id();
@@ -504,7 +505,7 @@ mod tests {
             );
             let (b, a) = e.best();
             let (b, a) = (b.unwrap().raw(), a.unwrap().raw());
-            let start = spec.start_price.raw();
+            let start = spec.reference_price.raw();
             assert!((b - start).abs() < start / 20, "{}: bid {b} vs start {start}", spec.symbol);
             assert!(a > b);
         }
@@ -514,7 +515,7 @@ mod tests {
     fn deterministic_per_seed_and_independent_of_stepping() {
         let (a, ta) = run("ETHUSDT", 42, 300);
         let spec = SymbolSpec::by_name("ETHUSDT").unwrap();
-        let mut b = Engine::new(&spec, 42, T0);
+        let mut b = Engine::new(&spec, 42, T0, spec.reference_price);
         let mut tb = Vec::new();
         let mut t = T0;
         while t < T0 + 300_000 {

@@ -1,23 +1,25 @@
 //! Kline history before the simulator started: a pure function of (seed, symbol, minute).
 //!
 //! Backfill asks for days back, so REST klines must answer for any past minute, the same way on
-//! every call and every run with the same seed, and the last historical minute must close exactly
-//! at the live engine's start price so history and live candles join without a jump.
+//! every call and every run with the same seed, and the live engine must start exactly where
+//! history ends so history and live candles join without a jump.
 //!
 //! ## Construction (integer ticks throughout)
-//! 1. **Anchors.** The price at a minute boundary `m` is `p0 + N(m) − N(end)`, where `p0` is the
-//!    start price, `end` the first live minute, and `N` a sum of four octaves of seeded value
-//!    noise (periods 180 d, 30 d, 7 d, 1 d; amplitudes 25 %, 10 %, 4 %, 1.5 % of `p0`) linearly
-//!    interpolated between lattice points hashed from (seed, symbol, octave, index). So
-//!    `anchor(end) = p0` exactly, and any anchor costs four hashes.
-//! 2. **Day blocks.** UTC day `d` is one block from `anchor(day start)` to `anchor(day end)`
-//!    (the last block ends at `end`). Its minutes are a random walk (~6 bp per minute) from a
-//!    `SmallRng` seeded with (seed, symbol, day, length), bent into a bridge that ends exactly on
-//!    the next anchor. Each minute opens at the previous close; wicks, volume (around the live
+//! 1. **Anchors.** The price at the start of UTC day `d` is `p_ref + N(d)`, where `p_ref` is the
+//!    symbol's reference price and `N` a sum of four octaves of seeded value noise (periods
+//!    180 d, 30 d, 7 d, 1 d; amplitudes 10 %, 5 %, 3 %, 1 % of `p_ref`) linearly interpolated
+//!    between lattice points hashed from (seed, symbol, octave, index). Any anchor costs four
+//!    hashes; no walk from a distant origin is needed.
+//! 2. **Day blocks.** Day `d`'s 1440 minutes are a random walk (~6 bp per minute) from a
+//!    `SmallRng` seeded with (seed, symbol, day), bent into a bridge from `anchor(d)` to
+//!    `anchor(d + 1)`. Each minute opens at the previous close; wicks, volume (around the live
 //!    engine's activity), trade count and taker share are drawn per minute.
+//! 3. **The join.** History covers the minutes before the live start minute; the live engine
+//!    starts at the close of the last of them ([`History::start_price`]).
 //!
-//! A minute's candle therefore depends only on (seed, symbol, its day, the start minute and
-//! price); the last few generated blocks are cached.
+//! A minute's candle therefore depends only on (seed, symbol, minute) — not even on when the
+//! simulator started, so restarts serve the same history for the minutes before both starts.
+//! The last few generated blocks are cached.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -34,7 +36,7 @@ use super::symbols::{derive_seed, SymbolSpec};
 const DAY_MINUTES: i64 = 1_440;
 /// (period in minutes, amplitude in 1/10000 of the start price).
 const OCTAVES: [(i64, i64); 4] =
-    [(DAY_MINUTES * 180, 2_500), (DAY_MINUTES * 30, 1_000), (DAY_MINUTES * 7, 400), (DAY_MINUTES, 150)];
+    [(DAY_MINUTES * 180, 1_000), (DAY_MINUTES * 30, 500), (DAY_MINUTES * 7, 300), (DAY_MINUTES, 100)];
 /// Generated day blocks kept.
 const CACHE_BLOCKS: usize = 8;
 
@@ -46,7 +48,7 @@ pub struct History {
     tick: i64,
     step: i64,
     lot_steps: i64,
-    /// Start price of the live engine, ticks.
+    /// Reference price, ticks.
     p0: i64,
     /// Lowest price history may reach, ticks.
     floor: i64,
@@ -54,8 +56,6 @@ pub struct History {
     first: i64,
     /// First live minute index (history is the minutes before it).
     end: i64,
-    /// `N(end)`, so anchors are relative to the live start.
-    end_noise: i64,
     /// Recently generated blocks by day index; a lock because REST handlers share it.
     cache: Mutex<VecDeque<(i64, Arc<Vec<SimCandle>>)>>,
 }
@@ -64,8 +64,8 @@ impl History {
     /// The history of `spec` under `seed`, for the minutes before `live_start_ms` (floored to a
     /// minute), from the symbol's listing on.
     pub fn new(spec: &SymbolSpec, seed: u64, live_start_ms: i64) -> History {
-        let p0 = spec.start_ticks();
-        let mut h = History {
+        let p0 = spec.reference_ticks();
+        History {
             seed,
             symbol: spec.symbol.clone(),
             tick: spec.tick.raw(),
@@ -75,11 +75,16 @@ impl History {
             floor: (p0 / 20).max(10),
             first: spec.listed_ms.div_euclid(MINUTE_MS),
             end: live_start_ms.div_euclid(MINUTE_MS),
-            end_noise: 0,
             cache: Mutex::new(VecDeque::new()),
-        };
-        h.end_noise = h.noise(h.end);
-        h
+        }
+    }
+
+    /// The price at the start of the live minute: the close of the last historical minute
+    /// (computed the same way even when the start precedes the listing).
+    pub fn start_price(&self) -> Price {
+        let m = self.end - 1;
+        let day = m.div_euclid(DAY_MINUTES);
+        self.block(day)[(m - day * DAY_MINUTES) as usize].candle.close
     }
 
     /// Open time of the first historical minute, ms.
@@ -142,10 +147,10 @@ impl History {
 
     /// The price at the boundary before minute `m`, ticks.
     fn anchor(&self, m: i64) -> i64 {
-        (self.p0 + self.noise(m) - self.end_noise).max(self.floor)
+        (self.p0 + self.noise(m)).max(self.floor)
     }
 
-    /// The minutes of day `day` (fewer for the day of the live start), cached.
+    /// The 1440 minutes of day `day`, cached.
     fn block(&self, day: i64) -> Arc<Vec<SimCandle>> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, b)) = cache.iter().find(|(d, _)| *d == day) {
@@ -163,12 +168,9 @@ impl History {
 
     fn generate(&self, day: i64) -> Vec<SimCandle> {
         let s = day * DAY_MINUTES;
-        let e = (s + DAY_MINUTES).min(self.end);
-        let n = e - s;
-        if n <= 0 {
-            return Vec::new();
-        }
-        let mut rng = SmallRng::seed_from_u64(derive_seed(self.seed, &self.symbol, &[200, day as u64, n as u64]));
+        let e = s + DAY_MINUTES;
+        let n = DAY_MINUTES;
+        let mut rng = SmallRng::seed_from_u64(derive_seed(self.seed, &self.symbol, &[200, day as u64]));
         let a = self.anchor(s);
         let b = self.anchor(e);
         let sigma = (a as f64 * 6e-4).max(1.0);
@@ -235,8 +237,10 @@ mod tests {
             let days = h.candles(h.end_minute_ms() - 3 * 86_400_000, i64::MAX);
             assert_eq!(days.len(), 3 * 1440);
             let last = days.last().unwrap().candle;
-            assert_eq!(last.close, spec.start_price, "{}", spec.symbol);
+            assert_eq!(last.close, h.start_price(), "{}", spec.symbol);
             assert_eq!(last.open_time, h.end_minute_ms() - MINUTE_MS);
+            let r = spec.reference_price.raw();
+            assert!((h.start_price().raw() - r).abs() < r / 4, "{}: near the reference price", spec.symbol);
             for w in days.windows(2) {
                 assert_eq!(w[1].candle.open_time, w[0].candle.open_time + MINUTE_MS);
                 assert_eq!(w[1].candle.open, w[0].candle.close, "{}: minutes join", spec.symbol);
@@ -248,6 +252,19 @@ mod tests {
                 assert_eq!(c.candle.volume.raw() % spec.step.raw() as i128, 0);
             }
         }
+    }
+
+    #[test]
+    fn independent_of_the_start_time() {
+        let spec = SymbolSpec::by_name("ADAUSDT").unwrap();
+        let early = History::new(&spec, 3, LIVE);
+        let late = History::new(&spec, 3, LIVE + 3 * 86_400_000 + 777_777);
+        let t = LIVE - 2 * 86_400_000;
+        let (a, b) = (early.candles(t, LIVE - MINUTE_MS), late.candles(t, LIVE - MINUTE_MS));
+        assert_eq!(a.len(), b.len());
+        let diff = a.iter().zip(&b).position(|(x, y)| x != y);
+        assert_eq!(diff, None, "the same minutes whatever the start: {:?}", diff.map(|i| (a[i], b[i])));
+        assert_ne!(early.start_price(), late.start_price());
     }
 
     #[test]

@@ -178,10 +178,12 @@ impl Market {
     /// A market whose engine starts at the minute of `start_ms` and is fast-forwarded to it.
     fn new(spec: SymbolSpec, seed: u64, start_ms: i64) -> Market {
         let first_minute = start_ms - start_ms.rem_euclid(MINUTE_MS);
-        let engine = Engine::new(&spec, seed, first_minute);
+        let history = History::new(&spec, seed, start_ms);
+        let start_price = history.start_price();
+        let engine = Engine::new(&spec, seed, first_minute, start_price);
         let mut state = State {
             engine,
-            klines: LiveKlines::new(first_minute, spec.start_price),
+            klines: LiveKlines::new(first_minute, start_price),
             now_ms: first_minute,
             feeds: Vec::new(),
             next_agg_id: 10_000_000,
@@ -190,12 +192,7 @@ impl Market {
         };
         state.advance(start_ms, &mut Vec::new());
         state.trades.clear();
-        Market {
-            lower: spec.symbol.to_ascii_lowercase(),
-            history: History::new(&spec, seed, start_ms),
-            spec,
-            state: Mutex::new(state),
-        }
+        Market { lower: spec.symbol.to_ascii_lowercase(), history, spec, state: Mutex::new(state) }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -300,9 +300,18 @@ pub(crate) async fn ping() -> Response {
     Json(serde_json::json!({})).into_response()
 }
 
-/// `GET /api/v3/time`, `/fapi/v1/time`: simulated now.
+/// `GET /api/v3/time`, `/fapi/v1/time`: simulated now — the time every market's engine has
+/// run to, not the clock's reading: the driver advances engines once per tick, and at high
+/// speeds a tick spans simulated seconds. A kline whose close time is before this time is final
+/// (it is closed in the engine and will not change), which is what a client relies on when it
+/// decides from `serverTime` which REST rows are closed.
 pub(crate) async fn time(State(srv): State<Arc<Srv>>) -> Response {
-    Json(ServerTime { server_time: srv.ex.clock.now_ms() }).into_response()
+    Json(ServerTime { server_time: produced_until(&srv) }).into_response()
+}
+
+/// The simulated time every market has been advanced to.
+fn produced_until(srv: &Srv) -> i64 {
+    srv.ex.markets.iter().map(|m| m.now_ms()).min().unwrap_or_else(|| srv.ex.clock.now_ms())
 }
 
 /// `GET /api/v3/exchangeInfo[?symbol=X | ?symbols=["X","Y"]]`.
@@ -333,7 +342,7 @@ pub(crate) async fn exchange_info(State(srv): State<Arc<Srv>>, req: Request) -> 
     };
     let info = ExchangeInfo {
         timezone: "UTC".into(),
-        server_time: srv.ex.clock.now_ms(),
+        server_time: produced_until(&srv),
         rate_limits: vec![
             rl("REQUEST_WEIGHT", "MINUTE", 1, srv.limiter.budget()),
             rl("ORDERS", "SECOND", 10, 100),

@@ -16,8 +16,9 @@ pub struct SymbolSpec {
     pub tick: Price,
     /// `LOT_SIZE.stepSize`: every quantity is a multiple of it.
     pub step: Qty,
-    /// The price the live engine starts at; history ends exactly there.
-    pub start_price: Price,
+    /// The reference price: history wanders around it (within about ±20 %), and the live
+    /// engine starts wherever history is at the start minute.
+    pub reference_price: Price,
     /// A typical order size (a multiple of `step`); participants size their orders around it.
     pub lot: Qty,
     /// First minute with klines (ms): REST history starts here, like a Binance listing date.
@@ -34,7 +35,7 @@ impl SymbolSpec {
             quote: symbol[base.len()..].to_string(),
             tick: p(tick),
             step: q(step),
-            start_price: p(price),
+            reference_price: p(price),
             lot: q(lot),
             listed_ms,
         }
@@ -70,11 +71,11 @@ impl SymbolSpec {
         if self.tick.raw() <= 0 || self.step.raw() <= 0 || self.lot.raw() <= 0 {
             return what("tick, step and lot must be positive");
         }
-        if self.start_price.raw() <= 0 || self.start_price.raw() % self.tick.raw() != 0 {
-            return what("the start price must be a positive multiple of the tick");
+        if self.reference_price.raw() <= 0 || self.reference_price.raw() % self.tick.raw() != 0 {
+            return what("the reference price must be a positive multiple of the tick");
         }
-        if self.start_price.raw() / self.tick.raw() < 1_000 {
-            return what("the start price must be at least 1000 ticks");
+        if self.reference_price.raw() / self.tick.raw() < 1_000 {
+            return what("the reference price must be at least 1000 ticks");
         }
         if self.lot.raw() % self.step.raw() != 0 {
             return what("the lot must be a multiple of the step");
@@ -85,9 +86,9 @@ impl SymbolSpec {
         Ok(())
     }
 
-    /// The start price in ticks.
-    pub(crate) fn start_ticks(&self) -> i64 {
-        self.start_price.raw() / self.tick.raw()
+    /// The reference price in ticks.
+    pub(crate) fn reference_ticks(&self) -> i64 {
+        self.reference_price.raw() / self.tick.raw()
     }
 
     /// The lot in steps.
@@ -95,9 +96,9 @@ impl SymbolSpec {
         self.lot.raw() / self.step.raw()
     }
 
-    /// One basis point of the start price, in ticks (at least 1).
+    /// One basis point of the reference price, in ticks (at least 1).
     pub(crate) fn bp_ticks(&self) -> i64 {
-        (self.start_ticks() / 10_000).max(1)
+        (self.reference_ticks() / 10_000).max(1)
     }
 }
 
