@@ -224,10 +224,10 @@ impl Market {
     pub fn klines(&self, tf: Timeframe, start: Option<i64>, end: Option<i64>, limit: usize) -> Vec<SimCandle> {
         let clamp = |t: i64| t.clamp(-TIME_LIMIT_MS, TIME_LIMIT_MS);
         let d = tf.duration_ms();
-        let (forming, live_first) = {
-            let s = self.lock();
-            (*s.klines.forming(), s.klines.first_minute())
-        };
+        // the forming minute and the closed ones under one lock, so a minute closing meanwhile
+        // is neither lost nor counted twice
+        let s = self.lock();
+        let (forming, live_first) = (*s.klines.forming(), s.klines.first_minute());
         let current = tf.bucket_open(forming.candle.open_time);
         let first = tf.bucket_open(self.history.first_minute_ms().min(live_first));
         let limit = limit.max(1) as i64;
@@ -246,6 +246,8 @@ impl Market {
             return Vec::new();
         }
         let last_minute = hi + d - MINUTE_MS;
+        let live: Vec<SimCandle> = s.klines.closed_between(lo.max(live_first), last_minute).to_vec();
+        drop(s);
         let mut out = Vec::new();
         let mut bucket: Vec<SimCandle> = Vec::new();
         let mut push = |c: &SimCandle| {
@@ -257,7 +259,6 @@ impl Market {
             bucket.push(*c);
         };
         self.history.visit(lo, last_minute.min(live_first - 1), &mut push);
-        let live: Vec<SimCandle> = self.lock().klines.closed_between(lo.max(live_first), last_minute).to_vec();
         live.iter().for_each(&mut push);
         if forming.candle.open_time >= lo && forming.candle.open_time <= last_minute {
             push(&forming);
