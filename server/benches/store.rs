@@ -5,8 +5,9 @@
 //!   (the pipeline's `batch_max`), of 5,000 rows, and a replay of already stored rows (upserts).
 //!   Every batch is one transaction; new batches append after the previous ones, as live ingest
 //!   and newest-first backfill pages do.
-//! - `store/raw/*`: the same rows through plain rusqlite (one prepared single-row upsert, one
-//!   transaction per batch) into the same schema: the baseline the store is measured against.
+//! - `store/raw/*`: the same rows through plain rusqlite (SQLite defaults plus WAL and
+//!   `synchronous = NORMAL`, one prepared single-row upsert, one transaction per batch) into the
+//!   same schema: the baseline the store is measured against.
 //! - `store/read/*`: a chart load (`candles`, newest 1,000 rows).
 //! - `bus/*`: [`InProcessBus`] publish cost, and messages delivered per second to N subscribers
 //!   (each a tokio task receiving every message), on a 2-worker runtime.
@@ -101,13 +102,14 @@ fn store_write(c: &mut Criterion) {
     g.finish();
 }
 
-/// Plain rusqlite, single-row upsert, same schema and pragmas: the baseline.
+/// Plain rusqlite with SQLite's defaults plus WAL and `synchronous = NORMAL` (so checkpoints run
+/// inside commits), one prepared single-row upsert, same schema: the baseline.
 fn store_raw(c: &mut Criterion) {
     let mut g = c.benchmark_group("store/raw");
     let path = db_path("raw200");
-    drop(SqliteStore::open(&path).unwrap()); // schema
     let mut conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;").unwrap();
+    conn.execute_batch(server::store::sqlite::MIGRATIONS[0]).unwrap();
     conn.execute_batch("INSERT INTO series (id, name) VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'), (5, 'e'), (6, 'f'), (7, 'g'), (8, 'h')").unwrap();
     let mut bufs = vec![Vec::new(); 8];
     let mut next = 0;

@@ -38,11 +38,16 @@
 //!   cache), so it survives; an uncommitted one is ignored on the next open. Tested by killing a
 //!   writer process mid-stream (`tests/store.rs`).
 //! - **Power loss / kernel panic:** the database stays consistent (never corrupt, never a partial
-//!   transaction), but the transactions committed since the last checkpoint may be rolled back.
-//!   For candles this is harmless: the ingest job refetches from the newest stored candle, and
-//!   backfill progress is written in the same transaction as its candles, so it never claims
-//!   coverage that was lost. `synchronous = FULL` would close this window at the cost of an
-//!   `fsync` per commit.
+//!   transaction), but the transactions committed since the last checkpoint (at most about
+//!   [`CHECKPOINT_INTERVAL`] plus one checkpoint's duration ago, under steady writes) may be
+//!   rolled back. For candles this is harmless: the ingest job refetches from the newest stored
+//!   candle, and backfill progress is written in the same transaction as its candles, so it never
+//!   claims coverage that was lost. `synchronous = FULL` would close this window at the cost of
+//!   an `fsync` per commit.
+//!
+//! Checkpoints run on a background thread ([`run_checkpointer`]), not inside the commit that
+//! happens to cross SQLite's threshold: a `write` costs CPU and page-cache copies, never a wait
+//! for the disk.
 //!
 //! # Concurrency
 //!
@@ -50,11 +55,13 @@
 //! queues writers in-process instead of spinning on `SQLITE_BUSY`). Reads use other connections
 //! from a small pool, so with WAL a read never waits for a write, however long: it sees the last
 //! committed state. Writes take the write lock at `BEGIN` (`IMMEDIATE`), so another process
-//! writing the same file makes us wait (`busy_timeout`), never fail mid-transaction.
+//! writing the same file makes us wait (`busy_timeout`), never fail mid-transaction. The
+//! checkpointer has its own connection.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::types::ValueRef;
@@ -101,11 +108,17 @@ pub const MIGRATIONS: &[&str] = &[
      ) STRICT;",
 ];
 
-/// Page size of a new file. Larger pages than the 4 KiB default mean fewer b-tree pages touched
-/// (and fewer WAL frames written) per batch of appended candles; measured in benches/store.rs.
-const PAGE_SIZE: u32 = 8192;
-/// Pages of WAL before a commit checkpoints it into the database (SQLite's default is 1000).
-const WAL_AUTOCHECKPOINT: u32 = 4000;
+/// Page size of a new file (the SQLite default). Each commit rewrites the rightmost leaf page of
+/// every series it appends to, so the WAL grows by about `series x page size` per batch: larger
+/// pages write more (8 KiB: -40 % rows/s for 200-row batches over 8 series, benches/store.rs).
+const PAGE_SIZE: u32 = 4096;
+/// How often (at most) the checkpointer copies committed WAL frames into the database file.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+/// WAL frames (32 MiB at 4 KiB pages) after which the checkpointer briefly holds off writers to
+/// finish a checkpoint, so that the next commit starts the log from its beginning again.
+const RESTART_FRAMES: i64 = 8192;
+/// Safety net should the checkpointer fall far behind: the committing writer checkpoints inline.
+const WAL_AUTOCHECKPOINT: i64 = 4 * RESTART_FRAMES;
 /// Page cache per connection, in KiB (negative `cache_size`).
 const CACHE_KIB: i64 = 32 * 1024;
 /// How long a statement waits for a lock held by another process before failing.
@@ -149,10 +162,83 @@ pub struct SqliteStore {
     path: PathBuf,
     /// The one write connection and its series-id cache. Locked for the duration of a write
     /// transaction: SQLite has a single writer per file, so queueing here costs nothing.
-    writer: Mutex<Writer>,
+    /// Shared with the checkpointer, which takes it to hold writers off while it finishes a log.
+    writer: Arc<Mutex<Writer>>,
     /// Idle read connections (WAL readers never block on the writer). Locked only to take or
     /// return a connection, never while a query runs.
     readers: Mutex<Vec<Connection>>,
+    /// Wakes the checkpointer after commits; stops it on drop.
+    checkpoints: Arc<CheckpointSignal>,
+    /// The checkpointer thread, joined on drop.
+    checkpointer: Option<JoinHandle<()>>,
+}
+
+/// Between the writer and the checkpointer thread.
+#[derive(Default)]
+struct CheckpointSignal {
+    /// `(committed since the last checkpoint, stop)`.
+    state: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl CheckpointSignal {
+    fn committed(&self) {
+        let mut st = lock(&self.state);
+        if !st.0 {
+            st.0 = true;
+            self.cv.notify_one();
+        }
+    }
+
+    fn stop(&self) {
+        lock(&self.state).1 = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for a commit; `false` when asked to stop.
+    fn wait_for_commit(&self) -> bool {
+        let mut st = self.cv.wait_while(lock(&self.state), |st| !st.0 && !st.1).unwrap_or_else(PoisonError::into_inner);
+        st.0 = false;
+        !st.1
+    }
+
+    /// Sleeps `d` unless asked to stop; `false` when asked to stop.
+    fn pause(&self, d: Duration) -> bool {
+        let (st, _) = self.cv.wait_timeout_while(lock(&self.state), d, |st| !st.1).unwrap_or_else(PoisonError::into_inner);
+        !st.1
+    }
+}
+
+/// The checkpointer thread: copies committed WAL frames into the database file off the write
+/// path, so a commit never waits for a checkpoint's `fsync`s (SQLite's automatic checkpoint runs
+/// them inside the commit that crosses its threshold; moving them here doubled the rows/s of
+/// 200-row batches on this machine, benches/store.rs).
+///
+/// A `PASSIVE` checkpoint neither blocks nor waits for anyone. Under a continuous stream of
+/// commits it never quite reaches the end of the log, and SQLite restarts the log from its
+/// beginning only when a write finds it fully checkpointed; so once the log holds
+/// [`RESTART_FRAMES`], the checkpointer takes the writer lock for one more `PASSIVE` pass (the few
+/// frames committed since the last pass, and two `fsync`s) and the next commit starts the log
+/// over. A reader still holding an old snapshot can prevent that; it is retried next time.
+fn run_checkpointer(conn: Connection, writer: Arc<Mutex<Writer>>, signal: Arc<CheckpointSignal>, path: PathBuf) {
+    let passive = || -> rusqlite::Result<i64> {
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1))
+    };
+    while signal.wait_for_commit() {
+        let result = passive().and_then(|log| {
+            if log >= RESTART_FRAMES {
+                let _writers_wait = lock(&writer);
+                passive()?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            tracing::warn!(path = %path.display(), error = %e, "store checkpoint failed");
+        }
+        if !signal.pause(CHECKPOINT_INTERVAL) {
+            break;
+        }
+    }
 }
 
 /// The write connection and what it caches.
@@ -203,7 +289,20 @@ impl SqliteStore {
         .map_err(with_path)?;
         migrate(&mut conn, path)?;
         let writer = Writer { conn, ids: HashMap::new(), upsert_chunk: upsert_sql(CHUNK), upsert_one: upsert_sql(1) };
-        let store = SqliteStore { path: path.to_path_buf(), writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) };
+        let mut store = SqliteStore {
+            path: path.to_path_buf(),
+            writer: Arc::new(Mutex::new(writer)),
+            readers: Mutex::new(Vec::new()),
+            checkpoints: Arc::new(CheckpointSignal::default()),
+            checkpointer: None,
+        };
+        let conn = store.open_connection()?;
+        let (writer, signal, file) = (store.writer.clone(), store.checkpoints.clone(), store.path.clone());
+        let handle = std::thread::Builder::new()
+            .name("store-checkpoint".into())
+            .spawn(move || run_checkpointer(conn, writer, signal, file))
+            .map_err(|e| StoreError::Db(format!("cannot start the checkpoint thread: {e}")))?;
+        store.checkpointer = Some(handle);
         // Open one reader now, so a file we cannot read fails here rather than on the first query.
         let reader = store.open_reader()?;
         lock(&store.readers).push(reader);
@@ -215,7 +314,8 @@ impl SqliteStore {
         &self.path
     }
 
-    fn open_reader(&self) -> Result<Connection, StoreError> {
+    /// A connection to the file for reading or checkpointing (not for writing candles).
+    fn open_connection(&self) -> Result<Connection, StoreError> {
         let with_path = |e: rusqlite::Error| StoreError::Db(format!("{}: {e}", self.path.display()));
         let conn = Connection::open_with_flags(
             &self.path,
@@ -223,9 +323,15 @@ impl SqliteStore {
         )
         .map_err(with_path)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(with_path)?;
-        // Read-write open (a WAL reader maintains the -shm index) but refusing any write.
-        conn.execute_batch(&format!("PRAGMA query_only = ON; PRAGMA cache_size = -{CACHE_KIB};"))
+        conn.execute_batch(&format!("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -{CACHE_KIB};"))
             .map_err(with_path)?;
+        Ok(conn)
+    }
+
+    fn open_reader(&self) -> Result<Connection, StoreError> {
+        let conn = self.open_connection()?;
+        // Read-write open (a WAL reader maintains the -shm index) but refusing any write.
+        conn.execute_batch("PRAGMA query_only = ON").map_err(|e| StoreError::Db(format!("{}: {e}", self.path.display())))?;
         Ok(conn)
     }
 
@@ -278,11 +384,23 @@ impl SqliteStore {
             tx.commit().map_err(db)?;
             Ok(written)
         })();
+        if result.is_ok() {
+            self.checkpoints.committed();
+        }
         if result.is_err() {
             // The transaction rolled back (dropped); ids it inserted are gone.
             ids.clear();
         }
         result
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.checkpoints.stop();
+        if let Some(t) = self.checkpointer.take() {
+            let _ = t.join();
+        }
     }
 }
 
