@@ -6,7 +6,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:net';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -33,7 +34,9 @@ function freePort() {
 
 /** Starts `millrace serve` and resolves once /healthz answers. */
 async function startServer(port) {
-  const child = spawn(bin, ['serve', '--addr', `127.0.0.1:${port}`, '--static-dir', staticDir], {
+  // A fresh data directory per server: the default (`data/` in the working directory) is for users.
+  const dataDir = mkdtempSync(join(tmpdir(), 'millrace-smoke-'));
+  const child = spawn(bin, ['serve', '--addr', `127.0.0.1:${port}`, '--static-dir', staticDir, '--data-dir', dataDir], {
     cwd: root,
     stdio: ['ignore', 'inherit', 'pipe'],
     env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'info' },

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use shared::candle::{Candle, DerivedAggregator, FlushBatch, FlushConfig, Timeframe};
+use shared::candle::{merge, Candle, DerivedAggregator, FlushBatch, FlushConfig, Timeframe};
 use shared::protocol::{InstrumentId, KlineEvent, KlinePayload, Push, SeriesId, Stream};
 
 use super::supervisor::JobHealth;
@@ -60,6 +60,36 @@ pub fn kline_frame(series: &SeriesId, candle: &Candle, closed: bool, event_time:
         },
     };
     Bytes::from(serde_json::to_vec(&push).expect("a kline push always serializes"))
+}
+
+/// Replaces every derived candle built from fewer minutes than its timeframe has (the job
+/// started, or history arrived, in the middle of its bucket) by the merge of every 1m candle of
+/// the bucket in the store and in this batch, so a derived candle is always the merge of the
+/// stored minutes of its bucket, whoever stored them (live ingest or backfill).
+fn complete_from_store(store: &dyn CandleStore, rows: &mut [(SeriesId, Vec<Candle>)]) -> Result<(), StoreError> {
+    let Some(m1) = rows.iter().position(|(s, _)| s.timeframe == Timeframe::M1) else { return Ok(()) };
+    let series_1m = rows[m1].0.clone();
+    let batch_1m: std::collections::BTreeMap<i64, Candle> = rows[m1].1.iter().map(|c| (c.open_time, *c)).collect();
+    for (series, candles) in rows.iter_mut() {
+        let tf = series.timeframe;
+        if tf == Timeframe::M1 {
+            continue;
+        }
+        for c in candles.iter_mut().filter(|c| c.minutes < tf.minutes()) {
+            let end = c.open_time + tf.duration_ms();
+            let mut minutes: std::collections::BTreeMap<i64, Candle> = store
+                .candles(&series_1m, Some(c.open_time), Some(end - shared::candle::MINUTE_MS), tf.minutes() as usize)?
+                .into_iter()
+                .map(|m| (m.open_time, m))
+                .collect();
+            minutes.extend(batch_1m.range(c.open_time..end).map(|(t, m)| (*t, *m)));
+            let all: Vec<Candle> = minutes.into_values().collect();
+            if let Some(m) = merge(tf, &all) {
+                *c = m;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One series the pipeline writes and publishes.
@@ -279,17 +309,29 @@ impl CandlePipeline {
     }
 
     async fn persist_pending(&mut self) {
-        let Some(pending) = self.pending.take() else { return };
+        let Some(mut pending) = self.pending.take() else { return };
         let store = self.store.clone();
         let owned: Vec<(SeriesId, Vec<Candle>)> =
             pending.rows.iter().map(|(i, v)| (self.outs[*i].series.clone(), v.clone())).collect();
-        let result = tokio::task::spawn_blocking(move || {
-            let batch: Vec<SeriesRows<'_>> =
-                owned.iter().map(|(s, c)| SeriesRows { series: s, candles: c }).collect();
-            store.write(&batch)
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut owned = owned;
+            let result = complete_from_store(store.as_ref(), &mut owned).and_then(|()| {
+                let batch: Vec<SeriesRows<'_>> =
+                    owned.iter().map(|(s, c)| SeriesRows { series: s, candles: c }).collect();
+                store.write(&batch)
+            });
+            (result, owned)
         })
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Db(format!("store task failed: {e}"))));
+        .await;
+        let result = match joined {
+            Ok((result, owned)) => {
+                for ((_, rows), (_, completed)) in pending.rows.iter_mut().zip(owned) {
+                    *rows = completed;
+                }
+                result
+            }
+            Err(e) => Err(StoreError::Db(format!("store task failed: {e}"))),
+        };
         match result {
             Ok(_) => {
                 self.retry_at = None;
@@ -332,5 +374,43 @@ impl CandlePipeline {
         if self.pending.is_some() {
             tracing::error!("shutting down with candles that could not be persisted");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+    use shared::fixed::{Price, Volume};
+
+    fn minute(t: i64, p: i64) -> Candle {
+        Candle::one_minute(t, Price(p), Price(p + 5), Price(p - 5), Price(p + 1), Volume(10), 3)
+    }
+
+    #[test]
+    fn partial_derived_candles_are_completed_from_stored_minutes() {
+        let dir = std::env::temp_dir().join(format!("millrace-pipeline-{}", std::process::id()));
+        let store = SqliteStore::open(&dir.join("t.db")).unwrap();
+        let m1: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
+        let m5: SeriesId = "sim:spot:BTC/USDT:5m".parse().unwrap();
+        let t0 = 1_700_000_100_000 - 1_700_000_100_000 % 300_000;
+        // Minutes 0-2 of the bucket were stored earlier (e.g. by backfill) ...
+        let early: Vec<Candle> = (0..3).map(|i| minute(t0 + i * 60_000, 100 + i)).collect();
+        store.write(&[SeriesRows { series: &m1, candles: &early }]).unwrap();
+        // ... the live job saw only minutes 3-4, so its 5m candle has minutes = 2.
+        let late: Vec<Candle> = (3..5).map(|i| minute(t0 + i * 60_000, 100 + i)).collect();
+        let partial = merge(Timeframe::M5, &late).unwrap();
+        assert_eq!(partial.minutes, 2);
+        let mut rows = vec![(m1.clone(), late.clone()), (m5.clone(), vec![partial])];
+        complete_from_store(&store, &mut rows).unwrap();
+        let all: Vec<Candle> = early.iter().chain(&late).copied().collect();
+        assert_eq!(rows[1].1, vec![merge(Timeframe::M5, &all).unwrap()]);
+        assert_eq!(rows[1].1[0].minutes, 5);
+        // A complete candle is left alone.
+        let full = merge(Timeframe::M5, &all).unwrap();
+        let mut rows = vec![(m1, vec![]), (m5, vec![full])];
+        complete_from_store(&store, &mut rows).unwrap();
+        assert_eq!(rows[1].1, vec![full]);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
