@@ -253,7 +253,9 @@ impl InProcessSubscription {
     /// The next message if one is buffered, without waiting: `Ok(None)` when there is none yet.
     /// Lets a session drain everything available into one write.
     pub fn try_recv(&mut self) -> Result<Option<Message>, RecvError> {
-        let Some(rx) = self.rx.as_mut() else { return Err(RecvError::Closed) };
+        let Some(rx) = self.rx.as_mut() else {
+            return Err(RecvError::Closed);
+        };
         match rx.try_recv() {
             Ok(m) => Ok(Some(m)),
             Err(broadcast::error::TryRecvError::Empty) => Ok(None),
@@ -272,12 +274,10 @@ impl InProcessSubscription {
 }
 
 impl Subscription for InProcessSubscription {
-    fn recv(&mut self) -> impl std::future::Future<Output = Result<Message, RecvError>> + Send {
-        async move {
-            match self.rx.as_mut() {
-                Some(rx) => rx.recv().await.map_err(map_recv),
-                None => Err(RecvError::Closed),
-            }
+    async fn recv(&mut self) -> Result<Message, RecvError> {
+        match self.rx.as_mut() {
+            Some(rx) => rx.recv().await.map_err(map_recv),
+            None => Err(RecvError::Closed),
         }
     }
 }

@@ -399,21 +399,17 @@ fn corrupt_rows_are_errors_not_panics() {
     damage("UPDATE candles SET volume = 'lots' WHERE open_time = 60000", fix, &read_all);
     damage("UPDATE candles SET minutes = -1 WHERE open_time = 60000", fix, &read_all);
     damage("UPDATE candles SET minutes = 4294967296 WHERE open_time = 60000", fix, &read_all);
-    damage(
-        "UPDATE series SET name = 'not a series'",
-        "UPDATE series SET name = 'sim:spot:BTC/USDT:1m'",
-        &|st| st.series().map(|_| ()),
-    );
+    damage("UPDATE series SET name = 'not a series'", "UPDATE series SET name = 'sim:spot:BTC/USDT:1m'", &|st| {
+        st.series().map(|_| ())
+    });
     damage(
         "UPDATE backfill_progress SET covered = '[[1,2,3]]'",
         "UPDATE backfill_progress SET covered = '[]'",
         &|st| st.backfill_progress("t").map(|_| ()),
     );
-    damage(
-        "UPDATE backfill_progress SET covered = 'nonsense'",
-        "UPDATE backfill_progress SET covered = '[]'",
-        &|st| st.backfill_progress("t").map(|_| ()),
-    );
+    damage("UPDATE backfill_progress SET covered = 'nonsense'", "UPDATE backfill_progress SET covered = '[]'", &|st| {
+        st.backfill_progress("t").map(|_| ())
+    });
 }
 
 #[test]
@@ -494,7 +490,9 @@ const KILL_ROWS: i64 = 400;
 /// stored, and reports each commit on stdout, until killed or the parent goes away.
 #[test]
 fn kill_child_writer() {
-    let Some(path) = std::env::var_os(KILL_CHILD_ENV) else { return };
+    let Some(path) = std::env::var_os(KILL_CHILD_ENV) else {
+        return;
+    };
     let store = SqliteStore::open(Path::new(&path)).unwrap();
     let series: Vec<SeriesId> = KILL_SERIES.iter().map(|s| sid(s)).collect();
     let first = match store.last_open_time(&series[0]).unwrap() {
@@ -528,10 +526,12 @@ fn survives_kill_9_mid_stream() {
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut seen = 0;
-        while let Some(line) = lines.next() {
+        for line in lines.by_ref() {
             let line = line.unwrap();
             // libtest may print its "test ... " prefix on the same line as our first report.
-            let Some((_, k)) = line.split_once("committed ") else { continue };
+            let Some((_, k)) = line.split_once("committed ") else {
+                continue;
+            };
             reported = reported.max(k.parse().unwrap());
             seen += 1;
             if seen == kill_after {
@@ -554,8 +554,7 @@ fn survives_kill_9_mid_stream() {
         assert_eq!(n % KILL_ROWS, 0, "round {round}: a partial batch in the first series");
         let batches = n / KILL_ROWS;
         assert!(batches > reported, "round {round}: batch {reported} was reported committed, {batches} stored");
-        let expected: Vec<Candle> =
-            (0..batches).flat_map(|k| run(k * KILL_ROWS * MIN, KILL_ROWS, k)).collect();
+        let expected: Vec<Candle> = (0..batches).flat_map(|k| run(k * KILL_ROWS * MIN, KILL_ROWS, k)).collect();
         for (s, got) in series.iter().zip(&stored) {
             assert!(got == &expected, "round {round}: {s} is not exactly batches 0..{batches}");
         }

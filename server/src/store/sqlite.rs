@@ -129,6 +129,7 @@ const MAX_IDLE_READERS: usize = 4;
 /// Rows per multi-row upsert statement. Fewer statement executions per batch; SQLite's limit is
 /// 32766 bound parameters per statement (`CHUNK * 9` stays far below).
 const CHUNK: usize = 25;
+const _: () = assert!(CHUNK * 9 <= 32766);
 
 fn upsert_sql(rows: usize) -> String {
     let mut sql = String::from(
@@ -204,7 +205,8 @@ impl CheckpointSignal {
 
     /// Sleeps `d` unless asked to stop; `false` when asked to stop.
     fn pause(&self, d: Duration) -> bool {
-        let (st, _) = self.cv.wait_timeout_while(lock(&self.state), d, |st| !st.1).unwrap_or_else(PoisonError::into_inner);
+        let (st, _) =
+            self.cv.wait_timeout_while(lock(&self.state), d, |st| !st.1).unwrap_or_else(PoisonError::into_inner);
         !st.1
     }
 }
@@ -221,9 +223,8 @@ impl CheckpointSignal {
 /// frames committed since the last pass, and two `fsync`s) and the next commit starts the log
 /// over. A reader still holding an old snapshot can prevent that; it is retried next time.
 fn run_checkpointer(conn: Connection, writer: Arc<Mutex<Writer>>, signal: Arc<CheckpointSignal>, path: PathBuf) {
-    let passive = || -> rusqlite::Result<i64> {
-        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1))
-    };
+    let passive =
+        || -> rusqlite::Result<i64> { conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1)) };
     while signal.wait_for_commit() {
         let result = passive().and_then(|log| {
             if log >= RESTART_FRAMES {
@@ -331,7 +332,8 @@ impl SqliteStore {
     fn open_reader(&self) -> Result<Connection, StoreError> {
         let conn = self.open_connection()?;
         // Read-write open (a WAL reader maintains the -shm index) but refusing any write.
-        conn.execute_batch("PRAGMA query_only = ON").map_err(|e| StoreError::Db(format!("{}: {e}", self.path.display())))?;
+        conn.execute_batch("PRAGMA query_only = ON")
+            .map_err(|e| StoreError::Db(format!("{}: {e}", self.path.display())))?;
         Ok(conn)
     }
 
@@ -433,7 +435,11 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn series_id_for_write(conn: &Connection, ids: &mut HashMap<SeriesId, i64>, series: &SeriesId) -> Result<i64, StoreError> {
+fn series_id_for_write(
+    conn: &Connection,
+    ids: &mut HashMap<SeriesId, i64>,
+    series: &SeriesId,
+) -> Result<i64, StoreError> {
     if let Some(&id) = ids.get(series) {
         return Ok(id);
     }
@@ -608,7 +614,9 @@ impl CandleStore for SqliteStore {
              WHERE series_id = ?1 AND open_time BETWEEN ?2 AND ?3 ORDER BY open_time ASC LIMIT ?4"
         };
         self.read(|conn| {
-            let Some(id) = series_id_for_read(conn, series)? else { return Ok(Vec::new()) };
+            let Some(id) = series_id_for_read(conn, series)? else {
+                return Ok(Vec::new());
+            };
             let mut stmt = conn.prepare_cached(sql).map_err(db)?;
             let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
             let mut rows = stmt.query(rusqlite::params![id, lo, hi, limit_sql]).map_err(db)?;
@@ -698,7 +706,6 @@ mod tests {
     fn upsert_sql_has_one_tuple_per_row() {
         let sql = upsert_sql(3);
         assert_eq!(sql.matches("(?,?,?,?,?,?,?,?,?)").count(), 3);
-        assert!(CHUNK * 9 < 32766);
     }
 
     #[test]
