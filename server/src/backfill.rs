@@ -377,7 +377,10 @@ impl Run {
         }
         let limit = self.config.batch_limit.max(1);
         let mut empty_pages = 0u32;
-        let mut reached_previous = false;
+        // A gap ending above the window's start meets earlier coverage (the seed's stop point);
+        // a gap starting below the newest minute is a range an earlier run did not reach.
+        let reached_previous = todo.iter().any(|&(lo, _)| lo > oldest);
+        let resumed = todo.iter().any(|&(_, hi)| hi < newest);
         for (lo, hi) in todo {
             let mut cursor_hi = hi;
             while cursor_hi >= lo {
@@ -440,15 +443,15 @@ impl Run {
                     return Ended::Stopped;
                 }
             }
-            if lo > oldest {
-                reached_previous = true;
-            }
         }
-        Ended::Done(if reached_previous {
-            "reached the previous runs' coverage and filled every gap in the window".into()
-        } else {
-            "retention window covered".into()
-        })
+        let mut reason = String::from("retention window covered");
+        if reached_previous {
+            reason.push_str("; stopped at the previous coverage");
+        }
+        if resumed {
+            reason.push_str("; completed the range an interrupted run had not reached");
+        }
+        Ended::Done(reason)
     }
 
     /// Stores a page (1m + the derived candles of every bucket it completes) and the extended

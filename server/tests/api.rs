@@ -230,3 +230,125 @@ async fn admin_is_disabled_without_a_token() {
     assert!(b.contains("admin_token"), "{b}");
     server.stop().await;
 }
+
+type RawWs = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// A WebSocket client with a 2 KiB receive buffer, subscribed to `streams` (reply not awaited).
+async fn tiny_buffer_client(server: &TestServer, streams: &[&str]) -> RawWs {
+    use futures_util::SinkExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(2048).unwrap();
+    let tcp = socket.connect(server.addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{}/ws", server.addr), tcp).await.unwrap();
+    let text = serde_json::json!({"method": "SUBSCRIBE", "params": streams, "id": 1}).to_string();
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(text.into())).await.unwrap();
+    ws
+}
+
+/// Publishes `n` kline frames (about 1 KiB each) on `topic` through the server's own bus, in
+/// bursts a healthy reader keeps up with. Stands for a burst of market data.
+async fn burst(server: &TestServer, topic: &str, n: usize) {
+    let series: shared::protocol::SeriesId = topic.trim_start_matches("kline@").parse().unwrap();
+    let candle = shared::candle::Candle::one_minute(
+        1_700_000_040_000,
+        shared::fixed::Price(1),
+        shared::fixed::Price(1),
+        shared::fixed::Price(1),
+        shared::fixed::Price(1),
+        shared::fixed::Volume(1),
+        1,
+    );
+    let frame = server::ingest::pipeline::kline_frame(&series, &candle, false, 1_700_000_040_000);
+    // Pad to ~1 KiB with insignificant JSON whitespace, so socket buffers fill quickly.
+    let mut padded = frame.to_vec();
+    padded.splice(1..1, std::iter::repeat_n(b' ', 1000));
+    let payload = bytes::Bytes::from(padded);
+    for i in 0..n {
+        server::bus::Bus::publish(server.app.bus.as_ref(), topic, payload.clone());
+        if i % 64 == 63 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+}
+
+const TOPIC: &str = "kline@sim:spot:BTC/USDT:1m";
+
+/// A client that falls behind by more than the bus keeps is closed with 4000 `lagging`; a
+/// healthy client on the same stream receives everything meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_client_is_closed_and_others_continue() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    config.limits.bus_capacity = 256;
+    config.limits.send_timeout_ms = 60_000;
+    let server = TestServer::start(config).await;
+    let mut healthy = server.ws().await;
+    assert!(request(&mut healthy, "SUBSCRIBE", &[TOPIC], 1).await.is_ok());
+    // This one does not read: its socket fills, its session blocks, the bus moves on without it.
+    let mut slow = tiny_buffer_client(&server, &[TOPIC]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let n = 5_000;
+    let reader = tokio::spawn(async move {
+        let mut got = 0;
+        while got < n {
+            if let ServerFrame::Push(_) = next_frame(&mut healthy).await {
+                got += 1;
+            }
+        }
+        healthy
+    });
+    burst(&server, TOPIC, n).await;
+    let _healthy = tokio::time::timeout(PATIENCE, reader).await.expect("the healthy client got every frame").unwrap();
+    // When the slow one reads again it finds what was sent before the lag, then the close.
+    let (code, reason) = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match slow.next().await {
+                Some(Ok(Message::Close(Some(frame)))) => return (u16::from(frame.code), frame.reason.to_string()),
+                Some(Ok(_)) => continue,
+                other => panic!("no close frame: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("a close frame in time");
+    assert_eq!(code, 4000, "{reason}");
+    assert!(reason.starts_with("lagging"), "{reason}");
+    let m = server.get("/metrics").await.1;
+    assert!(m.contains("millrace_ws_dropped_lagging_total 1"), "{m}");
+    server.stop().await;
+}
+
+/// A client that never reads is dropped when a send takes longer than `send_timeout_ms`; a
+/// healthy client on the same stream keeps receiving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_client_is_dropped_by_the_send_timeout() {
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    config.limits.send_timeout_ms = 300;
+    config.limits.bus_capacity = 8192;
+    let server = TestServer::start(config).await;
+    let mut healthy = server.ws().await;
+    assert!(request(&mut healthy, "SUBSCRIBE", &[TOPIC], 1).await.is_ok());
+    let _stuck = tiny_buffer_client(&server, &[TOPIC]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let n = 3_000;
+    let reader = tokio::spawn(async move {
+        let mut got = 0;
+        while got < n {
+            if let ServerFrame::Push(_) = next_frame(&mut healthy).await {
+                got += 1;
+            }
+        }
+        healthy
+    });
+    burst(&server, TOPIC, n).await;
+    let _healthy = tokio::time::timeout(PATIENCE, reader).await.expect("the healthy client got every frame").unwrap();
+    eventually("the stuck client to be dropped", || async {
+        let m = server.get("/metrics").await.1;
+        m.contains("millrace_ws_dropped_slow_send_total 1").then_some(())
+    })
+    .await;
+    let m = server.get("/metrics").await.1;
+    assert!(m.contains("millrace_ws_connections 1"), "only the healthy client is left: {m}");
+    server.stop().await;
+}

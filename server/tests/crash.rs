@@ -67,3 +67,28 @@ async fn kill_9_during_ingest_and_backfill_loses_nothing() {
     assert!(m1.len() >= 4 * 1440, "{} minutes", m1.len());
     sim.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_flushes_buffered_candles() {
+    let sim = start_sim(600.0, 29).await;
+    let mut config = test_config(vec![external_sim_source(&sim)]);
+    config.ingest.pinned = vec!["sim:spot:ADA/USDT".into()];
+    // Nothing is flushed while running: only the shutdown can store these candles.
+    config.ingest.flush_ms = 3_600_000;
+    config.ingest.batch_max = 100_000;
+    let series = "sim:spot:ADA/USDT:1m";
+    let child = ChildServer::start(&config).await;
+    let buffered = eventually("closed candles buffered", || async {
+        let jobs = child.get_json("/api/v1/ops/jobs").await;
+        let n = jobs["jobs"][0]["closed_candles"].as_u64().unwrap_or(0);
+        (n >= 10).then_some(n)
+    })
+    .await;
+    assert!(stored(&config.db_path(), series).is_empty(), "nothing stored before shutdown");
+    child.terminate();
+    let m1 = stored(&config.db_path(), series);
+    assert!(m1.len() as u64 >= buffered, "{} stored, {buffered} were buffered", m1.len());
+    let oracle = sim.closed_klines("ADAUSDT", m1[0].open_time, m1[m1.len() - 1].open_time);
+    assert_eq!(m1, oracle);
+    sim.shutdown();
+}

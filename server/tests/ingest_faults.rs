@@ -101,3 +101,25 @@ async fn stored_candles_equal_the_exchange_after_faults() {
     eprintln!("checked {n} BTC and {m} ETH minutes against the exchange");
     sim.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planned_reconnects_leave_no_gap() {
+    // Binance closes connections at 24 h; millrace reconnects before that. Here every second.
+    let sim = start_sim(600.0, 12).await;
+    let mut config = test_config(vec![external_sim_source(&sim)]);
+    config.ingest.pinned = vec!["sim:spot:SOL/USDT".into()];
+    config.ingest.planned_reconnect_after_s = 1;
+    let server = TestServer::start(config).await;
+    let db = server.db_path();
+    let job = eventually("five planned reconnects", || async {
+        let jobs = server.get_json("/api/v1/ops/jobs").await;
+        let j = jobs["jobs"][0].clone();
+        (j["connects"].as_u64().unwrap_or(0) >= 5).then_some(j)
+    })
+    .await;
+    server.stop().await;
+    assert_eq!(job["crashes"], 0, "a planned reconnect is not a crash: {job}");
+    let n = check_instrument(&db, &sim, "sim:spot:SOL/USDT", "SOLUSDT");
+    eprintln!("{n} minutes across {} connections", job["connects"]);
+    sim.shutdown();
+}

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use server::config::{Config, SourceConfig, SourceKind};
-use server::http::{serve, ServeConfig};
+use server::app::App;
+use server::http::{serve_app, ServeConfig};
 use server::sim::{Sim, SimConfig, SimHandle};
 use shared::protocol::{Reply, ServerFrame};
 use tokio::net::{TcpListener, TcpStream};
@@ -84,20 +85,28 @@ pub async fn start_sim(speed: f64, seed: u64) -> SimHandle {
 pub struct TestServer {
     pub addr: SocketAddr,
     pub config: Config,
+    /// The running service (its bus, store, supervisor), for tests that look inside.
+    pub app: std::sync::Arc<App>,
     stop: Option<oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 impl TestServer {
     pub async fn start(config: Config) -> TestServer {
+        // Logs of the server under test (RUST_LOG=info to see them with --nocapture).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+            .with_test_writer()
+            .try_init();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let serve_config = ServeConfig::new(config.clone()).unwrap();
+        let app = std::sync::Arc::new(App::start(config.clone()).await.unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
-        let done = tokio::spawn(serve(listener, serve_config, async move {
+        let done = tokio::spawn(serve_app(listener, serve_config, app.clone(), async move {
             let _ = stopped.await;
         }));
-        let server = TestServer { addr, config, stop: Some(stop), done: Some(done) };
+        let server = TestServer { addr, config, app, stop: Some(stop), done: Some(done) };
         server.wait_ready().await;
         server
     }
