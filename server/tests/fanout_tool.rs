@@ -1,0 +1,38 @@
+//! The fan-out load tool end to end: `millrace-fanout run --quick` starts the real service and a
+//! clients process (both children of the tool), measures idle memory and one load step, stops
+//! both, and reports. This checks that the tool works — deliveries arrive, latency is measured,
+//! nothing crashed — not how fast it is (that is measured in docs/bench-fanout.md).
+
+use std::process::Command;
+
+#[test]
+fn quick_run_delivers_and_exits_cleanly() {
+    let out = Command::new(env!("CARGO_BIN_EXE_millrace-fanout"))
+        .args(["run", "--quick"])
+        .output()
+        .expect("millrace-fanout runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line\nstdout:\n{stdout}\nstderr:\n{stderr}"));
+    let r: serde_json::Value = serde_json::from_str(line).expect("RESULT is JSON");
+
+    assert_eq!(r["server_exit_ok"], true, "{r:#}");
+    assert_eq!(r["clients_exit_ok"], true, "{r:#}");
+    assert_eq!(r["subscribed"], 500, "{r:#}");
+
+    let idle = &r["idle"];
+    assert_eq!(idle["connections"], 500, "{r:#}");
+    assert_eq!(idle["clients_exit_ok"], true, "{r:#}");
+    assert!(idle["bytes_per_connection"].as_f64().unwrap() > 0.0, "{r:#}");
+
+    let step = &r["steps"][0];
+    assert!(step["deliveries_per_s"].as_f64().unwrap() > 0.0, "{r:#}");
+    assert!(step["publish_per_s"].as_f64().unwrap() > 0.0, "{r:#}");
+    assert!(step["latency_ms"]["samples"].as_u64().unwrap() > 0, "{r:#}");
+    assert!(step["latency_ms"]["max"].as_f64().unwrap() >= step["latency_ms"]["p50"].as_f64().unwrap(), "{r:#}");
+    assert_eq!(step["client_read_errors"], 0, "{r:#}");
+}
