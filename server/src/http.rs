@@ -223,6 +223,11 @@ async fn ws_upgrade(
         // The transport's hard cap; requests over `limits.max_message_bytes` get a `too_large` reply.
         .max_message_size(ws::MAX_TRANSPORT_BYTES)
         .max_frame_size(ws::MAX_TRANSPORT_BYTES)
+        // Memory per connection. tungstenite zero-fills its whole read buffer before the first
+        // read (128 KiB by default, ~141 KB of RSS per idle connection in docs/bench-fanout.md);
+        // browsers send a few small requests, so one page is plenty (a larger frame still
+        // arrives whole: the buffer grows to the frame's length, then reads stay this size).
+        .read_buffer_size(ws::READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
             let _slot = slot;
             hub.metrics.ws_connections.fetch_add(1, Relaxed);

@@ -28,6 +28,10 @@ use crate::metrics::Metrics;
 /// Largest frame the transport reads at all; larger ones end the connection.
 pub const MAX_TRANSPORT_BYTES: usize = 1024 * 1024;
 
+/// Bytes the transport reads from a client per syscall (its read buffer, allocated per
+/// connection): requests are small, and an idle connection should cost little memory.
+pub const READ_BUFFER_BYTES: usize = 4 * 1024;
+
 /// Close code "going away" (RFC 6455 7.4.1), sent when the server shuts down.
 const GOING_AWAY: u16 = 1001;
 /// Close code for a client that fell behind (application range 4000-4999).
@@ -272,7 +276,8 @@ pub async fn session(mut socket: WebSocket, hub: Arc<Hub>, mut shutdown: watch::
     let send_timeout = Duration::from_millis(hub.limits.send_timeout_ms);
     let metrics = hub.metrics.clone();
     let mut session = Session::new(hub);
-    let mut batch: Vec<bytes::Bytes> = Vec::with_capacity(WRITE_BATCH);
+    // Allocated on the first push, so idle connections do not pay for it.
+    let mut batch: Vec<bytes::Bytes> = Vec::new();
     tracing::debug!("websocket session started");
     loop {
         batch.clear();
