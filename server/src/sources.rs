@@ -100,7 +100,12 @@ impl Sources {
                 (SourceKind::Sim, None, None) => {
                     let cfg = SimConfig { seed: sc.seed, speed: sc.speed, ..SimConfig::default() };
                     let handle = Sim::start(cfg, sc.sim_addr).await?;
-                    let (r, w) = (handle.rest_base(), handle.ws_base());
+                    // The simulator serves USD-M futures under /fapi (REST and streams).
+                    let w = match venue {
+                        Venue::Spot => handle.ws_base(),
+                        Venue::Futures => handle.futures_ws_base(),
+                    };
+                    let r = handle.rest_base();
                     tracing::info!(source = %sc.name, rest = %r, ws = %w, speed = sc.speed, "embedded simulator started");
                     (Some(handle), r, w)
                 }

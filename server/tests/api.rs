@@ -352,3 +352,31 @@ async fn a_stuck_client_is_dropped_by_the_send_timeout() {
     assert!(m.contains("millrace_ws_connections 1"), "only the healthy client is left: {m}");
     server.stop().await;
 }
+
+/// A futures-market source (USD-M over /fapi) ingests through the same pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn futures_source_ingests_klines() {
+    let futures = server::config::SourceConfig {
+        name: "simf".into(),
+        market: shared::protocol::Market::Futures,
+        speed: 600.0,
+        ..Default::default()
+    };
+    let mut config = test_config(vec![embedded_sim_source(600.0), futures]);
+    config.ingest.pinned = vec!["simf:futures:ETH/USDT".into()];
+    let server = TestServer::start(config).await;
+    let rows = eventually("futures candles stored", || async {
+        let rows = server.get_json("/api/v1/klines?series=simf:futures:ETH/USDT:1m").await;
+        (rows.as_array().unwrap().len() >= 3).then_some(rows)
+    })
+    .await;
+    let times: Vec<i64> = rows.as_array().unwrap().iter().map(|r| r[0].as_i64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[1] - w[0] == 60_000), "{times:?}");
+    let sources = server.get_json("/api/v1/ops/sources").await;
+    let f = sources["sources"].as_array().unwrap().iter().find(|s| s["name"] == "simf").unwrap().clone();
+    assert!(f["ws_base"].as_str().unwrap().ends_with("/fapi"), "{f}");
+    // A spot instrument is not offered by the futures source.
+    let (status, body) = server.get("/api/v1/klines?series=simf:spot:ETH/USDT:1m").await;
+    assert_eq!(status, 400, "{body}");
+    server.stop().await;
+}
