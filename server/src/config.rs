@@ -369,10 +369,8 @@ impl Config {
             if !names.insert(s.name.as_str()) {
                 anyhow::bail!("configuration key `{key}.name`: source {:?} is defined twice", s.name);
             }
-            if s.kind == SourceKind::Sim {
-                if !(s.speed.is_finite() && s.speed > 0.0 && s.speed <= 100_000.0) {
-                    anyhow::bail!("configuration key `{key}.speed` (--sim-speed): must be > 0 and <= 100000, got {}", s.speed);
-                }
+            if s.kind == SourceKind::Sim && !(s.speed.is_finite() && s.speed > 0.0 && s.speed <= 100_000.0) {
+                anyhow::bail!("configuration key `{key}.speed` (--sim-speed): must be > 0 and <= 100000, got {}", s.speed);
             }
             for (k, url) in [("rest_base", &s.rest_base), ("ws_base", &s.ws_base)] {
                 if let Some(u) = url {

@@ -393,7 +393,7 @@ mod tests {
         let store = SqliteStore::open(&dir.join("t.db")).unwrap();
         let m1: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
         let m5: SeriesId = "sim:spot:BTC/USDT:5m".parse().unwrap();
-        let t0 = 1_700_000_100_000 - 1_700_000_100_000 % 300_000;
+        let t0 = 1_700_000_100_000_i64.div_euclid(300_000) * 300_000;
         // Minutes 0-2 of the bucket were stored earlier (e.g. by backfill) ...
         let early: Vec<Candle> = (0..3).map(|i| minute(t0 + i * 60_000, 100 + i)).collect();
         store.write(&[SeriesRows { series: &m1, candles: &early }]).unwrap();
