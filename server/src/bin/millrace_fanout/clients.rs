@@ -1,8 +1,12 @@
 //! `millrace-fanout clients`: N WebSocket connections in this process.
 //!
 //! Each connection is a task on a multi-threaded tokio runtime: TCP connect, the WebSocket
-//! handshake (tokio-tungstenite), then — unless `--idle` — one `SUBSCRIBE` request for its
-//! `--streams-per-client` streams, waiting for the `{"id":1,"result":null}` reply. Connection
+//! handshake, then — unless `--idle` — one `SUBSCRIBE` request for its `--streams-per-client`
+//! streams, waiting for the `{"id":1,"result":null}` reply. The WebSocket client is a minimal
+//! built-in one (handshake, masked frames out, frames parsed in place from one buffer), because
+//! the clients share the machine's cores with the server and tungstenite's client spends about
+//! twice the CPU per frame (it zero-fills its read buffer before every read and copies each
+//! payload); `--tungstenite` uses tokio-tungstenite instead, as a cross-check. Connection
 //! `i` takes topics `i·K, i·K+1, … (mod topics)`, so every topic has the same number of
 //! subscribers when `clients × K` is a multiple of the topic count. At most
 //! `--connect-concurrency` handshakes are in flight (the server's accept queue stays short).
@@ -68,9 +72,13 @@ pub struct ClientsOpts {
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     pub worker_threads: Option<usize>,
-    /// WebSocket read buffer per connection (bytes read per syscall at most).
+    /// Read buffer per connection (bytes read per syscall at most).
     #[arg(long, default_value_t = 16 * 1024)]
     pub read_buffer: usize,
+    /// Use tokio-tungstenite for the connections instead of the built-in minimal client (a
+    /// cross-check; it costs the clients process more CPU, which the server then lacks).
+    #[arg(long)]
+    pub tungstenite: bool,
     /// Print deliveries per second on stderr every second.
     #[arg(long)]
     pub progress: bool,
@@ -223,6 +231,196 @@ fn on_frame(frame: &[u8], shard: &Shard, shared: &Shared) {
 
 type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
 
+// ---- the minimal client ---------------------------------------------------------------------
+//
+// RFC 6455 as far as this server needs it: the opening handshake with a fixed key, masked text
+// frames out, unmasked frames in (text, close, ping; the server never fragments), parsed in
+// place from one reusable buffer — no per-read zeroing and no per-frame allocation, unlike
+// tungstenite, whose client costs about twice the CPU per frame.
+
+/// Sends `payload` as one masked client frame with `opcode`.
+async fn send_frame(tcp: &mut TcpStream, opcode: u8, payload: &[u8], mask: [u8; 4]) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut f = Vec::with_capacity(payload.len() + 14);
+    f.push(0x80 | opcode);
+    match payload.len() {
+        n if n < 126 => f.push(0x80 | n as u8),
+        n if n <= 0xffff => {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            f.push(0x80 | 127);
+            f.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    tcp.write_all(&f).await
+}
+
+/// One parsed server frame: opcode, payload range in the buffer, total length.
+struct RawFrame {
+    fin: bool,
+    opcode: u8,
+    payload: std::ops::Range<usize>,
+    len: usize,
+}
+
+/// Parses the frame at the start of `b`, if it is complete.
+#[inline]
+fn parse_frame(b: &[u8]) -> Result<Option<RawFrame>, String> {
+    if b.len() < 2 {
+        return Ok(None);
+    }
+    let fin = b[0] & 0x80 != 0;
+    let opcode = b[0] & 0x0f;
+    if b[1] & 0x80 != 0 {
+        return Err("masked frame from the server".into());
+    }
+    let (header, n) = match b[1] & 0x7f {
+        126 if b.len() >= 4 => (4, u16::from_be_bytes([b[2], b[3]]) as usize),
+        127 if b.len() >= 10 => (10, u64::from_be_bytes(b[2..10].try_into().expect("8 bytes")) as usize),
+        126 | 127 => return Ok(None),
+        n => (2, n as usize),
+    };
+    if b.len() < header + n {
+        return Ok(None);
+    }
+    Ok(Some(RawFrame { fin, opcode, payload: header..header + n, len: header + n }))
+}
+
+/// Connects and completes the opening handshake; returns the socket and any bytes read past
+/// the response.
+async fn open_raw(addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(TcpStream, Vec<u8>)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tcp = TcpStream::connect(addr).await.context("connect")?;
+    tcp.set_nodelay(true)?;
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    tcp.write_all(req.as_bytes()).await.context("send handshake")?;
+    let mut buf = Vec::with_capacity(1024);
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = tcp.read(&mut chunk).await.context("read handshake")?;
+        anyhow::ensure!(n > 0, "closed during the handshake");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            anyhow::ensure!(head.starts_with("HTTP/1.1 101"), "handshake refused: {}", head.lines().next().unwrap_or(""));
+            // RFC 6455 4.2.2: the accept value for the fixed key above.
+            anyhow::ensure!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "bad Sec-WebSocket-Accept");
+            return Ok((tcp, buf.split_off(end + 4)));
+        }
+        anyhow::ensure!(buf.len() < 16 * 1024, "handshake response too long");
+    }
+}
+
+/// Where and how every connection connects.
+struct Dial {
+    addr: SocketAddr,
+    /// `host:port` and path of the URL (the raw client's request line and Host header).
+    host: String,
+    path: String,
+    url: String,
+    read_buffer: usize,
+    /// Limits handshakes in flight.
+    gate: tokio::sync::Semaphore,
+    /// For `--tungstenite`.
+    config: WebSocketConfig,
+}
+
+async fn connection(i: usize, dial: Arc<Dial>, request: Option<String>, shared: Arc<Shared>) {
+    use tokio::io::AsyncReadExt as _;
+    let mut permit = Some(dial.gate.acquire().await.expect("the gate is never closed"));
+    let mask = (i as u32).wrapping_mul(0x9E37_79B9).to_le_bytes();
+    let (mut tcp, leftover) = match open_raw(dial.addr, &dial.host, &dial.path).await {
+        Ok(r) => r,
+        Err(e) => return shared.fail(format!("{e:#}")),
+    };
+    if let Some(req) = &request {
+        if let Err(e) = send_frame(&mut tcp, 0x1, req.as_bytes(), mask).await {
+            return shared.fail(format!("send SUBSCRIBE: {e}"));
+        }
+    } else {
+        permit = None;
+    }
+    shared.connected.fetch_add(1, Relaxed);
+    shared.alive.fetch_add(1, Relaxed);
+    let shard = &shared.shards[i % SHARDS];
+    let mut buf = vec![0u8; dial.read_buffer.max(leftover.len()).max(1024)];
+    buf[..leftover.len()].copy_from_slice(&leftover);
+    let (mut start, mut end) = (0usize, leftover.len());
+    let outcome: Result<(), String> = 'conn: loop {
+        loop {
+            let frame = match parse_frame(&buf[start..end]) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => break 'conn Err(e),
+            };
+            if !frame.fin {
+                break 'conn Err("fragmented frame".into());
+            }
+            let payload = &buf[start + frame.payload.start..start + frame.payload.end];
+            match frame.opcode {
+                0x1 => {
+                    if permit.is_some() && payload.starts_with(b"{\"id\"") {
+                        if payload.windows(7).any(|w| w == b"\"error\"") {
+                            shared.alive.fetch_sub(1, Relaxed);
+                            shared.connected.fetch_sub(1, Relaxed);
+                            return shared.fail(format!("SUBSCRIBE refused: {}", String::from_utf8_lossy(payload)));
+                        }
+                        permit = None;
+                        shared.subscribed.fetch_add(1, Relaxed);
+                    } else {
+                        on_frame(payload, shard, &shared);
+                    }
+                }
+                0x8 => {
+                    let code = (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]));
+                    if code == Some(4000) {
+                        shared.lagging_closes.fetch_add(1, Relaxed);
+                    } else {
+                        shared.other_closes.fetch_add(1, Relaxed);
+                    }
+                    break 'conn Ok(());
+                }
+                0x9 => {
+                    let pong = payload.to_vec();
+                    if let Err(e) = send_frame(&mut tcp, 0xA, &pong, mask).await {
+                        break 'conn Err(e.to_string());
+                    }
+                }
+                _ => {}
+            }
+            start += frame.len;
+        }
+        // Keep the unparsed tail at the front; grow for a frame larger than the buffer.
+        if start > 0 {
+            buf.copy_within(start..end, 0);
+            end -= start;
+            start = 0;
+        }
+        if end == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match tcp.read(&mut buf[end..]).await {
+            Ok(0) => break 'conn Err("connection closed without a close frame".into()),
+            Ok(n) => end += n,
+            Err(e) => break 'conn Err(e.to_string()),
+        }
+    };
+    if outcome.is_err() {
+        shared.read_errors.fetch_add(1, Relaxed);
+    }
+    if permit.is_some() {
+        shared.fail(format!("no SUBSCRIBE reply: {outcome:?}"));
+    }
+    shared.alive.fetch_sub(1, Relaxed);
+}
+
 /// Connects, shakes hands and subscribes.
 async fn open(url: &str, addr: SocketAddr, config: WebSocketConfig, request: Option<&str>) -> anyhow::Result<Ws> {
     let stream = TcpStream::connect(addr).await.context("connect")?;
@@ -247,17 +445,9 @@ async fn open(url: &str, addr: SocketAddr, config: WebSocketConfig, request: Opt
     Ok(ws)
 }
 
-async fn connection(
-    i: usize,
-    url: Arc<str>,
-    addr: SocketAddr,
-    request: Option<String>,
-    config: WebSocketConfig,
-    gate: Arc<tokio::sync::Semaphore>,
-    shared: Arc<Shared>,
-) {
-    let permit = gate.acquire_owned().await.expect("the gate is never closed");
-    let mut ws = match open(&url, addr, config, request.as_deref()).await {
+async fn connection_tungstenite(i: usize, dial: Arc<Dial>, request: Option<String>, shared: Arc<Shared>) {
+    let permit = dial.gate.acquire().await.expect("the gate is never closed");
+    let mut ws = match open(&dial.url, dial.addr, dial.config, request.as_deref()).await {
         Ok(ws) => ws,
         Err(e) => {
             shared.fail(format!("{e:#}"));
@@ -313,28 +503,41 @@ async fn run(opts: ClientsOpts) -> anyhow::Result<()> {
         "--streams-per-client must be between 1 and --topics ({})",
         opts.topics
     );
-    let addr: SocketAddr = {
-        let rest = opts.url.strip_prefix("ws://").context("--url must start with ws://")?;
-        let host = rest.split('/').next().unwrap_or(rest);
-        tokio::net::lookup_host(host).await?.next().with_context(|| format!("cannot resolve {host}"))?
+    let rest = opts.url.strip_prefix("ws://").context("--url must start with ws://")?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
     };
+    let addr: SocketAddr =
+        tokio::net::lookup_host(host).await?.next().with_context(|| format!("cannot resolve {host}"))?;
+    let dial = Arc::new(Dial {
+        addr,
+        host: host.to_string(),
+        path: path.to_string(),
+        url: opts.url.clone(),
+        read_buffer: opts.read_buffer.max(1024),
+        gate: tokio::sync::Semaphore::new(opts.connect_concurrency.max(1)),
+        config: WebSocketConfig::default().read_buffer_size(opts.read_buffer.max(1024)),
+    });
     let topics: Vec<String> = topic_series(opts.topics as usize).iter().map(|s| format!("kline@{s}")).collect();
     let shared = Arc::new(Shared { shards: (0..SHARDS).map(|_| Shard::default()).collect(), ..Shared::default() });
-    let gate = Arc::new(tokio::sync::Semaphore::new(opts.connect_concurrency.max(1)));
-    let config = WebSocketConfig::default().read_buffer_size(opts.read_buffer.max(1024));
-    let url: Arc<str> = opts.url.as_str().into();
     let started = Instant::now();
     for i in 0..opts.clients {
         let request = (!opts.idle).then(|| {
             let params: Vec<&str> = (0..k).map(|j| topics[(i * k + j) % topics.len()].as_str()).collect();
             json!({ "method": "SUBSCRIBE", "params": params, "id": 1 }).to_string()
         });
-        tokio::spawn(connection(i, url.clone(), addr, request, config, gate.clone(), shared.clone()));
+        if opts.tungstenite {
+            tokio::spawn(connection_tungstenite(i, dial.clone(), request, shared.clone()));
+        } else {
+            tokio::spawn(connection(i, dial.clone(), request, shared.clone()));
+        }
     }
     // Wait until every connection is up (or failed).
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let done = shared.connected.load(Relaxed) + shared.failed.load(Relaxed);
+        let up = if opts.idle { &shared.connected } else { &shared.subscribed };
+        let done = up.load(Relaxed) + shared.failed.load(Relaxed);
         if done >= opts.clients as u64 {
             break;
         }
@@ -419,5 +622,43 @@ mod tests {
         let closed = server::ingest::pipeline::kline_frame(&series, &c, true, 1_700_000_100_000);
         assert!(is_closed(&closed));
         assert!(open.starts_with(b"{\"stream\""));
+    }
+
+    /// An unmasked server frame as tungstenite's server writes it.
+    fn server_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0x80 | opcode];
+        match payload.len() {
+            n if n < 126 => f.push(n as u8),
+            n if n <= 0xffff => {
+                f.push(126);
+                f.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                f.push(127);
+                f.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn parses_frames_of_every_length_form_and_waits_for_incomplete_ones() {
+        for n in [0usize, 5, 125, 126, 300, 65_535, 65_536, 70_000] {
+            let payload: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+            let mut bytes = server_frame(0x1, &payload);
+            let total = bytes.len();
+            bytes.extend_from_slice(&server_frame(0x8, &4000u16.to_be_bytes()));
+            let f = parse_frame(&bytes).unwrap().expect("complete");
+            assert!(f.fin);
+            assert_eq!((f.opcode, f.len), (0x1, total), "{n}");
+            assert_eq!(&bytes[f.payload.clone()], &payload[..]);
+            let close = parse_frame(&bytes[f.len..]).unwrap().expect("the close frame");
+            assert_eq!(close.opcode, 0x8);
+            for cut in [1, total / 2, total - 1] {
+                assert!(parse_frame(&bytes[..cut]).unwrap().is_none(), "{n} cut at {cut}");
+            }
+        }
+        assert!(parse_frame(&[0x81, 0x85, 0, 0, 0, 0, 1, 2, 3, 4, 5]).is_err(), "masked frames are refused");
     }
 }

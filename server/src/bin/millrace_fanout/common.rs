@@ -17,10 +17,10 @@ pub fn raise_nofile_limit() -> u64 {
         if r.rlim_cur < r.rlim_max {
             let want = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                return want.rlim_cur as u64;
+                return want.rlim_cur;
             }
         }
-        r.rlim_cur as u64
+        r.rlim_cur
     }
 }
 

@@ -70,6 +70,9 @@ pub struct RunOpts {
     /// Tokio worker threads of the clients process (default: one per core).
     #[arg(long)]
     pub client_threads: Option<usize>,
+    /// Clients use tokio-tungstenite instead of the built-in minimal WebSocket client.
+    #[arg(long)]
+    pub tungstenite_clients: bool,
     /// Small and short: 500 clients, one step of 20k deliveries/s for 5 s (1 s warm-up). For
     /// tests; overrides --clients, --targets, --duration and --warmup.
     #[arg(long)]
@@ -271,6 +274,9 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         if let Some(n) = opts.client_threads {
             a.extend(["--worker-threads".into(), n.to_string()]);
         }
+        if opts.tungstenite_clients {
+            a.push("--tungstenite".into());
+        }
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
@@ -404,14 +410,24 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
             step["clients_cpu_cores"].as_f64().unwrap_or(0.0),
             load_before,
         );
-        let saturated = step["dropped_lagging"].as_f64().unwrap_or(0.0) > 0.0
-            || step["dropped_slow_send"].as_f64().unwrap_or(0.0) > 0.0
-            || r["alive"].as_u64().unwrap_or(0) < subscribed
-            || step["publish_skipped"].as_f64().unwrap_or(0.0) > 0.0
-            || r["deliveries_per_s"].as_f64().unwrap_or(0.0) < 0.9 * target;
+        let mut saturated = Vec::new();
+        if step["dropped_lagging"].as_f64().unwrap_or(0.0) + step["dropped_slow_send"].as_f64().unwrap_or(0.0) > 0.0 {
+            saturated.push("clients dropped");
+        }
+        if r["alive"].as_u64().unwrap_or(0) < subscribed {
+            saturated.push("clients lost");
+        }
+        if step["publish_skipped"].as_f64().unwrap_or(0.0) > 0.0 {
+            saturated.push("the publisher fell 100 ms behind");
+        }
+        if r["deliveries_per_s"].as_f64().unwrap_or(0.0) < 0.9 * target {
+            saturated.push("under 90 % of the target delivered");
+        }
+        let mut step = step;
+        step["saturated"] = json!(saturated);
         steps.push(step);
-        if saturated && !opts.keep_going {
-            println!("saturated at target {target:.0}/s; stopping (use --keep-going to run every target)");
+        if !saturated.is_empty() && !opts.keep_going {
+            println!("saturated at target {target:.0}/s ({}); stopping (--keep-going runs every target)", saturated.join(", "));
             break;
         }
     }
@@ -431,7 +447,7 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         "loadavg_at_end": loadavg(),
         "options": {
             "clients": n, "streams_per_client": k, "topics": opts.topics, "tick_ms": opts.tick_ms,
-            "bus_capacity": opts.bus_capacity, "nodelay": opts.nodelay, "duration_s": opts.duration.as_secs_f64(),
+            "bus_capacity": opts.bus_capacity, "nodelay": opts.nodelay, "tungstenite_clients": opts.tungstenite_clients, "duration_s": opts.duration.as_secs_f64(),
             "warmup_s": opts.warmup.as_secs_f64(), "quick": opts.quick,
         },
         "idle": idle,
