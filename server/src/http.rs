@@ -223,10 +223,10 @@ async fn ws_upgrade(
         // The transport's hard cap; requests over `limits.max_message_bytes` get a `too_large` reply.
         .max_message_size(ws::MAX_TRANSPORT_BYTES)
         .max_frame_size(ws::MAX_TRANSPORT_BYTES)
-        // Memory per connection. tungstenite zero-fills its whole read buffer before the first
-        // read (128 KiB by default, ~141 KB of RSS per idle connection in docs/bench-fanout.md);
-        // browsers send a few small requests, so one page is plenty (a larger frame still
-        // arrives whole: the buffer grows to the frame's length, then reads stay this size).
+        // Memory and CPU per connection: tungstenite zero-fills up to this much of its read
+        // buffer at every read attempt, i.e. each time the session polls for a request (128 KiB
+        // by default: ~141 KB of RSS per idle connection, docs/bench-fanout.md). Browsers send
+        // a few small requests; a larger frame still arrives whole (the buffer grows to it).
         .read_buffer_size(ws::READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
             let _slot = slot;
