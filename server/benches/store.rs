@@ -7,12 +7,14 @@
 //!   and newest-first backfill pages do.
 //! - `store/raw/*`: the same rows through plain rusqlite (SQLite defaults plus WAL and
 //!   `synchronous = NORMAL`, one prepared single-row upsert, one transaction per batch) into the
-//!   same schema: the baseline the store is measured against.
+//!   store's layout (a table per series) and into one clustered `(series_id, open_time) WITHOUT
+//!   ROWID` table: the baselines the store and its layout were chosen against.
 //! - `store/read/*`: a chart load (`candles`, newest 1,000 rows).
 //! - `bus/*`: [`InProcessBus`] publish cost, and messages delivered per second to N subscribers
 //!   (each a tokio task receiving every message), on a 2-worker runtime.
 //!
 //! `cargo bench -p server --bench store` (a filter selects: `-- store/write`, `-- bus`).
+//! With `MILLRACE_STORE_LOAD` set it is a load tool instead (see [`load`]).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use server::bus::{Bus, InProcessBus, Subscription};
 use server::store::sqlite::SqliteStore;
 use server::store::{CandleStore, SeriesRows};
@@ -102,35 +104,54 @@ fn store_write(c: &mut Criterion) {
     g.finish();
 }
 
+/// The candle layout the store replaced (one clustered table for all series), for comparison.
+const SINGLE_TABLE: &str = "CREATE TABLE candles (
+    series_id INTEGER NOT NULL, open_time INTEGER NOT NULL, open INTEGER NOT NULL,
+    high INTEGER NOT NULL, low INTEGER NOT NULL, close INTEGER NOT NULL, volume ANY NOT NULL,
+    trades INTEGER NOT NULL, minutes INTEGER NOT NULL, PRIMARY KEY (series_id, open_time)
+) STRICT, WITHOUT ROWID";
+
 /// Plain rusqlite with SQLite's defaults plus WAL and `synchronous = NORMAL` (so checkpoints run
-/// inside commits), one prepared single-row upsert, same schema: the baseline.
+/// inside commits), one prepared single-row upsert per table, one transaction per batch of 200
+/// rows over 8 series: into the store's layout (a table per series) and into the single
+/// clustered table it replaced.
 fn store_raw(c: &mut Criterion) {
     let mut g = c.benchmark_group("store/raw");
-    let path = db_path("raw200");
-    let mut conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;").unwrap();
-    conn.execute_batch(server::store::sqlite::MIGRATIONS[0]).unwrap();
-    conn.execute_batch("INSERT INTO series (id, name) VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'), (5, 'e'), (6, 'f'), (7, 'g'), (8, 'h')").unwrap();
-    let mut bufs = vec![Vec::new(); 8];
-    let mut next = 0;
     g.throughput(Throughput::Elements(200));
-    g.bench_function("batch200_8series", |b| {
-        b.iter(|| {
-            next_batch(&mut bufs, 25, &mut next);
-            let tx = conn.transaction().unwrap();
-            {
-                let mut stmt = tx
-                    .prepare_cached(
+    for layout in ["per_series_tables", "single_table"] {
+        let mut conn = rusqlite::Connection::open(db_path(&format!("raw-{layout}"))).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;").unwrap();
+        let upserts: Vec<String> = (0..8)
+            .map(|s| {
+                let set = "open = excluded.open, high = excluded.high, low = excluded.low, close = excluded.close, \
+                           volume = excluded.volume, trades = excluded.trades, minutes = excluded.minutes";
+                if layout == "single_table" {
+                    format!(
                         "INSERT INTO candles (series_id, open_time, open, high, low, close, volume, trades, minutes) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (series_id, open_time) DO UPDATE SET \
-                         open = excluded.open, high = excluded.high, low = excluded.low, close = excluded.close, \
-                         volume = excluded.volume, trades = excluded.trades, minutes = excluded.minutes",
+                         VALUES ({s}, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (series_id, open_time) DO UPDATE SET {set}"
                     )
-                    .unwrap();
-                for (s, rows) in bufs.iter().enumerate() {
+                } else {
+                    conn.execute_batch(&server::store::sqlite::candle_table_ddl(s)).unwrap();
+                    format!(
+                        "INSERT INTO candles_{s} (open_time, open, high, low, close, volume, trades, minutes) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (open_time) DO UPDATE SET {set}"
+                    )
+                }
+            })
+            .collect();
+        if layout == "single_table" {
+            conn.execute_batch(SINGLE_TABLE).unwrap();
+        }
+        let mut bufs = vec![Vec::new(); 8];
+        let mut next = 0;
+        g.bench_function(format!("{layout}_batch200_8series"), |b| {
+            b.iter(|| {
+                next_batch(&mut bufs, 25, &mut next);
+                let tx = conn.transaction().unwrap();
+                for (sql, rows) in upserts.iter().zip(&bufs) {
+                    let mut stmt = tx.prepare_cached(sql).unwrap();
                     for c in rows {
                         stmt.execute(rusqlite::params![
-                            s as i64 + 1,
                             c.open_time,
                             c.open.raw(),
                             c.high.raw(),
@@ -143,10 +164,10 @@ fn store_raw(c: &mut Criterion) {
                         .unwrap();
                     }
                 }
-            }
-            tx.commit().unwrap();
-        })
-    });
+                tx.commit().unwrap();
+            })
+        });
+    }
     g.finish();
 }
 
@@ -250,4 +271,69 @@ criterion_group! {
     config = Criterion::default().sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
     targets = store_write, store_raw, store_read, bus_fanout
 }
-criterion_main!(benches);
+
+/// The load tool: `MILLRACE_STORE_LOAD=batches=3000,rows=200,series=8 cargo bench -p server
+/// --bench store` writes that many back-to-back batches into a fresh file and prints sustained
+/// rows/s, the CPU time the process used (writer and checkpointer) and the bytes it wrote: a
+/// steadier figure than wall time on a machine shared with other work.
+fn load(spec: &str) {
+    let mut cfg = [("batches", 3000usize), ("rows", 200), ("series", 8)];
+    for kv in spec.split(',').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').expect("key=value");
+        let slot = cfg.iter_mut().find(|(name, _)| *name == k).unwrap_or_else(|| panic!("unknown key {k}"));
+        slot.1 = v.parse().expect("a number");
+    }
+    let [(_, batches), (_, rows), (_, n_series)] = cfg;
+    let path = db_path("load");
+    let store = SqliteStore::open(&path).unwrap();
+    let ids = series(n_series);
+    let mut bufs = vec![Vec::new(); n_series];
+    let mut next = 0;
+    let (cpu0, io0, t0) = (cpu_seconds(), written_bytes(), Instant::now());
+    for _ in 0..batches {
+        next_batch(&mut bufs, rows / n_series, &mut next);
+        let batch: Vec<SeriesRows<'_>> =
+            ids.iter().zip(&bufs).map(|(series, candles)| SeriesRows { series, candles }).collect();
+        store.write(&batch).unwrap();
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    drop(store); // stops the checkpointer; the last connection checkpoints the rest
+    let (cpu, io) = (cpu_seconds() - cpu0, written_bytes() - io0);
+    let total = (batches * (rows / n_series) * n_series) as f64;
+    let file = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{batches} batches x {rows} rows over {n_series} series: {:.0} rows/s wall ({wall:.2} s), \
+         {:.2} us CPU/row, {:.0} bytes written/row, file {:.1} MiB, load {}",
+        total / wall,
+        cpu / total * 1e6,
+        io as f64 / total,
+        file as f64 / (1 << 20) as f64,
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+    );
+}
+
+/// User + system CPU seconds of this process (Linux; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0 // utime, stime (fields 14, 15), in USER_HZ = 100
+}
+
+/// Bytes this process wrote through write calls (`wchar`, Linux; 0 elsewhere).
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("wchar: ").and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("MILLRACE_STORE_LOAD") {
+        load(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

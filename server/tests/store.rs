@@ -76,15 +76,20 @@ fn all(store: &SqliteStore, series: &SeriesId) -> Vec<Candle> {
     store.candles(series, Some(i64::MIN), None, usize::MAX).unwrap()
 }
 
-/// A trigger that makes any insert of a candle at `open_time` fail, as a disk error would.
-fn inject_failure_at(path: &Path, open_time: i64) {
+/// A trigger that makes adding series `name` to the dictionary fail, as a disk error would.
+fn fail_new_series(path: &Path, name: &str) {
     let conn = Connection::open(path).unwrap();
     conn.execute_batch(&format!(
-        "CREATE TRIGGER fail_{n} BEFORE INSERT ON candles WHEN NEW.open_time = {open_time}
-         BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
-        n = open_time.unsigned_abs()
+        "CREATE TRIGGER fail_series BEFORE INSERT ON series WHEN NEW.name = '{name}'
+         BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
     ))
     .unwrap();
+}
+
+/// The candle table of `series` (tables are named after the dictionary id).
+fn table_of(conn: &Connection, series: &str) -> String {
+    let id: i64 = conn.query_row("SELECT id FROM series WHERE name = ?1", [series], |r| r.get(0)).unwrap();
+    format!("candles_{id}")
 }
 
 fn progress(task: &str) -> BackfillProgress {
@@ -204,9 +209,9 @@ fn a_failing_batch_leaves_nothing() {
     let store = SqliteStore::open(&path).unwrap();
     let (a, b, c) = (sid("sim:spot:BTC/USDT:1m"), sid("sim:spot:BTC/USDT:5m"), sid("sim:spot:ETH/USDT:1m"));
     store.write(&[rows(&a, &run(0, 10, 1))]).unwrap();
-    inject_failure_at(&path, 999 * MIN);
+    fail_new_series(&path, "sim:spot:ETH/USDT:1m");
 
-    // New rows for `a`, replacements for `a`, a new series `b`, then the failing row in `c`.
+    // New and replaced rows for `a`, a new series `b` (a new table), then `c` fails.
     let ca = run(5 * MIN, 10, 2);
     let cb = run(0, 300, 3);
     let cc = [candle(998 * MIN, 4), candle(999 * MIN, 4)];
@@ -216,19 +221,42 @@ fn a_failing_batch_leaves_nothing() {
     assert_eq!(all(&store, &b), vec![]);
     assert_eq!(all(&store, &c), vec![]);
     assert_eq!(store.series().unwrap().len(), 1);
+    let conn = Connection::open(&path).unwrap();
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name LIKE 'candles_%'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(tables, 1, "b's table was rolled back");
 
-    // The rolled-back series ids are not reused from a stale cache: later writes land right.
+    // The rolled-back series are not reused from a stale cache: later writes land right.
+    conn.execute_batch("DROP TRIGGER fail_series").unwrap();
     store.write(&[rows(&c, &cc[..1]), rows(&b, &cb[..2])]).unwrap();
     assert_eq!(all(&store, &b), cb[..2].to_vec());
     assert_eq!(all(&store, &c), cc[..1].to_vec());
     let names: Vec<_> = store.series().unwrap().into_iter().map(|i| i.series).collect();
     assert_eq!(names, vec![a.clone(), b.clone(), c.clone()]);
 
-    // Progress is not saved when its candles fail.
-    let p = progress("sim:spot:ETH/USDT:1m");
-    assert!(store.write_with_progress(&[rows(&c, &cc)], &p).is_err());
+    // Progress is not saved when its candles fail, and candles are not when their progress fails.
+    let d = sid("sim:spot:SOL/USDT:1m");
+    fail_new_series(&path, "sim:spot:SOL/USDT:1m");
+    let p = progress("sim:spot:SOL/USDT:1m");
+    assert!(store.write_with_progress(&[rows(&c, &cc), rows(&d, &cc)], &p).is_err());
     assert_eq!(store.backfill_progress(&p.task).unwrap(), None);
     assert_eq!(all(&store, &c), cc[..1].to_vec());
+    conn.execute_batch(
+        "DROP TRIGGER fail_series;
+         CREATE TRIGGER fail_progress BEFORE INSERT ON backfill_progress
+         BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+    )
+    .unwrap();
+    assert!(store.write_with_progress(&[rows(&c, &cc), rows(&d, &cc)], &p).is_err());
+    assert_eq!(all(&store, &c), cc[..1].to_vec());
+    assert_eq!(all(&store, &d), vec![]);
+    conn.execute_batch("DROP TRIGGER fail_progress").unwrap();
+    assert_eq!(store.write_with_progress(&[rows(&c, &cc), rows(&d, &cc)], &p).unwrap(), 4);
+    assert_eq!(store.backfill_progress(&p.task).unwrap(), Some(p));
+    assert_eq!(all(&store, &d), cc.to_vec());
 }
 
 #[test]
@@ -370,7 +398,9 @@ fn extreme_values_round_trip_exactly() {
     assert_eq!(store.last_open_time(&s).unwrap(), Some(i64::MAX));
     // Volumes that fit an i64 are plain integers to SQL.
     let conn = Connection::open(&path).unwrap();
-    let v: i64 = conn.query_row("SELECT volume FROM candles WHERE open_time = 86400000", [], |r| r.get(0)).unwrap();
+    let table = table_of(&conn, "sim:spot:BTC/USDT:1d");
+    let v: i64 =
+        conn.query_row(&format!("SELECT volume FROM {table} WHERE open_time = 86400000"), [], |r| r.get(0)).unwrap();
     assert_eq!(v, 1);
 }
 
@@ -393,12 +423,16 @@ fn corrupt_rows_are_errors_not_panics() {
         conn.execute_batch(undo).unwrap();
         check(&store).unwrap();
     };
-    let fix = "UPDATE candles SET volume = 1, minutes = 1 WHERE open_time = 60000";
-    damage("UPDATE candles SET volume = x'0102' WHERE open_time = 60000", fix, &read_all);
-    damage("UPDATE candles SET volume = 1.5 WHERE open_time = 60000", fix, &read_all);
-    damage("UPDATE candles SET volume = 'lots' WHERE open_time = 60000", fix, &read_all);
-    damage("UPDATE candles SET minutes = -1 WHERE open_time = 60000", fix, &read_all);
-    damage("UPDATE candles SET minutes = 4294967296 WHERE open_time = 60000", fix, &read_all);
+    let t = table_of(&conn, "sim:spot:BTC/USDT:1m");
+    let fix = &format!("UPDATE {t} SET volume = 1, minutes = 1 WHERE open_time = 60000");
+    for damaged in ["volume = x'0102'", "volume = 1.5", "volume = 'lots'", "minutes = -1", "minutes = 4294967296"] {
+        damage(&format!("UPDATE {t} SET {damaged} WHERE open_time = 60000"), fix, &read_all);
+    }
+    // A dictionary entry without its table.
+    let (hide, restore) = (format!("ALTER TABLE {t} RENAME TO hidden"), format!("ALTER TABLE hidden RENAME TO {t}"));
+    damage(&hide, &restore, &read_all);
+    damage(&hide, &restore, &|st| st.last_open_time(&s).map(|_| ()));
+    damage(&hide, &restore, &|st| st.series().map(|_| ()));
     damage("UPDATE series SET name = 'not a series'", "UPDATE series SET name = 'sim:spot:BTC/USDT:1m'", &|st| {
         st.series().map(|_| ())
     });
@@ -422,7 +456,8 @@ fn reads_do_not_wait_for_a_writer() {
 
     // Another connection holds the write lock with uncommitted rows.
     let other = Connection::open(&path).unwrap();
-    other.execute_batch("BEGIN IMMEDIATE; DELETE FROM candles;").unwrap();
+    let table = table_of(&other, "sim:spot:BTC/USDT:1m");
+    other.execute_batch(&format!("BEGIN IMMEDIATE; DELETE FROM {table};")).unwrap();
     let t0 = Instant::now();
     assert_eq!(all(&store, &s), run(0, 10, 1));
     assert_eq!(store.last_open_time(&s).unwrap(), Some(9 * MIN));

@@ -78,7 +78,8 @@ pub trait CandleStore: Send + Sync + 'static {
     fn write(&self, batch: &[SeriesRows<'_>]) -> Result<usize, StoreError>;
 
     /// Candles of `series` with `start <= open_time <= end` (bounds optional), oldest first, at
-    /// most `limit`. With only `end` given, the newest `limit` candles up to `end` (like Binance).
+    /// most `limit`. With only `end` given, the newest `limit` candles up to `end`; with neither,
+    /// the newest `limit` candles (both like Binance). Still returned oldest first.
     fn candles(
         &self,
         series: &SeriesId,

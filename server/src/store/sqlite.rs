@@ -3,24 +3,32 @@
 //! # Schema (version [`SCHEMA_VERSION`], kept in `PRAGMA user_version`)
 //!
 //! ```sql
-//! series            (id INTEGER PRIMARY KEY, name TEXT UNIQUE)          -- `exchange:market:SYMBOL:tf`
-//! candles           (series_id, open_time, open, high, low, close, volume, trades, minutes)
-//!                   PRIMARY KEY (series_id, open_time)  STRICT, WITHOUT ROWID
+//! series            (id INTEGER PRIMARY KEY, name TEXT UNIQUE)     -- `exchange:market:SYMBOL:tf`
+//! candles_<id>      (open_time INTEGER PRIMARY KEY, open, high, low, close, volume, trades, minutes)
 //! backfill_progress (task TEXT PRIMARY KEY, covered TEXT -- JSON [[from,to],...], ...)
 //! ```
+//!
+//! **One candle table per series**, created in the transaction that first writes the series and
+//! named after its id in the `series` dictionary, keyed by `open_time` as the rowid. Chosen by
+//! measurement over the single `candles (series_id, open_time, ...) PRIMARY KEY (series_id,
+//! open_time) WITHOUT ROWID` table (benches/store.rs, 200-row batches over 8 series, same
+//! statements otherwise): 2.2 us -> 1.05 us of CPU and 836 -> 318 bytes written per row, 2.2x the
+//! rows/s. New candles append at the right edge of their series' b-tree; in the shared table that
+//! edge is in the middle of the tree for all but the last series, where SQLite splits pages by
+//! rebalancing them with their neighbours (touching ~4 pages per commit and series, leaving pages
+//! 2/3 full), while a rowid table's right edge splits by just starting a new page. Reads are one
+//! contiguous range of one table either way. Series are few (instruments x timeframes) and never
+//! dropped; a connection re-reads the schema once after another one added a series.
 //!
 //! Every value is stored exactly, as an integer, never a float:
 //! - prices are the raw `i64` of [`shared::fixed::Price`];
 //! - `volume` (an `i128`) is an `INTEGER` when it fits in an `i64` (always, in practice: 9.2e10
 //!   units) and otherwise a 16-byte big-endian two's-complement `BLOB` (the column is `ANY`). One
 //!   column, varint-small on disk, readable by SQL in the common case, exact at the extremes;
-//!   measured as fast as the alternatives (benches/store.rs);
 //! - `trades` (a `u64`) and the progress counters are stored as the `i64` with the same bits, so
 //!   values above `i64::MAX` (never seen) read back exactly but look negative to raw SQL.
 //!
-//! The candle table is `WITHOUT ROWID`, clustered on `(series_id, open_time)`: a range query is one
-//! contiguous b-tree walk, and a batch of new candles appends at the right edge of its series.
-//! `STRICT` makes SQLite itself refuse a non-integer in an integer column.
+//! The tables are `STRICT`: SQLite itself refuses a non-integer in an integer column.
 //!
 //! # Migrations
 //!
@@ -28,7 +36,9 @@
 //! one `BEGIN IMMEDIATE` transaction together with the new `user_version`, so a crash mid-migration
 //! leaves the old version intact and two processes opening the same new file do not race. A file
 //! whose version is newer than this build knows is refused ([`StoreError::SchemaTooNew`]) before
-//! anything is written to it. Add a migration by appending a step; never edit a released one.
+//! anything is written to it. Add a migration by appending a step; never edit a released one. The
+//! candle tables are created from [`candle_table_ddl`]; a step that changes them must change every
+//! `candles_<id>` of the `series` dictionary and the DDL together.
 //!
 //! # Durability: WAL with `synchronous = NORMAL`
 //!
@@ -77,23 +87,11 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Schema steps; step `i` takes a file from version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
-    // 1: series dictionary, candles, backfill progress.
+    // 1: series dictionary, backfill progress (candle tables come with their series).
     "CREATE TABLE series (
          id   INTEGER PRIMARY KEY,
          name TEXT NOT NULL UNIQUE
      ) STRICT;
-     CREATE TABLE candles (
-         series_id INTEGER NOT NULL REFERENCES series (id),
-         open_time INTEGER NOT NULL,
-         open      INTEGER NOT NULL,
-         high      INTEGER NOT NULL,
-         low       INTEGER NOT NULL,
-         close     INTEGER NOT NULL,
-         volume    ANY     NOT NULL,
-         trades    INTEGER NOT NULL,
-         minutes   INTEGER NOT NULL,
-         PRIMARY KEY (series_id, open_time)
-     ) STRICT, WITHOUT ROWID;
      CREATE TABLE backfill_progress (
          task             TEXT    NOT NULL PRIMARY KEY,
          covered          TEXT    NOT NULL,
@@ -108,9 +106,31 @@ pub const MIGRATIONS: &[&str] = &[
      ) STRICT;",
 ];
 
-/// Page size of a new file (the SQLite default). Each commit rewrites the rightmost leaf page of
-/// every series it appends to, so the WAL grows by about `series x page size` per batch: larger
-/// pages write more (8 KiB: -40 % rows/s for 200-row batches over 8 series, benches/store.rs).
+/// The candle table of the series with dictionary id `id`.
+pub fn candle_table(id: i64) -> String {
+    format!("candles_{id}")
+}
+
+/// Creates the candle table of series `id` if it does not exist (schema version 1).
+pub fn candle_table_ddl(id: i64) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS candles_{id} (
+             open_time INTEGER PRIMARY KEY,
+             open      INTEGER NOT NULL,
+             high      INTEGER NOT NULL,
+             low       INTEGER NOT NULL,
+             close     INTEGER NOT NULL,
+             volume    ANY     NOT NULL,
+             trades    INTEGER NOT NULL,
+             minutes   INTEGER NOT NULL
+         ) STRICT"
+    )
+}
+
+/// Page size of a new file (the SQLite default). Each commit rewrites the last page of every
+/// series it appends to, so the WAL grows by about `series x page size` per batch: larger pages
+/// write more (8 KiB wrote 1.6x the bytes per row of 4 KiB for 200-row batches over 8 series;
+/// CPU per row the same from 1 to 8 KiB; benches/store.rs).
 const PAGE_SIZE: u32 = 4096;
 /// How often (at most) the checkpointer copies committed WAL frames into the database file.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
@@ -126,27 +146,17 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle read connections kept open; more concurrent readers open extra connections and close them.
 const MAX_IDLE_READERS: usize = 4;
 
-/// Rows per multi-row upsert statement. Fewer statement executions per batch; SQLite's limit is
-/// 32766 bound parameters per statement (`CHUNK * 9` stays far below).
-const CHUNK: usize = 25;
-const _: () = assert!(CHUNK * 9 <= 32766);
+/// Prepared statements kept per connection: a few per series (write: upsert; read: range both
+/// ways, last), so that the active series stay prepared.
+const STATEMENT_CACHE: usize = 512;
 
-fn upsert_sql(rows: usize) -> String {
-    let mut sql = String::from(
-        "INSERT INTO candles (series_id, open_time, open, high, low, close, volume, trades, minutes) VALUES ",
-    );
-    for i in 0..rows {
-        if i > 0 {
-            sql.push(',');
-        }
-        sql.push_str("(?,?,?,?,?,?,?,?,?)");
-    }
-    sql.push_str(
-        " ON CONFLICT (series_id, open_time) DO UPDATE SET open = excluded.open, high = excluded.high, \
-         low = excluded.low, close = excluded.close, volume = excluded.volume, \
-         trades = excluded.trades, minutes = excluded.minutes",
-    );
-    sql
+fn upsert_sql(id: i64) -> String {
+    format!(
+        "INSERT INTO candles_{id} (open_time, open, high, low, close, volume, trades, minutes) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (open_time) DO UPDATE SET \
+         open = excluded.open, high = excluded.high, low = excluded.low, close = excluded.close, \
+         volume = excluded.volume, trades = excluded.trades, minutes = excluded.minutes"
+    )
 }
 
 const SELECT_SERIES_ID: &str = "SELECT id FROM series WHERE name = ?1";
@@ -245,12 +255,9 @@ fn run_checkpointer(conn: Connection, writer: Arc<Mutex<Writer>>, signal: Arc<Ch
 /// The write connection and what it caches.
 struct Writer {
     conn: Connection,
-    /// Series name -> row id, filled as series are written. Cleared when a transaction fails,
-    /// since ids inserted by a rolled-back transaction do not exist.
-    ids: HashMap<SeriesId, i64>,
-    /// Multi-row upsert SQL (`CHUNK` rows) and the single-row one, built once.
-    upsert_chunk: String,
-    upsert_one: String,
+    /// Series -> (dictionary id, upsert SQL), filled as series are written. Cleared when a
+    /// transaction fails, since series (and tables) it created do not exist.
+    series: HashMap<SeriesId, (i64, String)>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -289,7 +296,8 @@ impl SqliteStore {
         ))
         .map_err(with_path)?;
         migrate(&mut conn, path)?;
-        let writer = Writer { conn, ids: HashMap::new(), upsert_chunk: upsert_sql(CHUNK), upsert_one: upsert_sql(1) };
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let writer = Writer { conn, series: HashMap::new() };
         let mut store = SqliteStore {
             path: path.to_path_buf(),
             writer: Arc::new(Mutex::new(writer)),
@@ -324,6 +332,7 @@ impl SqliteStore {
         )
         .map_err(with_path)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(with_path)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         conn.execute_batch(&format!("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -{CACHE_KIB};"))
             .map_err(with_path)?;
         Ok(conn)
@@ -355,7 +364,7 @@ impl SqliteStore {
     /// One transaction: the rows of `batch`, then `progress` if given.
     fn write_tx(&self, batch: &[SeriesRows<'_>], progress: Option<&BackfillProgress>) -> Result<usize, StoreError> {
         let mut guard = lock(&self.writer);
-        let Writer { conn, ids, upsert_chunk, upsert_one } = &mut *guard;
+        let Writer { conn, series } = &mut *guard;
         let result = (|| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
             let mut written = 0;
@@ -363,20 +372,10 @@ impl SqliteStore {
                 if rows.candles.is_empty() {
                     continue;
                 }
-                let id = series_id_for_write(&tx, ids, rows.series)?;
-                let mut chunks = rows.candles.chunks_exact(CHUNK);
-                if chunks.len() > 0 {
-                    let mut stmt = tx.prepare_cached(upsert_chunk).map_err(db)?;
-                    for chunk in &mut chunks {
-                        bind_and_run(&mut stmt, id, chunk)?;
-                    }
-                }
-                let rest = chunks.remainder();
-                if !rest.is_empty() {
-                    let mut stmt = tx.prepare_cached(upsert_one).map_err(db)?;
-                    for c in rest {
-                        bind_and_run(&mut stmt, id, std::slice::from_ref(c))?;
-                    }
+                let upsert = series_for_write(&tx, series, rows.series)?;
+                let mut stmt = tx.prepare_cached(upsert).map_err(db)?;
+                for c in rows.candles {
+                    bind_and_run(&mut stmt, c)?;
                 }
                 written += rows.candles.len();
             }
@@ -386,12 +385,10 @@ impl SqliteStore {
             tx.commit().map_err(db)?;
             Ok(written)
         })();
-        if result.is_ok() {
-            self.checkpoints.committed();
-        }
-        if result.is_err() {
-            // The transaction rolled back (dropped); ids it inserted are gone.
-            ids.clear();
+        match result {
+            Ok(_) => self.checkpoints.committed(),
+            // The transaction rolled back (dropped): series it created are gone.
+            Err(_) => series.clear(),
         }
         result
     }
@@ -435,19 +432,22 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn series_id_for_write(
+/// The upsert SQL of `series`, adding it to the dictionary and creating its table if needed.
+fn series_for_write<'a>(
     conn: &Connection,
-    ids: &mut HashMap<SeriesId, i64>,
+    cache: &'a mut HashMap<SeriesId, (i64, String)>,
     series: &SeriesId,
-) -> Result<i64, StoreError> {
-    if let Some(&id) = ids.get(series) {
-        return Ok(id);
+) -> Result<&'a str, StoreError> {
+    if !cache.contains_key(series) {
+        let name = series.to_string();
+        conn.prepare_cached(INSERT_SERIES).map_err(db)?.execute([&name]).map_err(db)?;
+        let id: i64 =
+            conn.prepare_cached(SELECT_SERIES_ID).map_err(db)?.query_row([&name], |r| r.get(0)).map_err(db)?;
+        // A no-op (no schema change) when it exists: once per series per process.
+        conn.execute_batch(&candle_table_ddl(id)).map_err(db)?;
+        cache.insert(series.clone(), (id, upsert_sql(id)));
     }
-    let name = series.to_string();
-    conn.prepare_cached(INSERT_SERIES).map_err(db)?.execute([&name]).map_err(db)?;
-    let id: i64 = conn.prepare_cached(SELECT_SERIES_ID).map_err(db)?.query_row([&name], |r| r.get(0)).map_err(db)?;
-    ids.insert(series.clone(), id);
-    Ok(id)
+    Ok(&cache[series].1)
 }
 
 fn series_id_for_read(conn: &Connection, series: &SeriesId) -> Result<Option<i64>, StoreError> {
@@ -458,26 +458,32 @@ fn series_id_for_read(conn: &Connection, series: &SeriesId) -> Result<Option<i64
         .map_err(db)
 }
 
-/// Binds `rows` (as many as the statement has row tuples) and executes it.
-fn bind_and_run(stmt: &mut Statement<'_>, series_id: i64, rows: &[Candle]) -> Result<(), StoreError> {
-    let mut i = 1;
-    for c in rows {
-        stmt.raw_bind_parameter(i, series_id).map_err(db)?;
-        stmt.raw_bind_parameter(i + 1, c.open_time).map_err(db)?;
-        stmt.raw_bind_parameter(i + 2, c.open.raw()).map_err(db)?;
-        stmt.raw_bind_parameter(i + 3, c.high.raw()).map_err(db)?;
-        stmt.raw_bind_parameter(i + 4, c.low.raw()).map_err(db)?;
-        stmt.raw_bind_parameter(i + 5, c.close.raw()).map_err(db)?;
-        let v = c.volume.raw();
-        match i64::try_from(v) {
-            Ok(small) => stmt.raw_bind_parameter(i + 6, small),
-            Err(_) => stmt.raw_bind_parameter(i + 6, v.to_be_bytes()),
+/// Maps errors of statements on series `id`'s candle table: a missing table (at prepare time, or
+/// at step time after a schema change) means a corrupt dictionary.
+fn on_table(id: i64) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| match &e {
+        rusqlite::Error::SqliteFailure(_, Some(msg)) if msg.starts_with("no such table") => {
+            corrupt("series", format!("series id {id} has no table {}", candle_table(id)))
         }
-        .map_err(db)?;
-        stmt.raw_bind_parameter(i + 7, c.trades as i64).map_err(db)?;
-        stmt.raw_bind_parameter(i + 8, c.minutes).map_err(db)?;
-        i += 9;
+        _ => db(e),
     }
+}
+
+/// Binds one candle to the upsert and executes it.
+fn bind_and_run(stmt: &mut Statement<'_>, c: &Candle) -> Result<(), StoreError> {
+    stmt.raw_bind_parameter(1, c.open_time).map_err(db)?;
+    stmt.raw_bind_parameter(2, c.open.raw()).map_err(db)?;
+    stmt.raw_bind_parameter(3, c.high.raw()).map_err(db)?;
+    stmt.raw_bind_parameter(4, c.low.raw()).map_err(db)?;
+    stmt.raw_bind_parameter(5, c.close.raw()).map_err(db)?;
+    let v = c.volume.raw();
+    match i64::try_from(v) {
+        Ok(small) => stmt.raw_bind_parameter(6, small),
+        Err(_) => stmt.raw_bind_parameter(6, v.to_be_bytes()),
+    }
+    .map_err(db)?;
+    stmt.raw_bind_parameter(7, c.trades as i64).map_err(db)?;
+    stmt.raw_bind_parameter(8, c.minutes).map_err(db)?;
     stmt.raw_execute().map_err(db)?;
     Ok(())
 }
@@ -585,6 +591,17 @@ fn decode_progress(row: &Row<'_>) -> Result<BackfillProgress, StoreError> {
     })
 }
 
+/// The oldest (`ASC`) or newest (`DESC`) open time in series `id`'s table.
+fn edge(conn: &Connection, id: i64, order: &str) -> Result<Option<i64>, StoreError> {
+    let sql = format!("SELECT open_time FROM candles_{id} ORDER BY open_time {order} LIMIT 1");
+    let mut stmt = conn.prepare_cached(&sql).map_err(on_table(id))?;
+    let mut rows = stmt.query([]).map_err(on_table(id))?;
+    match rows.next().map_err(on_table(id))? {
+        Some(row) => int(row, 0, "candles", "open_time").map(Some),
+        None => Ok(None),
+    }
+}
+
 impl CandleStore for SqliteStore {
     fn write(&self, batch: &[SeriesRows<'_>]) -> Result<usize, StoreError> {
         self.write_tx(batch, None)
@@ -606,22 +623,20 @@ impl CandleStore for SqliteStore {
         if lo > hi {
             return Ok(Vec::new());
         }
-        let sql = if newest_first {
-            "SELECT open_time, open, high, low, close, volume, trades, minutes FROM candles \
-             WHERE series_id = ?1 AND open_time BETWEEN ?2 AND ?3 ORDER BY open_time DESC LIMIT ?4"
-        } else {
-            "SELECT open_time, open, high, low, close, volume, trades, minutes FROM candles \
-             WHERE series_id = ?1 AND open_time BETWEEN ?2 AND ?3 ORDER BY open_time ASC LIMIT ?4"
-        };
         self.read(|conn| {
             let Some(id) = series_id_for_read(conn, series)? else {
                 return Ok(Vec::new());
             };
-            let mut stmt = conn.prepare_cached(sql).map_err(db)?;
+            let order = if newest_first { "DESC" } else { "ASC" };
+            let sql = format!(
+                "SELECT open_time, open, high, low, close, volume, trades, minutes FROM candles_{id} \
+                 WHERE open_time BETWEEN ?1 AND ?2 ORDER BY open_time {order} LIMIT ?3"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(on_table(id))?;
             let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
-            let mut rows = stmt.query(rusqlite::params![id, lo, hi, limit_sql]).map_err(db)?;
+            let mut rows = stmt.query(rusqlite::params![lo, hi, limit_sql]).map_err(on_table(id))?;
             let mut out = Vec::with_capacity(limit.min(4096));
-            while let Some(row) = rows.next().map_err(db)? {
+            while let Some(row) = rows.next().map_err(on_table(id))? {
                 out.push(decode_candle(row)?);
             }
             if newest_first {
@@ -632,42 +647,35 @@ impl CandleStore for SqliteStore {
     }
 
     fn last_open_time(&self, series: &SeriesId) -> Result<Option<i64>, StoreError> {
-        self.read(|conn| {
-            let Some(id) = series_id_for_read(conn, series)? else { return Ok(None) };
-            let mut stmt = conn
-                .prepare_cached("SELECT open_time FROM candles WHERE series_id = ?1 ORDER BY open_time DESC LIMIT 1")
-                .map_err(db)?;
-            let mut rows = stmt.query([id]).map_err(db)?;
-            match rows.next().map_err(db)? {
-                Some(row) => int(row, 0, "candles", "open_time").map(Some),
-                None => Ok(None),
-            }
+        self.read(|conn| match series_id_for_read(conn, series)? {
+            Some(id) => edge(conn, id, "DESC"),
+            None => Ok(None),
         })
     }
 
-    /// Sorted by series name. Counting reads every row (one pass over the table): meant for
-    /// status pages and startup, not for a hot path.
+    /// Sorted by series name. Counting visits every page of every candle table: meant for status
+    /// pages and startup, not for a hot path.
     fn series(&self) -> Result<Vec<SeriesInfo>, StoreError> {
         self.read(|conn| {
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT s.name, c.n, c.first, c.last FROM \
-                     (SELECT series_id, count(*) AS n, min(open_time) AS first, max(open_time) AS last \
-                      FROM candles GROUP BY series_id) AS c \
-                     JOIN series AS s ON s.id = c.series_id ORDER BY s.name",
-                )
-                .map_err(db)?;
-            let mut rows = stmt.query([]).map_err(db)?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next().map_err(db)? {
-                let name = text(row, 0, "series", "name")?;
+            let mut all = Vec::new();
+            {
+                let mut stmt = conn.prepare_cached("SELECT id, name FROM series ORDER BY name").map_err(db)?;
+                let mut rows = stmt.query([]).map_err(db)?;
+                while let Some(row) = rows.next().map_err(db)? {
+                    all.push((int(row, 0, "series", "id")?, text(row, 1, "series", "name")?));
+                }
+            }
+            let mut out = Vec::with_capacity(all.len());
+            for (id, name) in all {
                 let series = name.parse().map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
-                out.push(SeriesInfo {
-                    series,
-                    count: int(row, 1, "candles", "count")? as u64,
-                    first_open_time: int(row, 2, "candles", "open_time")?,
-                    last_open_time: int(row, 3, "candles", "open_time")?,
-                });
+                let count: i64 = conn
+                    .prepare_cached(&format!("SELECT count(*) FROM candles_{id}"))
+                    .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+                    .map_err(on_table(id))?;
+                let (Some(first), Some(last)) = (edge(conn, id, "ASC")?, edge(conn, id, "DESC")?) else {
+                    continue; // a series whose only batch failed to write has an empty table
+                };
+                out.push(SeriesInfo { series, count: count as u64, first_open_time: first, last_open_time: last });
             }
             Ok(out)
         })
@@ -703,9 +711,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn upsert_sql_has_one_tuple_per_row() {
-        let sql = upsert_sql(3);
-        assert_eq!(sql.matches("(?,?,?,?,?,?,?,?,?)").count(), 3);
+    fn table_names_follow_the_dictionary_id() {
+        assert_eq!(candle_table(42), "candles_42");
+        assert!(candle_table_ddl(42).contains("candles_42 ("));
+        assert!(upsert_sql(42).starts_with("INSERT INTO candles_42 "));
     }
 
     #[test]
@@ -731,12 +740,14 @@ mod tests {
     }
 
     #[test]
-    fn range_queries_use_the_primary_key() {
+    fn range_queries_use_the_rowid_without_sorting() {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn, Path::new(":memory:")).unwrap();
-        for sql in [
-            "SELECT open_time FROM candles WHERE series_id = 1 AND open_time BETWEEN 0 AND 9 ORDER BY open_time DESC LIMIT 5",
-            "SELECT open_time FROM candles WHERE series_id = 1 ORDER BY open_time DESC LIMIT 1",
+        conn.execute_batch(&candle_table_ddl(1)).unwrap();
+        for (sql, range) in [
+            ("SELECT open_time FROM candles_1 WHERE open_time BETWEEN 0 AND 9 ORDER BY open_time DESC LIMIT 5", true),
+            ("SELECT open_time FROM candles_1 WHERE open_time BETWEEN 0 AND 9 ORDER BY open_time ASC LIMIT 5", true),
+            ("SELECT open_time FROM candles_1 ORDER BY open_time DESC LIMIT 1", false),
         ] {
             let plan: Vec<String> = conn
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
@@ -746,7 +757,7 @@ mod tests {
                 .map(Result::unwrap)
                 .collect();
             let plan = plan.join(" | ");
-            assert!(plan.contains("USING PRIMARY KEY"), "{sql}: {plan}");
+            assert!(!range || plan.contains("USING INTEGER PRIMARY KEY"), "{sql}: {plan}");
             assert!(!plan.contains("TEMP B-TREE"), "{sql} sorts: {plan}");
         }
     }
