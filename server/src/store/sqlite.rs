@@ -14,11 +14,12 @@
 //! open_time) WITHOUT ROWID` table (benches/store.rs, 200-row batches over 8 series, same
 //! statements otherwise): 2.2 us -> 1.05 us of CPU and 836 -> 318 bytes written per row, 2.2x the
 //! rows/s. New candles append at the right edge of their series' b-tree; in the shared table that
-//! edge is in the middle of the tree for all but the last series, where SQLite splits pages by
-//! rebalancing them with their neighbours (touching ~4 pages per commit and series, leaving pages
-//! 2/3 full), while a rowid table's right edge splits by just starting a new page. Reads are one
-//! contiguous range of one table either way. Series are few (instruments x timeframes) and never
-//! dropped; a connection re-reads the schema once after another one added a series.
+//! edge is in the middle of the tree for all but the last series, and SQLite splits such pages by
+//! rebalancing them with their neighbours (its append fast path, `balance_quick`, exists only for
+//! the rightmost page of a rowid table): a commit wrote ~34 WAL pages there against ~15 here.
+//! Reads are one contiguous range of one table either way. Series are few (instruments x
+//! timeframes) and never dropped; a connection re-reads the schema once after another one added a
+//! series.
 //!
 //! Every value is stored exactly, as an integer, never a float:
 //! - prices are the raw `i64` of [`shared::fixed::Price`];
@@ -49,13 +50,13 @@
 //!   writer process mid-stream (`tests/store.rs`).
 //! - **Power loss / kernel panic:** the database stays consistent (never corrupt, never a partial
 //!   transaction), but the transactions committed since the last checkpoint (at most about
-//!   [`CHECKPOINT_INTERVAL`] plus one checkpoint's duration ago, under steady writes) may be
+//!   `CHECKPOINT_INTERVAL` plus one checkpoint's duration ago, under steady writes) may be
 //!   rolled back. For candles this is harmless: the ingest job refetches from the newest stored
 //!   candle, and backfill progress is written in the same transaction as its candles, so it never
 //!   claims coverage that was lost. `synchronous = FULL` would close this window at the cost of
 //!   an `fsync` per commit.
 //!
-//! Checkpoints run on a background thread ([`run_checkpointer`]), not inside the commit that
+//! Checkpoints run on a background thread (`run_checkpointer`), not inside the commit that
 //! happens to cross SQLite's threshold: a `write` costs CPU and page-cache copies, never a wait
 //! for the disk.
 //!
@@ -66,7 +67,8 @@
 //! from a small pool, so with WAL a read never waits for a write, however long: it sees the last
 //! committed state. Writes take the write lock at `BEGIN` (`IMMEDIATE`), so another process
 //! writing the same file makes us wait (`busy_timeout`), never fail mid-transaction. The
-//! checkpointer has its own connection.
+//! checkpointer has its own connection. Every connection keeps its statements prepared (an LRU of
+//! `STATEMENT_CACHE`); a batch costs one dictionary lookup per series only the first time.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -129,8 +131,8 @@ pub fn candle_table_ddl(id: i64) -> String {
 
 /// Page size of a new file (the SQLite default). Each commit rewrites the last page of every
 /// series it appends to, so the WAL grows by about `series x page size` per batch: larger pages
-/// write more (8 KiB wrote 1.6x the bytes per row of 4 KiB for 200-row batches over 8 series;
-/// CPU per row the same from 1 to 8 KiB; benches/store.rs).
+/// write more (with the earlier single-table layout, 8 KiB wrote 1.6x the bytes per row of 4 KiB
+/// for 200-row batches over 8 series, at the same CPU per row from 1 to 8 KiB).
 const PAGE_SIZE: u32 = 4096;
 /// How often (at most) the checkpointer copies committed WAL frames into the database file.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
@@ -223,8 +225,9 @@ impl CheckpointSignal {
 
 /// The checkpointer thread: copies committed WAL frames into the database file off the write
 /// path, so a commit never waits for a checkpoint's `fsync`s (SQLite's automatic checkpoint runs
-/// them inside the commit that crosses its threshold; moving them here doubled the rows/s of
-/// 200-row batches on this machine, benches/store.rs).
+/// them inside the commit that crosses its threshold; moving them here gave 1.6x the rows/s of
+/// 200-row batches over 8 series on this machine, 650-690 k against 420-430 k, benches/store.rs
+/// load tool).
 ///
 /// A `PASSIVE` checkpoint neither blocks nor waits for anyone. Under a continuous stream of
 /// commits it never quite reaches the end of the log, and SQLite restarts the log from its
