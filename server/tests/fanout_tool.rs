@@ -33,6 +33,9 @@ fn quick_run_delivers_and_exits_cleanly() {
     assert!(step["deliveries_per_s"].as_f64().unwrap() > 0.0, "{r:#}");
     assert!(step["publish_per_s"].as_f64().unwrap() > 0.0, "{r:#}");
     assert!(step["latency_ms"]["samples"].as_u64().unwrap() > 0, "{r:#}");
-    assert!(step["latency_ms"]["max"].as_f64().unwrap() >= step["latency_ms"]["p50"].as_f64().unwrap(), "{r:#}");
+    assert!(
+        step["latency_ms"]["max"].as_f64().unwrap() >= step["latency_ms"]["p50"].as_f64().unwrap(),
+        "{r:#}"
+    );
     assert_eq!(step["client_read_errors"], 0, "{r:#}");
 }

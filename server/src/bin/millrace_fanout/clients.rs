@@ -4,9 +4,10 @@
 //! handshake, then — unless `--idle` — one `SUBSCRIBE` request for its `--streams-per-client`
 //! streams, waiting for the `{"id":1,"result":null}` reply. The WebSocket client is a minimal
 //! built-in one (handshake, masked frames out, frames parsed in place from one buffer), because
-//! the clients share the machine's cores with the server and tungstenite's client spends about
-//! twice the CPU per frame (it zero-fills its read buffer before every read and copies each
-//! payload); `--tungstenite` uses tokio-tungstenite instead, as a cross-check. Connection
+//! the clients share the machine's cores with the server and tungstenite's client costs more
+//! (it zero-fills its read buffer before every read and copies each payload): at 1 M
+//! deliveries/s it took 0.96 cores against 0.77, leaving the server less (docs/bench-fanout.md).
+//! `--tungstenite` uses tokio-tungstenite instead, as a cross-check. Connection
 //! `i` takes topics `i·K, i·K+1, … (mod topics)`, so every topic has the same number of
 //! subscribers when `clients × K` is a multiple of the topic count. At most
 //! `--connect-concurrency` handshakes are in flight (the server's accept queue stays short).
@@ -37,7 +38,9 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::common::{emit, parse_duration, raise_nofile_limit, topic_series, wall_us, AtomicHistogram, Histogram, MAX_TOPICS};
+use crate::common::{
+    emit, parse_duration, raise_nofile_limit, topic_series, wall_us, AtomicHistogram, Histogram, MAX_TOPICS,
+};
 
 /// Options of `clients`.
 #[derive(Debug, Clone, clap::Args)]
@@ -127,7 +130,14 @@ struct Snapshot {
 
 impl Shared {
     fn snapshot(&self) -> Snapshot {
-        let mut s = Snapshot { at: Instant::now(), frames: 0, synthetic: 0, bytes: 0, negative: 0, latency: Histogram::default() };
+        let mut s = Snapshot {
+            at: Instant::now(),
+            frames: 0,
+            synthetic: 0,
+            bytes: 0,
+            negative: 0,
+            latency: Histogram::default(),
+        };
         for sh in &self.shards {
             s.frames += sh.frames.load(Relaxed);
             s.synthetic += sh.synthetic.load(Relaxed);
@@ -235,8 +245,7 @@ type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
 //
 // RFC 6455 as far as this server needs it: the opening handshake with a fixed key, masked text
 // frames out, unmasked frames in (text, close, ping; the server never fragments), parsed in
-// place from one reusable buffer — no per-read zeroing and no per-frame allocation, unlike
-// tungstenite, whose client costs about twice the CPU per frame.
+// place from one reusable buffer — no per-read zeroing and no per-frame allocation.
 
 /// Sends `payload` as one masked client frame with `opcode`.
 async fn send_frame(tcp: &mut TcpStream, opcode: u8, payload: &[u8], mask: [u8; 4]) -> std::io::Result<()> {
@@ -309,7 +318,11 @@ async fn open_raw(addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(T
         buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_string();
-            anyhow::ensure!(head.starts_with("HTTP/1.1 101"), "handshake refused: {}", head.lines().next().unwrap_or(""));
+            anyhow::ensure!(
+                head.starts_with("HTTP/1.1 101"),
+                "handshake refused: {}",
+                head.lines().next().unwrap_or("")
+            );
             // RFC 6455 4.2.2: the accept value for the fixed key above.
             anyhow::ensure!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "bad Sec-WebSocket-Accept");
             return Ok((tcp, buf.split_off(end + 4)));
@@ -370,7 +383,8 @@ async fn connection(i: usize, dial: Arc<Dial>, request: Option<String>, shared: 
                         if payload.windows(7).any(|w| w == b"\"error\"") {
                             shared.alive.fetch_sub(1, Relaxed);
                             shared.connected.fetch_sub(1, Relaxed);
-                            return shared.fail(format!("SUBSCRIBE refused: {}", String::from_utf8_lossy(payload)));
+                            return shared
+                                .fail(format!("SUBSCRIBE refused: {}", String::from_utf8_lossy(payload)));
                         }
                         permit = None;
                         shared.subscribed.fetch_add(1, Relaxed);
@@ -422,12 +436,16 @@ async fn connection(i: usize, dial: Arc<Dial>, request: Option<String>, shared: 
 }
 
 /// Connects, shakes hands and subscribes.
-async fn open(url: &str, addr: SocketAddr, config: WebSocketConfig, request: Option<&str>) -> anyhow::Result<Ws> {
+async fn open(
+    url: &str,
+    addr: SocketAddr,
+    config: WebSocketConfig,
+    request: Option<&str>,
+) -> anyhow::Result<Ws> {
     let stream = TcpStream::connect(addr).await.context("connect")?;
     stream.set_nodelay(true)?;
-    let (mut ws, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(config))
-        .await
-        .context("handshake")?;
+    let (mut ws, _) =
+        tokio_tungstenite::client_async_with_config(url, stream, Some(config)).await.context("handshake")?;
     if let Some(req) = request {
         ws.send(Message::Text(req.into())).await.context("send SUBSCRIBE")?;
         loop {
@@ -519,8 +537,10 @@ async fn run(opts: ClientsOpts) -> anyhow::Result<()> {
         gate: tokio::sync::Semaphore::new(opts.connect_concurrency.max(1)),
         config: WebSocketConfig::default().read_buffer_size(opts.read_buffer.max(1024)),
     });
-    let topics: Vec<String> = topic_series(opts.topics as usize).iter().map(|s| format!("kline@{s}")).collect();
-    let shared = Arc::new(Shared { shards: (0..SHARDS).map(|_| Shard::default()).collect(), ..Shared::default() });
+    let topics: Vec<String> =
+        topic_series(opts.topics as usize).iter().map(|s| format!("kline@{s}")).collect();
+    let shared =
+        Arc::new(Shared { shards: (0..SHARDS).map(|_| Shard::default()).collect(), ..Shared::default() });
     let started = Instant::now();
     for i in 0..opts.clients {
         let request = (!opts.idle).then(|| {
@@ -541,7 +561,11 @@ async fn run(opts: ClientsOpts) -> anyhow::Result<()> {
         if done >= opts.clients as u64 {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "only {done} of {} connections done after 300 s", opts.clients);
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {done} of {} connections done after 300 s",
+            opts.clients
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let setup = json!({
@@ -594,7 +618,10 @@ async fn run(opts: ClientsOpts) -> anyhow::Result<()> {
                 "report" => emit("REPORT", shared.report(&start)),
                 "quit" => break,
                 "" => {}
-                other => emit("ERROR", json!({ "msg": format!("unknown command {other:?}; use mark | report | quit") })),
+                other => emit(
+                    "ERROR",
+                    json!({ "msg": format!("unknown command {other:?}; use mark | report | quit") }),
+                ),
             }
         }
     } else {
@@ -615,7 +642,8 @@ mod tests {
     fn parses_a_real_frame() {
         let series: shared::protocol::SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
         let p = shared::Price::parse("90000.01").unwrap();
-        let c = shared::candle::Candle::one_minute(1_700_000_040_000, p, p, p, p, shared::Volume::from_raw(5), 3);
+        let c =
+            shared::candle::Candle::one_minute(1_700_000_040_000, p, p, p, p, shared::Volume::from_raw(5), 3);
         let open = server::ingest::pipeline::kline_frame(&series, &c, false, 1_700_000_041_234);
         assert_eq!(event_time(&open), Some(1_700_000_041_234));
         assert!(!is_closed(&open));

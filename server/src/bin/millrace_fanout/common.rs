@@ -52,6 +52,19 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_micros((utime + stime) * 1_000_000 / tck))
 }
 
+/// CPU time the whole machine spent busy (every state of the `cpu` line of `/proc/stat` but
+/// idle and iowait), so a window can tell how much CPU processes other than ours took.
+pub fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user)
+    let busy = v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)? + v.get(7).unwrap_or(&0);
+    // SAFETY: sysconf has no memory effects.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_micros(busy * 1_000_000 / tck))
+}
+
 /// The three load averages of `/proc/loadavg`.
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -199,7 +212,9 @@ impl Histogram {
 
     /// `self - earlier` (counts only grow).
     pub fn since(&self, earlier: &Histogram) -> Histogram {
-        Histogram { counts: self.counts.iter().zip(&earlier.counts).map(|(a, b)| a.saturating_sub(*b)).collect() }
+        Histogram {
+            counts: self.counts.iter().zip(&earlier.counts).map(|(a, b)| a.saturating_sub(*b)).collect(),
+        }
     }
 
     /// The value at quantile `q` (0..=1): the middle of the bucket holding it (within 3 %).

@@ -11,8 +11,8 @@
 //!    rate to `target × topics / (clients × streams)`, wait `--warmup`, then measure for
 //!    `--duration`: deliveries/s counted at the clients, the publish rate achieved (`STATS`),
 //!    frames sent by the server (`millrace_ws_messages_sent_total`), latency percentiles, drops
-//!    (`millrace_ws_dropped_lagging_total`, `…_slow_send_total`, and close code 4000 seen by the
-//!    clients), CPU time of both processes (`/proc/<pid>/stat`) as cores used, the server's RSS
+//!    from the rate change on (`millrace_ws_dropped_lagging_total`, `…_slow_send_total`, and
+//!    close code 4000 seen by the clients), CPU time of both processes (`/proc/<pid>/stat`) as cores used, the server's RSS
 //!    and the load average. Steps stop at the first saturated one (drops, lost clients, skipped
 //!    publishes or under 90 % of the target delivered) unless `--keep-going`.
 //! 3. Stop both (the server gracefully) and print a table and `RESULT {json}`.
@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
-use crate::common::{cpu_time, emit, loadavg, parse_count, parse_duration, raise_nofile_limit, rss_bytes, MAX_TOPICS};
+use crate::common::{
+    cpu_time, emit, loadavg, machine_busy, parse_count, parse_duration, raise_nofile_limit, rss_bytes,
+    MAX_TOPICS,
+};
 
 /// Options of `run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -125,7 +128,9 @@ impl Child {
 
     fn send(&mut self, command: &str) -> anyhow::Result<()> {
         let stdin = self.stdin.as_mut().context("stdin already closed")?;
-        writeln!(stdin, "{command}").and_then(|_| stdin.flush()).with_context(|| format!("{} is gone", self.name))
+        writeln!(stdin, "{command}")
+            .and_then(|_| stdin.flush())
+            .with_context(|| format!("{} is gone", self.name))
     }
 
     /// The JSON of the next `keyword {...}` line; other lines are shown on stderr.
@@ -135,14 +140,18 @@ impl Child {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match self.lines.recv_timeout(left) {
                 Ok(l) => l,
-                Err(mpsc::RecvTimeoutError::Timeout) => anyhow::bail!("{}: no {keyword} within {timeout:?}", self.name),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    anyhow::bail!("{}: no {keyword} within {timeout:?}", self.name)
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = self.process.wait().ok();
                     anyhow::bail!("{} ended before {keyword} (exit status {status:?})", self.name)
                 }
             };
             match line.split_once(' ') {
-                Some((k, rest)) if k == keyword => return serde_json::from_str(rest).with_context(|| format!("{}: {line}", self.name)),
+                Some((k, rest)) if k == keyword => {
+                    return serde_json::from_str(rest).with_context(|| format!("{}: {line}", self.name))
+                }
                 Some(("ERROR", rest)) => anyhow::bail!("{}: {rest}", self.name),
                 _ => eprintln!("[{}] {line}", self.name),
             }
@@ -179,7 +188,8 @@ impl Drop for Child {
 
 /// `GET /metrics` of the server: sample name (with labels) -> value.
 fn metrics(addr: SocketAddr) -> anyhow::Result<HashMap<String, f64>> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).context("connect for /metrics")?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .context("connect for /metrics")?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
     let mut text = String::new();
@@ -220,6 +230,10 @@ fn cpu_secs(pid: u32) -> f64 {
     cpu_time(pid).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
+fn busy_secs() -> f64 {
+    machine_busy().map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
@@ -233,7 +247,8 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         opts.duration = Duration::from_secs(5);
         opts.warmup = Duration::from_secs(1);
     }
-    let targets: Vec<f64> = opts.targets.split(',').map(parse_count).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+    let targets: Vec<f64> =
+        opts.targets.split(',').map(parse_count).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
     anyhow::ensure!(!targets.is_empty(), "--targets is empty");
     anyhow::ensure!(
         (1..=opts.topics as usize).contains(&opts.streams_per_client),
@@ -245,7 +260,10 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "loadavg_at_start": loadavg(),
     });
-    println!("millrace-fanout run: {} clients × {} streams, {} topics; machine {machine}", opts.clients, opts.streams_per_client, opts.topics);
+    println!(
+        "millrace-fanout run: {} clients × {} streams, {} topics; machine {machine}",
+        opts.clients, opts.streams_per_client, opts.topics
+    );
 
     let mut server_args: Vec<String> = vec![
         "serve".into(),
@@ -270,7 +288,8 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
     println!("server pid {spid} on {url}");
 
     let client_args = |extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = vec!["clients".into(), "--url".into(), url.clone(), "--topics".into(), opts.topics.to_string()];
+        let mut a: Vec<String> =
+            vec!["clients".into(), "--url".into(), url.clone(), "--topics".into(), opts.topics.to_string()];
         if let Some(n) = opts.client_threads {
             a.extend(["--worker-threads".into(), n.to_string()]);
         }
@@ -287,7 +306,10 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         let n = opts.idle_clients.unwrap_or(opts.clients);
         std::thread::sleep(Duration::from_secs(2));
         let before = rss(spid);
-        let mut c = Child::spawn("idle-clients", &client_args(&["--idle", "--control", "--clients", &n.to_string()]))?;
+        let mut c = Child::spawn(
+            "idle-clients",
+            &client_args(&["--idle", "--control", "--clients", &n.to_string()]),
+        )?;
         let up = c.expect("CONNECTED", Duration::from_secs(300))?;
         let connected = up["connected"].as_u64().unwrap_or(0);
         wait_connections(addr, |g| g >= connected as f64, Duration::from_secs(30))?;
@@ -338,12 +360,28 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
     let subscriptions = subscribed as f64 * k as f64;
 
     println!(
-        "{:>10} {:>10} {:>11} {:>11} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6}  load",
-        "target/s", "publish/s", "deliver/s", "srv sent/s", "p50 ms", "p99 ms", "max ms", "drops", "alive", "srvCPU", "cliCPU"
+        "{:>10} {:>10} {:>11} {:>11} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6}  load",
+        "target/s",
+        "publish/s",
+        "deliver/s",
+        "srv sent/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "drops",
+        "alive",
+        "srvCPU",
+        "cliCPU",
+        "other"
     );
     let mut steps = Vec::new();
+    // Client-side close counts are cumulative; a step's are the difference from the last report.
+    let mut closes_before = (0u64, 0u64, 0u64);
     for &target in &targets {
         let rate = target * opts.topics as f64 / subscriptions;
+        // Drops are counted from the rate change on: a client that cannot keep up at the new
+        // rate usually goes during the warm-up.
+        let m_step = metrics(addr)?;
         server.send(&format!("rate {rate}"))?;
         server.expect("OK", Duration::from_secs(10))?;
         std::thread::sleep(opts.warmup);
@@ -351,7 +389,7 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         server.send("stats")?;
         let s0 = server.expect("STATS", Duration::from_secs(10))?;
         let m0 = metrics(addr)?;
-        let (sc0, cc0) = (cpu_secs(spid), cpu_secs(cpid));
+        let (sc0, cc0, mb0) = (cpu_secs(spid), cpu_secs(cpid), busy_secs());
         load.send("mark")?;
         load.expect("MARKED", Duration::from_secs(10))?;
         let t0 = Instant::now();
@@ -362,9 +400,19 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         server.send("stats")?;
         let s1 = server.expect("STATS", Duration::from_secs(10))?;
         let m1 = metrics(addr)?;
-        let (sc1, cc1) = (cpu_secs(spid), cpu_secs(cpid));
-        let d = |v: &Value, w: &Value, key: &str| w[key].as_f64().unwrap_or(0.0) - v[key].as_f64().unwrap_or(0.0);
+        let (sc1, cc1, mb1) = (cpu_secs(spid), cpu_secs(cpid), busy_secs());
+        let d =
+            |v: &Value, w: &Value, key: &str| w[key].as_f64().unwrap_or(0.0) - v[key].as_f64().unwrap_or(0.0);
         let dm = |name: &str| metric(&m1, name) - metric(&m0, name);
+        let dm_step = |name: &str| metric(&m1, name) - metric(&m_step, name);
+        let closes = (
+            r["lagging_closes"].as_u64().unwrap_or(0),
+            r["other_closes"].as_u64().unwrap_or(0),
+            r["read_errors"].as_u64().unwrap_or(0),
+        );
+        let (lagging, other, errors) =
+            (closes.0 - closes_before.0, closes.1 - closes_before.1, closes.2 - closes_before.2);
+        closes_before = closes;
         let lat = &r["latency_us"];
         let ms = |key: &str| lat[key].as_f64().unwrap_or(0.0) / 1000.0;
         let step = json!({
@@ -382,21 +430,26 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
             },
             "publisher_late_mean_us": d(&s0, &s1, "late_sum_us") / d(&s0, &s1, "ticks").max(1.0),
             "publisher_late_max_us": s1["late_max_us"],
-            "dropped_lagging": dm("millrace_ws_dropped_lagging_total"),
-            "dropped_slow_send": dm("millrace_ws_dropped_slow_send_total"),
-            "client_lagging_closes": r["lagging_closes"],
-            "client_other_closes": r["other_closes"],
-            "client_read_errors": r["read_errors"],
+            // From the rate change (warm-up included) to the end of the window.
+            "dropped_lagging": dm_step("millrace_ws_dropped_lagging_total"),
+            "dropped_slow_send": dm_step("millrace_ws_dropped_slow_send_total"),
+            "client_lagging_closes": lagging,
+            "client_other_closes": other,
+            "client_read_errors": errors,
             "alive": r["alive"],
             "server_cpu_cores": (sc1 - sc0) / dt,
             "clients_cpu_cores": (cc1 - cc0) / dt,
+            "machine_busy_cores": (mb1 - mb0) / dt,
+            // Busy CPU not charged to the server or the clients: other processes (and some
+            // kernel work); near 0 on a quiet machine.
+            "other_cpu_cores": ((mb1 - mb0) - (sc1 - sc0) - (cc1 - cc0)) / dt,
             "server_rss": rss(spid),
             "loadavg_before": load_before,
             "loadavg_after": loadavg(),
             "window_s": dt,
         });
         println!(
-            "{:>10.0} {:>10.0} {:>11.0} {:>11.0} {:>8.2} {:>8.2} {:>9.1} {:>6} {:>6} {:>6.2} {:>6.2}  {}",
+            "{:>10.0} {:>10.0} {:>11.0} {:>11.0} {:>8.2} {:>8.2} {:>9.1} {:>6} {:>6} {:>6.2} {:>6.2} {:>6.2}  {}",
             target,
             step["publish_per_s"].as_f64().unwrap_or(0.0),
             step["deliveries_per_s"].as_f64().unwrap_or(0.0),
@@ -408,10 +461,13 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
             r["alive"],
             step["server_cpu_cores"].as_f64().unwrap_or(0.0),
             step["clients_cpu_cores"].as_f64().unwrap_or(0.0),
+            step["other_cpu_cores"].as_f64().unwrap_or(0.0),
             load_before,
         );
         let mut saturated = Vec::new();
-        if step["dropped_lagging"].as_f64().unwrap_or(0.0) + step["dropped_slow_send"].as_f64().unwrap_or(0.0) > 0.0 {
+        if step["dropped_lagging"].as_f64().unwrap_or(0.0) + step["dropped_slow_send"].as_f64().unwrap_or(0.0)
+            > 0.0
+        {
             saturated.push("clients dropped");
         }
         if r["alive"].as_u64().unwrap_or(0) < subscribed {
@@ -427,7 +483,10 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         step["saturated"] = json!(saturated);
         steps.push(step);
         if !saturated.is_empty() && !opts.keep_going {
-            println!("saturated at target {target:.0}/s ({}); stopping (--keep-going runs every target)", saturated.join(", "));
+            println!(
+                "saturated at target {target:.0}/s ({}); stopping (--keep-going runs every target)",
+                saturated.join(", ")
+            );
             break;
         }
     }
@@ -458,7 +517,8 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         "clients_exit_ok": clients_status.success(),
     });
     if let Some(path) = &opts.json {
-        std::fs::write(path, serde_json::to_string_pretty(&result)?).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     emit("RESULT", result);
     anyhow::ensure!(server_status.success(), "the server exited with {server_status}");

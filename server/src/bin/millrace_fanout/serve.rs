@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bytes::Bytes;
+use serde_json::json;
 use server::app::App;
 use server::bus::{Bus as _, InProcessBus};
 use server::config::{Config, SourceConfig};
@@ -40,7 +41,6 @@ use shared::candle::Candle;
 use shared::protocol::SeriesId;
 use shared::testkit::Rng;
 use shared::{Price, Volume};
-use serde_json::json;
 
 use crate::common::{emit, raise_nofile_limit, topic_series, wall_us, MAX_TOPICS};
 
@@ -168,7 +168,13 @@ impl Walk {
     }
 }
 
-fn publisher_loop(state: Arc<Publisher>, bus: Arc<InProcessBus>, mut walks: Vec<Walk>, tick_ms: u64, seed: u64) {
+fn publisher_loop(
+    state: Arc<Publisher>,
+    bus: Arc<InProcessBus>,
+    mut walks: Vec<Walk>,
+    tick_ms: u64,
+    seed: u64,
+) {
     let tick_us = tick_ms as i64 * 1000;
     let mut rng = Rng::new(seed);
     let mut generation = u64::MAX;
@@ -272,7 +278,8 @@ async fn run(opts: ServeOpts, config: Config, serve_config: ServeConfig, nofile:
         anyhow::ensure!(Instant::now() < deadline, "the simulator source did not become ready in 60 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let socket = if opts.addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }?;
+    let socket =
+        if opts.addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }?;
     socket.set_reuseaddr(true)?;
     if opts.nodelay {
         socket.set_nodelay(true)?;
@@ -284,11 +291,8 @@ async fn run(opts: ServeOpts, config: Config, serve_config: ServeConfig, nofile:
 
     let series = topic_series(opts.topics as usize);
     let specs = SymbolSpec::catalog();
-    let walks: Vec<Walk> = series
-        .iter()
-        .enumerate()
-        .map(|(i, s)| Walk::new(s.clone(), &specs[i % specs.len()]))
-        .collect();
+    let walks: Vec<Walk> =
+        series.iter().enumerate().map(|(i, s)| Walk::new(s.clone(), &specs[i % specs.len()])).collect();
     let topics: Vec<String> = walks.iter().map(|w| w.topic.clone()).collect();
     let state = Arc::new(Publisher::default());
     state.set_rate(opts.rate.max(0.0));
@@ -317,7 +321,10 @@ async fn run(opts: ServeOpts, config: Config, serve_config: ServeConfig, nofile:
                     (Some("stats"), None) => emit("STATS", state.stats(&bus, &topics)),
                     (Some("quit"), None) => break,
                     (None, _) => {}
-                    _ => emit("ERROR", json!({ "msg": format!("unknown command {line:?}; use rate N | stats | quit") })),
+                    _ => emit(
+                        "ERROR",
+                        json!({ "msg": format!("unknown command {line:?}; use rate N | stats | quit") }),
+                    ),
                 }
             }
             quit.notify_one();
