@@ -45,9 +45,10 @@ mod run;
 #[path = "millrace_fanout/serve.rs"]
 mod serve;
 
-/// WebSocket fan-out load tool for the millrace live service.
+/// WebSocket fan-out load tool for the millrace live service: deliveries per second to thousands
+/// of WebSocket clients, publish-to-receive latency, server memory per idle connection.
 #[derive(Debug, Parser)]
-#[command(name = "millrace-fanout", version = server::VERSION, about, long_about = None)]
+#[command(name = "millrace-fanout", version = server::VERSION)]
 #[command(after_help = "Typical use (release build!):\n  \
     cargo build --release -p server --bin millrace-fanout\n  \
     target/release/millrace-fanout run                # 5000 clients, rate steps, 20 s each\n  \
