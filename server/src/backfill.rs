@@ -35,7 +35,7 @@ use tokio::sync::watch;
 
 use crate::binance::rest::RestError;
 use crate::config::BackfillTaskConfig;
-use crate::ingest::pipeline::{kline_frame, Publisher};
+use crate::ingest::pipeline::{publish_closed, Publisher};
 use crate::ingest::supervisor::now_ms;
 use crate::sources::Sources;
 use crate::store::{BackfillProgress, CandleStore, SeriesRows, StoreError};
@@ -507,19 +507,10 @@ impl Run {
         .map_err(|e| StoreError::Db(format!("store task failed: {e}")))??;
         *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = progress;
         // Stored: publish the page right away.
-        let topic_1m = format!("kline@{}", self.series);
-        if self.inner.bus.has_subscribers(&topic_1m) {
-            for c in page {
-                self.inner.bus.publish(&topic_1m, kline_frame(&self.series, c, true, c.open_time + MINUTE_MS));
-            }
-        }
+        let bus = self.inner.bus.as_ref();
+        publish_closed(bus, &format!("kline@{}", self.series), &self.series, page);
         for (s, candles) in &derived {
-            let topic = format!("kline@{s}");
-            if self.inner.bus.has_subscribers(&topic) {
-                for c in candles {
-                    self.inner.bus.publish(&topic, kline_frame(s, c, true, c.open_time + s.timeframe.duration_ms()));
-                }
-            }
+            publish_closed(bus, &format!("kline@{s}"), s, candles);
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! a tokio broadcast channel; every subscribed WebSocket session holds a receiver.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use shared::protocol::{Heartbeat, Push, Stream};
 use tokio::sync::{broadcast, watch};
@@ -56,9 +56,7 @@ pub fn encode(seq: u64, server_time_ms: i64) -> Arc<str> {
     serde_json::to_string(&push).expect("a heartbeat always serializes").into()
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+use crate::wall_clock_ms as now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -92,6 +92,18 @@ fn complete_from_store(store: &dyn CandleStore, rows: &mut [(SeriesId, Vec<Candl
     Ok(())
 }
 
+/// Publishes stored closed candles of `series` on `topic` (skipped when nobody listens). Call only
+/// after the transaction holding them committed: persist, then publish.
+pub fn publish_closed(bus: &dyn Publisher, topic: &str, series: &SeriesId, candles: &[Candle]) {
+    if !bus.has_subscribers(topic) {
+        return;
+    }
+    let d = series.timeframe.duration_ms();
+    for c in candles {
+        bus.publish(topic, kline_frame(series, c, true, c.open_time + d));
+    }
+}
+
 /// One series the pipeline writes and publishes.
 struct Out {
     tf: Timeframe,
@@ -342,13 +354,7 @@ impl CandlePipeline {
                     if let Some(last) = candles.last().filter(|_| *i == 0) {
                         self.health.last_closed_open_time.store(last.open_time, Relaxed);
                     }
-                    if !self.bus.has_subscribers(&out.topic) {
-                        continue;
-                    }
-                    for c in candles {
-                        let event_time = c.open_time + out.tf.duration_ms();
-                        self.bus.publish(&out.topic, kline_frame(&out.series, c, true, event_time));
-                    }
+                    publish_closed(self.bus.as_ref(), &out.topic, &out.series, candles);
                 }
             }
             Err(e) => {

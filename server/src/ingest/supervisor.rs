@@ -31,13 +31,7 @@ use tokio::sync::watch;
 
 use crate::config::IngestConfig;
 
-/// Wall-clock milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use crate::wall_clock_ms as now_ms;
 
 /// A boxed job future.
 pub type JobFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;

@@ -58,9 +58,7 @@ impl SimClock {
 }
 
 /// Real wall-clock time, ms since the Unix epoch.
-pub fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+pub use crate::wall_clock_ms;
 
 #[cfg(test)]
 mod tests {
