@@ -6,6 +6,7 @@
 pub mod app;
 pub mod backfill;
 pub mod binance;
+pub mod books;
 pub mod bus;
 pub mod cli;
 pub mod config;
