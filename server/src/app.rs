@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use shared::protocol::SeriesId;
 
 use crate::backfill::Backfill;
+use crate::books::BookRegistry;
 use crate::bus::InProcessBus;
 use crate::config::Config;
 use crate::ingest::kline_job::{self, KlineJobDeps};
@@ -29,6 +30,8 @@ pub struct App {
     pub supervisor: Supervisor,
     pub backfill: Backfill,
     pub metrics: Arc<Metrics>,
+    /// Every order book millrace publishes (Binance depth jobs, tick-by-tick shards).
+    pub books: Arc<BookRegistry>,
 }
 
 /// Starts kline jobs for the supervisor.
@@ -105,7 +108,8 @@ impl App {
         let backfill = Backfill::new(&config.backfill, &config.ingest.derived, store.clone(), publisher, sources.clone())
             .context("cannot load backfill progress")?;
         backfill.start_configured();
-        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default() })
+        let books = BookRegistry::new(bus.clone());
+        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default(), books })
     }
 
     /// Stops everything in order; buffered closed candles are flushed to the store.
