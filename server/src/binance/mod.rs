@@ -3,6 +3,8 @@
 //!
 //! - [`wire`] — serde types for stream events, stream requests/replies and REST bodies, exact
 //!   conversion to `shared` types ([`wire::parse_frame`]), symbol and stream names.
+//! - [`fastdepth`] — [`fastdepth::parse_depth_frame`]: diff-depth frames in one pass straight
+//!   into fixed point and reusable level buffers, exactly equal to the serde path (its fallback).
 //! - [`rest`] — [`rest::RestClient`]: klines, depth, exchangeInfo, time; request-weight tracking
 //!   and client-side back-off after 429/418.
 //! - [`stream`] — [`stream::connect`] / [`stream::Connection`]: one combined-stream WebSocket
@@ -15,6 +17,7 @@
 //! Only this module (and the simulator, through [`wire`]) knows Binance's formats; everything
 //! downstream sees `shared` types.
 
+pub mod fastdepth;
 pub mod rest;
 pub mod stream;
 pub mod wire;

@@ -888,7 +888,22 @@ fn decode<'a, T: Deserialize<'a>>(text: &'a str, combined: bool) -> Result<T, Wi
 
 /// Decodes one text frame of a Binance stream connection (combined or raw form, or a reply);
 /// see the module docs for how shapes map to [`StreamEvent`]s.
+///
+/// Diff-depth frames, the bulk of upstream traffic, take the single-pass scanner of
+/// [`super::fastdepth`]; everything it is not sure about (and every other frame) is decoded by
+/// [`parse_frame_serde`], so the result is the same either way.
 pub fn parse_frame(text: &str) -> Result<StreamEvent, WireError> {
+    let (mut bids, mut asks) = (Vec::new(), Vec::new());
+    if let Some(frame) = super::fastdepth::scan_depth(text, &mut bids, &mut asks) {
+        let stream = frame.stream.as_deref().map(str::to_string);
+        return Ok(StreamEvent::DepthUpdate { stream, update: frame.into_update(bids, asks) });
+    }
+    parse_frame_serde(text)
+}
+
+/// [`parse_frame`] by serde alone: the reference the fast depth path is tested against, and
+/// its fallback.
+pub fn parse_frame_serde(text: &str) -> Result<StreamEvent, WireError> {
     if text.trim_start().starts_with('[') {
         // a raw all-market stream (`/ws/!miniTicker@arr`): valid JSON is an event we skip
         serde_json::from_str::<IgnoredAny>(text).map_err(|e| json_error(text, e))?;

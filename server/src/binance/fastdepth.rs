@@ -1,0 +1,982 @@
+//! Binance diff-depth frames parsed straight into fixed point, for the upstream hot path.
+//!
+//! A `<sym>@depth@100ms` frame is ~1.4 KB of JSON holding ~40 `["price","qty"]` pairs. The serde
+//! path ([`wire::parse_frame_serde`]) reads every frame twice (a shape peek, then the typed
+//! decode), goes through serde's visitor machinery per string and allocates the level vectors,
+//! the symbol and the stream name per frame. This module is a single forward pass over the bytes
+//! that knows the one shape Binance sends: it borrows the stream name and symbol from the text,
+//! parses decimals with an 8-digit SWAR step (Binance always prints 8 decimals on spot) into
+//! [`Price`] / [`Qty`], and writes levels into caller-provided buffers, so steady-state parsing
+//! allocates nothing.
+//!
+//! ## Exactly the serde path, or the serde path itself
+//! The scanner ([`scan_depth`]) only ever answers "this is that diff, with these values" or "not
+//! sure". It is *not sure* about everything outside the plain shape: escapes in strings, `null`,
+//! signs, exponents, fractions in ids, ids of 19+ digits, `U > u`, duplicate or Peek-relevant
+//! keys (`lastUpdateId`, `A`, `result`, `error`), partial-book stream names, nesting deeper than a
+//! few levels in unknown values, any syntax error. [`parse_depth_frame`] then hands the frame to
+//! [`wire::parse_frame_serde`], the reference, so odd-but-valid input gets exactly serde's answer
+//! and bad input exactly serde's [`WireError`]. What the scanner does accept natively — any key
+//! order, JSON whitespace anywhere, unknown keys with any valid JSON value, spot and futures
+//! fields, combined and raw frames — it validates as strictly as serde_json does (the number
+//! grammar, control characters in strings, trailing characters), so a frame it accepts is a frame
+//! serde accepts, with identical fields. The tests check this against every depth frame of the
+//! recorded captures and against mutations of real frames.
+
+use std::borrow::Cow;
+
+use shared::book::Level;
+use shared::fixed::{Price, Qty, SCALE};
+use shared::sync::DepthDelta;
+
+use super::wire::{self, DepthUpdate, StreamEvent, WireError};
+
+/// The header of one diff-depth event; its levels are in the buffers passed to the parser.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepthFrame<'a> {
+    /// Combined-stream name (`ethusdt@depth@100ms`); `None` for a raw `/ws/...` frame. Borrowed
+    /// from the text unless the serde fallback decoded the frame.
+    pub stream: Option<Cow<'a, str>>,
+    /// `"s"`: Binance symbol, `ETHUSDT`.
+    pub symbol: Cow<'a, str>,
+    /// `"E"`: event time, ms.
+    pub event_time: i64,
+    /// `"T"`: transaction time, ms (futures).
+    pub transaction_time: Option<i64>,
+    /// `"U"`: first update id in the event.
+    pub first_id: u64,
+    /// `"u"`: final update id in the event (never below `first_id`).
+    pub last_id: u64,
+    /// `"pu"`: final update id of the previous event (futures).
+    pub prev_last_id: Option<u64>,
+}
+
+impl DepthFrame<'_> {
+    /// The delta for `BookSync::handle_delta`, with copies of the levels.
+    pub fn to_delta(&self, bids: &[Level], asks: &[Level]) -> DepthDelta {
+        DepthDelta {
+            first_id: self.first_id,
+            last_id: self.last_id,
+            prev_last_id: self.prev_last_id,
+            bids: bids.to_vec(),
+            asks: asks.to_vec(),
+            checksum: None,
+        }
+    }
+
+    /// The same [`DepthUpdate`] that `parse_frame` + `into_update` give, taking the level
+    /// vectors.
+    pub fn into_update(self, bids: Vec<Level>, asks: Vec<Level>) -> DepthUpdate {
+        DepthUpdate {
+            symbol: self.symbol.into_owned(),
+            event_time: self.event_time,
+            transaction_time: self.transaction_time,
+            delta: DepthDelta {
+                first_id: self.first_id,
+                last_id: self.last_id,
+                prev_last_id: self.prev_last_id,
+                bids,
+                asks,
+                checksum: None,
+            },
+        }
+    }
+}
+
+/// What a frame on a depth connection turned out to be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DepthParse<'a> {
+    /// A diff of the book (`StreamEvent::DepthUpdate` in `parse_frame`'s terms); the levels are
+    /// in the caller's buffers.
+    Depth(DepthFrame<'a>),
+    /// Any other frame (`SUBSCRIBE` reply, partial book, ticker, ...), decoded by
+    /// [`wire::parse_frame_serde`].
+    Other(StreamEvent),
+}
+
+/// Parses one text frame of a Binance stream connection, fast when it is a diff-depth event
+/// (combined `{"stream":..,"data":{..}}` or raw, spot or futures).
+///
+/// `bids` and `asks` are cleared and receive the levels of a [`DepthParse::Depth`], best first as
+/// Binance sends them; reuse them across frames to parse without allocating. The result equals
+/// [`wire::parse_frame`]'s for every input: the same fields, or the same [`WireError`].
+pub fn parse_depth_frame<'a>(
+    text: &'a str,
+    bids: &mut Vec<Level>,
+    asks: &mut Vec<Level>,
+) -> Result<DepthParse<'a>, WireError> {
+    if let Some(frame) = scan_depth(text, bids, asks) {
+        return Ok(DepthParse::Depth(frame));
+    }
+    bids.clear();
+    asks.clear();
+    match wire::parse_frame_serde(text)? {
+        StreamEvent::DepthUpdate { stream, update } => {
+            let DepthUpdate { symbol, event_time, transaction_time, delta } = update;
+            bids.extend_from_slice(&delta.bids);
+            asks.extend_from_slice(&delta.asks);
+            Ok(DepthParse::Depth(DepthFrame {
+                stream: stream.map(Cow::Owned),
+                symbol: Cow::Owned(symbol),
+                event_time,
+                transaction_time,
+                first_id: delta.first_id,
+                last_id: delta.last_id,
+                prev_last_id: delta.prev_last_id,
+            }))
+        }
+        other => Ok(DepthParse::Other(other)),
+    }
+}
+
+/// The fast path alone: `Some` only for a diff-depth frame the scanner fully validated (the
+/// result then equals serde's), `None` when it is not sure — the caller falls back to
+/// [`wire::parse_frame_serde`]. The buffers may hold partial levels after `None`.
+pub fn scan_depth<'a>(text: &'a str, bids: &mut Vec<Level>, asks: &mut Vec<Level>) -> Option<DepthFrame<'a>> {
+    bids.clear();
+    asks.clear();
+    let mut s = Scanner { b: text.as_bytes(), pos: 0 };
+    let mut f = Fields::default();
+    s.ws();
+    s.expect(b'{')?;
+    s.ws();
+    if s.peek()? != b'}' {
+        loop {
+            let key = s.key()?;
+            match key {
+                b"stream" => {
+                    f.claim(F_STREAM)?;
+                    f.stream = Some(s.plain_str()?);
+                }
+                b"data" => {
+                    f.claim(F_DATA)?;
+                    s.expect(b'{')?;
+                    s.object_body(&mut f, bids, asks)?;
+                }
+                _ => {
+                    let before = f.seen;
+                    s.field(key, &mut f, bids, asks)?;
+                    // only the raw form may carry event fields at the top
+                    f.top_fields |= f.seen != before;
+                }
+            }
+            s.ws();
+            match s.next()? {
+                b',' => s.ws(),
+                b'}' => break,
+                _ => return None,
+            }
+        }
+    } else {
+        s.pos += 1;
+    }
+    s.ws();
+    if s.pos != s.b.len() {
+        return None; // trailing characters
+    }
+    let stream = match f.stream {
+        // combined: everything came inside "data"
+        Some(stream) => {
+            if f.seen & F_DATA == 0 || f.top_fields {
+                return None;
+            }
+            // A depthUpdate on a partial-book stream is a partial book, not a diff; the kind is
+            // the text between the first and second '@' ("depth" is never partial).
+            let kind = stream.split_once('@').map(|(_, rest)| rest.split('@').next().unwrap_or(rest));
+            if kind != Some("depth") && wire::is_partial_depth_stream(stream) {
+                return None;
+            }
+            Some(Cow::Borrowed(stream))
+        }
+        None => {
+            if f.seen & F_DATA != 0 {
+                return None;
+            }
+            None
+        }
+    };
+    if f.seen & REQUIRED != REQUIRED || f.first_id > f.last_id {
+        return None;
+    }
+    Some(DepthFrame {
+        stream,
+        symbol: Cow::Borrowed(f.symbol),
+        event_time: f.event_time,
+        transaction_time: f.transaction_time,
+        first_id: f.first_id,
+        last_id: f.last_id,
+        prev_last_id: f.prev_last_id,
+    })
+}
+
+// Bits of `Fields::seen`: a second occurrence of a known key is a serde error (duplicate field).
+const F_STREAM: u16 = 1 << 0;
+const F_DATA: u16 = 1 << 1;
+const F_E: u16 = 1 << 2;
+const F_EVENT_TIME: u16 = 1 << 3;
+const F_T: u16 = 1 << 4;
+const F_S: u16 = 1 << 5;
+const F_FIRST: u16 = 1 << 6;
+const F_LAST: u16 = 1 << 7;
+const F_PU: u16 = 1 << 8;
+const F_B: u16 = 1 << 9;
+const F_A: u16 = 1 << 10;
+/// Fields without serde default in `WsDepthUpdate`.
+const REQUIRED: u16 = F_E | F_EVENT_TIME | F_S | F_FIRST | F_LAST | F_B | F_A;
+
+/// Nesting allowed inside an unknown value before the scanner gives up (serde_json's limit is
+/// 128; deeper than this goes to serde, which knows it exactly).
+const MAX_SKIP_DEPTH: u32 = 16;
+
+#[derive(Default)]
+struct Fields<'a> {
+    seen: u16,
+    /// An event field appeared at the top level (not inside "data").
+    top_fields: bool,
+    stream: Option<&'a str>,
+    symbol: &'a str,
+    event_time: i64,
+    transaction_time: Option<i64>,
+    first_id: u64,
+    last_id: u64,
+    prev_last_id: Option<u64>,
+}
+
+impl Fields<'_> {
+    #[inline]
+    fn claim(&mut self, bit: u16) -> Option<()> {
+        if self.seen & bit != 0 {
+            return None;
+        }
+        self.seen |= bit;
+        Some(())
+    }
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    #[inline(always)]
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.pos).copied()
+    }
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<u8> {
+        let c = self.peek()?;
+        self.pos += 1;
+        Some(c)
+    }
+
+    #[inline(always)]
+    fn expect(&mut self, c: u8) -> Option<()> {
+        (self.next()? == c).then_some(())
+    }
+
+    /// Skips JSON whitespace (exactly serde_json's set: space, tab, LF, CR).
+    #[inline(always)]
+    fn ws(&mut self) {
+        while let Some(&c) = self.b.get(self.pos) {
+            if c > b' ' || !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
+                return;
+            }
+            self.pos += 1;
+        }
+    }
+
+    /// A string without escapes or control characters, at its opening quote; its contents.
+    #[inline]
+    fn plain_bytes(&mut self) -> Option<&'a [u8]> {
+        self.expect(b'"')?;
+        let start = self.pos;
+        loop {
+            let c = self.next()?;
+            if c == b'"' {
+                return Some(&self.b[start..self.pos - 1]);
+            }
+            if c == b'\\' || c < 0x20 {
+                return None;
+            }
+        }
+    }
+
+    #[inline]
+    fn plain_str(&mut self) -> Option<&'a str> {
+        let bytes = self.plain_bytes()?;
+        // the quotes are ASCII, so the contents of a &str between them are valid UTF-8
+        std::str::from_utf8(bytes).ok()
+    }
+
+    /// An object key and its colon.
+    #[inline]
+    fn key(&mut self) -> Option<&'a [u8]> {
+        let k = self.plain_bytes()?;
+        self.ws();
+        self.expect(b':')?;
+        self.ws();
+        Some(k)
+    }
+
+    /// The event object's members after its `{`, through the closing `}`.
+    fn object_body(&mut self, f: &mut Fields<'a>, bids: &mut Vec<Level>, asks: &mut Vec<Level>) -> Option<()> {
+        self.ws();
+        if self.peek()? == b'}' {
+            self.pos += 1;
+            return Some(());
+        }
+        loop {
+            let key = self.key()?;
+            self.field(key, f, bids, asks)?;
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                b'}' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// One member's value of the event object.
+    #[inline]
+    fn field(&mut self, key: &[u8], f: &mut Fields<'a>, bids: &mut Vec<Level>, asks: &mut Vec<Level>) -> Option<()> {
+        match key {
+            b"e" => {
+                f.claim(F_E)?;
+                (self.plain_bytes()? == b"depthUpdate").then_some(())
+            }
+            b"E" => {
+                f.claim(F_EVENT_TIME)?;
+                f.event_time = self.id()? as i64;
+                Some(())
+            }
+            b"T" => {
+                f.claim(F_T)?;
+                f.transaction_time = Some(self.id()? as i64);
+                Some(())
+            }
+            b"s" => {
+                f.claim(F_S)?;
+                f.symbol = self.plain_str()?;
+                Some(())
+            }
+            b"U" => {
+                f.claim(F_FIRST)?;
+                f.first_id = self.id()?;
+                Some(())
+            }
+            b"u" => {
+                f.claim(F_LAST)?;
+                f.last_id = self.id()?;
+                Some(())
+            }
+            b"pu" => {
+                f.claim(F_PU)?;
+                f.prev_last_id = Some(self.id()?);
+                Some(())
+            }
+            b"b" => {
+                f.claim(F_B)?;
+                self.levels(bids)
+            }
+            b"a" => {
+                f.claim(F_A)?;
+                self.levels(asks)
+            }
+            // keys the shape peek of the serde path reads: leave their rules to serde
+            b"lastUpdateId" | b"A" | b"result" | b"error" | b"stream" | b"data" => None,
+            _ => self.skip_value(0),
+        }
+    }
+
+    /// A non-negative integer of at most 18 digits (so it fits `i64` and `u64` alike), without
+    /// a leading zero, fraction or exponent — anything else goes to serde.
+    #[inline]
+    fn id(&mut self) -> Option<u64> {
+        let start = self.pos;
+        let mut v: u64 = 0;
+        while let Some(c) = self.peek() {
+            let d = c.wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            v = v * 10 + d as u64;
+            self.pos += 1;
+            if self.pos - start > 18 {
+                return None;
+            }
+        }
+        let n = self.pos - start;
+        if n == 0 || (n > 1 && self.b[start] == b'0') || matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        Some(v)
+    }
+
+    /// `[["price","qty"],...]` into `out`.
+    #[inline]
+    fn levels(&mut self, out: &mut Vec<Level>) -> Option<()> {
+        self.expect(b'[')?;
+        self.ws();
+        if self.peek()? == b']' {
+            self.pos += 1;
+            return Some(());
+        }
+        loop {
+            self.expect(b'[')?;
+            self.ws();
+            let price = self.decimal()?;
+            self.ws();
+            self.expect(b',')?;
+            self.ws();
+            let qty = self.decimal()?;
+            self.ws();
+            self.expect(b']')?;
+            out.push(Level::new(Price::from_raw(price), Qty::from_raw(qty)));
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                b']' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// A quoted unsigned decimal (`"2683.80000000"`, `"7.5040"`, `"813"`) in raw 10^-8 units,
+    /// equal to `shared::fixed::parse_raw`'s value. Only the plain form is taken: 1 to 10
+    /// integer digits, optionally a dot and fraction digits of which those past the 8th are
+    /// zeros; signs, `.5`, empty strings and escapes go to serde.
+    #[inline]
+    fn decimal(&mut self) -> Option<i64> {
+        self.expect(b'"')?;
+        let b = self.b;
+        let start = self.pos;
+        let mut int: i64 = 0;
+        let mut i = start;
+        while let Some(&c) = b.get(i) {
+            let d = c.wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            int = int * 10 + d as i64;
+            i += 1;
+            if i - start > 10 {
+                return None;
+            }
+        }
+        if i == start {
+            return None;
+        }
+        let mut raw = int * SCALE;
+        match *b.get(i)? {
+            b'"' => {}
+            b'.' => {
+                i += 1;
+                // Binance spot prints exactly 8 decimals: convert them in one step.
+                let frac = match b.get(i..i + 8).and_then(eight_digits) {
+                    Some(v) => {
+                        i += 8;
+                        v as i64
+                    }
+                    None => {
+                        let mut v: i64 = 0;
+                        let mut n = 0;
+                        while let Some(&c) = b.get(i) {
+                            let d = c.wrapping_sub(b'0');
+                            if d > 9 || n == 8 {
+                                break;
+                            }
+                            v = v * 10 + d as i64;
+                            n += 1;
+                            i += 1;
+                        }
+                        v * POW10[8 - n]
+                    }
+                };
+                // more digits than 8 are accepted only as zeros (`parse_raw` rejects others)
+                while b.get(i) == Some(&b'0') {
+                    i += 1;
+                }
+                if *b.get(i)? != b'"' {
+                    return None;
+                }
+                raw += frac;
+            }
+            _ => return None,
+        }
+        self.pos = i + 1;
+        Some(raw)
+    }
+
+    /// Skips one JSON value, validating it as serde_json's `IgnoredAny` would; `None` also for
+    /// forms left to serde (escapes, deep nesting).
+    fn skip_value(&mut self, depth: u32) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.plain_bytes().map(|_| ()),
+            b'{' => {
+                if depth >= MAX_SKIP_DEPTH {
+                    return None;
+                }
+                self.pos += 1;
+                self.ws();
+                if self.peek()? == b'}' {
+                    self.pos += 1;
+                    return Some(());
+                }
+                loop {
+                    self.key()?;
+                    self.skip_value(depth + 1)?;
+                    self.ws();
+                    match self.next()? {
+                        b',' => self.ws(),
+                        b'}' => return Some(()),
+                        _ => return None,
+                    }
+                }
+            }
+            b'[' => {
+                if depth >= MAX_SKIP_DEPTH {
+                    return None;
+                }
+                self.pos += 1;
+                self.ws();
+                if self.peek()? == b']' {
+                    self.pos += 1;
+                    return Some(());
+                }
+                loop {
+                    self.skip_value(depth + 1)?;
+                    self.ws();
+                    match self.next()? {
+                        b',' => self.ws(),
+                        b']' => return Some(()),
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.skip_number(),
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        if self.b.get(self.pos..self.pos + word.len())? != word {
+            return None;
+        }
+        self.pos += word.len();
+        Some(())
+    }
+
+    /// The JSON number grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+    fn skip_number(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.next()? {
+            b'0' => {}
+            b'1'..=b'9' => {
+                self.digits();
+            }
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.pos += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        Some(())
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+}
+
+const POW10: [i64; 9] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000];
+
+/// The value of exactly 8 ASCII digits (the first most significant), or `None` if any byte is
+/// not a digit. SWAR: all 8 are checked and combined in a few multiplications.
+#[inline(always)]
+fn eight_digits(s: &[u8]) -> Option<u32> {
+    let v = u64::from_le_bytes(s.try_into().ok()?);
+    // every byte in 0x30..=0x39: high nibble 3, and adding 6 does not carry into it
+    if (v & 0xF0F0_F0F0_F0F0_F0F0) != 0x3030_3030_3030_3030
+        || ((v.wrapping_add(0x0606_0606_0606_0606)) & 0xF0F0_F0F0_F0F0_F0F0) != 0x3030_3030_3030_3030
+    {
+        return None;
+    }
+    let v = v - 0x3030_3030_3030_3030;
+    // pairs, then quads, then the whole (little endian: the first digit is the lowest byte)
+    let v = (v * 10) + (v >> 8);
+    let v = (((v & 0x0000_00FF_0000_00FF).wrapping_mul(100 + (1_000_000 << 32)))
+        .wrapping_add(((v >> 16) & 0x0000_00FF_0000_00FF).wrapping_mul(1 + (10_000 << 32))))
+        >> 32;
+    Some(v as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufRead;
+    use std::path::{Path, PathBuf};
+
+    use shared::testkit::Rng;
+
+    use super::*;
+
+    fn data() -> PathBuf {
+        std::env::var_os("MILLRACE_DATA_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+    }
+
+    /// The JSON of every message line of a recorded capture (hftbacktest `<ns> <json>`,
+    /// cryptofeed `<ts>: <json>` after the URL line).
+    fn frames(path: &Path) -> Vec<String> {
+        let reader = crate::replay::input::open(path).expect("capture file");
+        reader
+            .lines()
+            .map(|l| l.expect("readable line"))
+            .filter_map(|l| l.find('{').map(|i| l[i..].to_string()))
+            .collect()
+    }
+
+    fn captures() -> Vec<PathBuf> {
+        let d = data().join("binance-ws");
+        vec![
+            d.join("hftbacktest/spot_ethusdt_20240808.gz"),
+            d.join("hftbacktest/spot_ethusdt_20240809.gz"),
+            d.join("cryptofeed/BINANCE.ws.1.0"),
+            d.join("cryptofeed/BINANCE_FUTURES.ws.1.0"),
+        ]
+    }
+
+    /// `parse_depth_frame`'s answer in `parse_frame`'s terms.
+    fn as_event(r: Result<DepthParse<'_>, WireError>, bids: &[Level], asks: &[Level]) -> Result<StreamEvent, WireError> {
+        match r? {
+            DepthParse::Depth(f) => Ok(StreamEvent::DepthUpdate {
+                stream: f.stream.as_deref().map(str::to_string),
+                update: f.into_update(bids.to_vec(), asks.to_vec()),
+            }),
+            DepthParse::Other(e) => Ok(e),
+        }
+    }
+
+    /// Checks one input against the serde reference; returns whether the scanner took it.
+    fn check(text: &str) -> bool {
+        let reference = wire::parse_frame_serde(text);
+        let (mut bids, mut asks) = (Vec::new(), Vec::new());
+        let scanned = scan_depth(text, &mut bids, &mut asks).map(|f| {
+            let stream = f.stream.as_deref().map(str::to_string);
+            StreamEvent::DepthUpdate { stream, update: f.into_update(bids.clone(), asks.clone()) }
+        });
+        if let Some(fast) = &scanned {
+            assert_eq!(reference.as_ref(), Ok(fast), "scanner accepted {text:?} differently from serde");
+        }
+        let (mut bids, mut asks) = (vec![Level::new(Price::ZERO, Qty::ZERO)], Vec::new());
+        let full = parse_depth_frame(text, &mut bids, &mut asks);
+        assert_eq!(as_event(full, &bids, &asks), reference, "parse_depth_frame differs on {text:?}");
+        assert_eq!(parse_frame(text), reference, "parse_frame differs on {text:?}");
+        scanned.is_some()
+    }
+
+    use super::wire::parse_frame;
+
+    #[test]
+    fn every_recorded_depth_frame_takes_the_fast_path_with_serdes_result() {
+        let mut depth = [0usize; 4];
+        for (i, path) in captures().iter().enumerate() {
+            for text in frames(path) {
+                let is_depth = matches!(wire::parse_frame_serde(&text), Ok(StreamEvent::DepthUpdate { .. }));
+                let fast = check(&text);
+                assert_eq!(fast, is_depth, "fast path on {text}");
+                depth[i] += is_depth as usize;
+            }
+        }
+        // the README's counts: 6468 diffs after the snapshot + the ones before it; 177 spot and
+        // 764 futures depthUpdates in the cryptofeed captures
+        assert_eq!(depth[0] + depth[1], 6470, "hftbacktest diffs");
+        assert_eq!(depth[2], 177, "cryptofeed spot");
+        assert_eq!(depth[3], 764, "cryptofeed futures");
+    }
+
+    const SPOT: &str = r#"{"stream":"ethusdt@depth@100ms","data":{"e":"depthUpdate","E":1723161255408,"s":"ETHUSDT","U":35346513506,"u":35346513512,"b":[["2683.80000000","3.02920000"],["2683.48000000","0.00000000"]],"a":[["2687.31000000","81.35720000"]]}}"#;
+    const FUT: &str = r#"{"stream":"sushiusdt@depth@100ms","data":{"e":"depthUpdate","E":1626992741037,"T":1626992741024,"s":"SUSHIUSDT","U":600859599090,"u":600859600917,"pu":600859598061,"b":[["7.5040","813"],["7.6090","0"],["7.6110","2"]],"a":[["7.6150","1563"],["7.6220","3284"]]}}"#;
+    const RAW: &str = r#"{"e":"depthUpdate","E":1633998512568,"s":"NKNUSDT","U":499869753,"u":499869754,"b":[["0.35170000","4265.00000000"]],"a":[]}"#;
+
+    #[test]
+    fn real_frames_give_the_exact_fixed_point_values() {
+        let (mut bids, mut asks) = (Vec::new(), Vec::new());
+        let Ok(DepthParse::Depth(f)) = parse_depth_frame(FUT, &mut bids, &mut asks) else { panic!() };
+        assert!(matches!(f.stream, Some(Cow::Borrowed("sushiusdt@depth@100ms"))));
+        assert!(matches!(f.symbol, Cow::Borrowed("SUSHIUSDT")));
+        assert_eq!(
+            (f.event_time, f.transaction_time, f.first_id, f.last_id, f.prev_last_id),
+            (1626992741037, Some(1626992741024), 600859599090, 600859600917, Some(600859598061))
+        );
+        let l = |p: &str, q: &str| Level::new(Price::parse(p).unwrap(), Qty::parse(q).unwrap());
+        assert_eq!(bids, [l("7.504", "813"), l("7.609", "0"), l("7.611", "2")]);
+        assert_eq!(asks, [l("7.615", "1563"), l("7.622", "3284")]);
+        let Ok(DepthParse::Depth(f)) = parse_depth_frame(SPOT, &mut bids, &mut asks) else { panic!() };
+        assert_eq!((f.transaction_time, f.prev_last_id), (None, None));
+        assert_eq!(bids, [l("2683.8", "3.0292"), l("2683.48", "0")]);
+        assert_eq!(asks, [l("2687.31", "81.3572")]);
+        let Ok(DepthParse::Depth(f)) = parse_depth_frame(RAW, &mut bids, &mut asks) else { panic!() };
+        assert_eq!((f.stream, asks.len()), (None, 0));
+    }
+
+    #[test]
+    fn eight_digit_step_equals_the_digit_loop() {
+        let mut rng = Rng::new(11);
+        for _ in 0..100_000 {
+            let v = rng.below(100_000_000);
+            let s = format!("{v:08}");
+            assert_eq!(eight_digits(s.as_bytes()), Some(v as u32), "{s}");
+        }
+        for bad in ["1234567/", "1234567:", "a2345678", "1234 678", "12345\u{0}78", "1234567\u{ff}"] {
+            let b = bad.as_bytes();
+            assert_eq!(eight_digits(&b[..8]), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn decimals_equal_shared_fixed_parse() {
+        let mut rng = Rng::new(5);
+        let digits = b"0123456789";
+        let mut cases: Vec<String> = [
+            "0", "0.0", "5.", ".5", "+1", "-1", "1e5", "", ".", "00012.5", "9999999999.99999999",
+            "99999999999", "1.000000000", "1.000000001", "1.123456780000", "7.5040", "2683.80000000",
+            "0.00000001", "1.2.3", "1,5", "١",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for _ in 0..20_000 {
+            let mut s = String::new();
+            for _ in 0..rng.below(13) {
+                s.push(digits[rng.below(10) as usize] as char);
+            }
+            if rng.chance(3, 4) {
+                s.push('.');
+                for _ in 0..rng.below(12) {
+                    s.push(if rng.chance(1, 3) { '0' } else { digits[rng.below(10) as usize] as char });
+                }
+            }
+            cases.push(s);
+        }
+        for s in cases {
+            let text = format!("[\"{s}\",\"1\"]");
+            let mut sc = Scanner { b: text.as_bytes(), pos: 1 };
+            if let Some(raw) = sc.decimal() {
+                assert_eq!(Price::parse(&s).map(|p| p.raw()), Ok(raw), "{s:?}");
+                assert_eq!(Qty::parse(&s).map(|q| q.raw()), Ok(raw), "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn odd_but_valid_json_is_accepted_natively_and_equals_serde() {
+        let native = [
+            // whitespace everywhere JSON allows it
+            " {\"stream\" : \"ethusdt@depth@100ms\" ,\n\"data\":\t{ \"e\" : \"depthUpdate\" , \"E\" :1, \"s\":\"ETHUSDT\",\r\"U\":1 ,\"u\" : 2,\"b\":[ [ \"1.5\" , \"2\" ] , [\"1\",\"0\"] ] ,\"a\" : [ ] } } \n",
+            // key order shuffled, data first
+            r#"{"data":{"a":[["2","1"]],"b":[],"u":5,"U":3,"s":"X","E":7,"e":"depthUpdate"},"stream":"x@depth"}"#,
+            // unknown keys with every kind of value, at both levels
+            r#"{"x":[1,-2.5e+3,{"y":null,"z":[true,false]},"s"],"stream":"x@depth@100ms","data":{"e":"depthUpdate","new":{"a":[[]]},"E":1,"s":"X","U":1,"u":1,"b":[],"a":[],"zz":0}}"#,
+            // futures fields in a raw frame
+            r#"{"e":"depthUpdate","E":1,"T":2,"s":"X","U":1,"u":1,"pu":0,"b":[["0.1","0.00000001"]],"a":[]}"#,
+            // extra zeros past 8 decimals, leading zeros
+            r#"{"e":"depthUpdate","E":0,"s":"X","U":0,"u":0,"b":[["01.1000000000","0.0000000100"]],"a":[]}"#,
+            // empty symbol, non-ASCII symbol
+            r#"{"e":"depthUpdate","E":0,"s":"","U":0,"u":0,"b":[],"a":[]}"#,
+            r#"{"e":"depthUpdate","E":0,"s":"ÉTH€","U":0,"u":0,"b":[],"a":[]}"#,
+        ];
+        for text in native {
+            assert!(matches!(wire::parse_frame_serde(text), Ok(StreamEvent::DepthUpdate { .. })), "{text}");
+            assert!(check(text), "scanner should take {text}");
+        }
+    }
+
+    #[test]
+    fn mutated_frames_equal_serde_or_fail_like_it() {
+        let cases = [
+            // escapes: equal after unescaping, so serde routes and accepts them
+            r#"{"stream":"ethusdt@depth@100ms","data":{"\u0065":"depth\u0055pdate","E":1,"s":"ETH\nUSDT","U":1,"u":2,"b":[["1","\u0032"]],"a":[]}}"#,
+            // wrong types
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":"1","s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":5,"U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[[1,2]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":{},"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["1","2","3"]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["1"]],"a":[]}}"#,
+            r#"{"stream":5,"data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":null,"data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":[]}"#,
+            r#"{"stream":"x@depth","data":null}"#,
+            r#"{"stream":"x@depth"}"#,
+            // duplicate keys, known and unknown
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"E":2,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"b":[]}}"#,
+            r#"{"stream":"x@depth","stream":"y@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"q":1,"q":2}}"#,
+            // null for optional and required fields
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"T":null,"pu":null,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":null,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            // numbers: exponents, fractions, signs, leading zeros, overflow
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1e3,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1.0,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":-5,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":-0,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":01,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":-1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":9223372036854775807,"s":"X","U":18446744073709551615,"u":18446744073709551615,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":9223372036854775808,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":18446744073709551616,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"x":01}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"x":1.}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"x":-}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"x":1e}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"x":tru}}"#,
+            // decimals: exponent, > 8 decimals, negative qty, negative price, empty, junk
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["1e3","1"]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["1.000000001","1"]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["1","-1"]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["-1","1"]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["","1"]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["+1",".5"]],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["99999999999","1"]],"a":[]}}"#,
+            // U > u
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":3,"u":2,"b":[],"a":[]}}"#,
+            // missing fields
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"b":[],"a":[]}}"#,
+            r#"{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"a":[]}"#,
+            // shape keys the peek reads, replies, partial books, other events
+            r#"{"stream":"x@depth","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"A":1}}"#,
+            r#"{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"result":null}"#,
+            r#"{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"data":{}}"#,
+            r#"{"stream":"x@depth","e":"kline","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth20@100ms","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth5","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth7","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth@fast","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x","data":{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"stream":"x@depth","data":{"e":"depthupdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"result":null,"id":1}"#,
+            r#"[{"e":"depthUpdate"}]"#,
+            // syntax: trailing characters and commas, control characters, deep nesting
+            r#"{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}x"#,
+            r#"{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[]}}"#,
+            r#"{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],}"#,
+            r#"{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[["1","1"],],"a":[]}"#,
+            "{\"e\":\"depthUpdate\",\"E\":1,\"s\":\"X\u{1}\",\"U\":1,\"u\":2,\"b\":[],\"a\":[]}",
+            "\u{a0}{\"e\":\"depthUpdate\",\"E\":1,\"s\":\"X\",\"U\":1,\"u\":2,\"b\":[],\"a\":[]}",
+            "{\"e\":\"depthUpdate\",\"E\":1,\"s\":\"X\",\"U\":1,\"u\":2,\"b\":[],\"a\":[]}\u{c}",
+            "",
+            "{}",
+            "{",
+        ];
+        for text in cases {
+            check(text);
+        }
+        let deep = format!(
+            r#"{{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"x":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        check(&deep);
+        let deepish = format!(
+            r#"{{"e":"depthUpdate","E":1,"s":"X","U":1,"u":2,"b":[],"a":[],"x":{}1{}}}"#,
+            "[".repeat(20),
+            "]".repeat(20)
+        );
+        check(&deepish);
+    }
+
+    /// Real frames of every form to mutate.
+    fn seeds() -> Vec<String> {
+        let mut seeds = vec![SPOT.to_string(), FUT.to_string(), RAW.to_string()];
+        let spot = frames(&captures()[0]);
+        seeds.extend(spot.into_iter().filter(|f| f.contains("depthUpdate")).take(2));
+        seeds
+    }
+
+    #[test]
+    fn truncation_at_every_byte_never_panics_and_equals_serde() {
+        for seed in seeds() {
+            for end in 0..seed.len() {
+                if seed.is_char_boundary(end) {
+                    assert!(!check(&seed[..end]) || seed[end..].trim().is_empty());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_byte_replaced_equals_serde() {
+        let subs = ['x', '"', '0', '9', '-', '+', '.', ',', ':', ' ', '\n', '{', '}', '[', ']', '\\', 'e', 'E', '\u{1}'];
+        for seed in seeds().iter().take(3) {
+            for (i, _) in seed.char_indices() {
+                for &c in &subs {
+                    let mut t = String::with_capacity(seed.len());
+                    t.push_str(&seed[..i]);
+                    t.push(c);
+                    t.push_str(&seed[i + 1..]);
+                    check(&t);
+                    // and inserted
+                    let mut t = String::with_capacity(seed.len() + 1);
+                    t.push_str(&seed[..i]);
+                    t.push(c);
+                    t.push_str(&seed[i..]);
+                    check(&t);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn random_multi_byte_mutations_equal_serde() {
+        let mut rng = Rng::new(42);
+        let seeds = seeds();
+        let alphabet = b"0123456789.-+eE\"\\,:{}[] \tnulltruefalseUu";
+        let mut fast = 0;
+        for _ in 0..30_000 {
+            let mut t = seeds[rng.below(seeds.len() as u64) as usize].clone().into_bytes();
+            for _ in 0..1 + rng.below(3) {
+                if t.is_empty() {
+                    break;
+                }
+                let i = rng.below(t.len() as u64) as usize;
+                let c = alphabet[rng.below(alphabet.len() as u64) as usize];
+                match rng.below(3) {
+                    0 => t[i] = c,
+                    1 => t.insert(i, c),
+                    _ => {
+                        t.remove(i);
+                    }
+                }
+            }
+            if let Ok(text) = String::from_utf8(t) {
+                fast += check(&text) as usize;
+            }
+        }
+        // many mutations keep a valid frame (a digit for a digit): the fast path is exercised
+        assert!(fast > 1000, "fast path taken {fast} times");
+    }
+}
