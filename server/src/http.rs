@@ -40,6 +40,7 @@ use tower_http::services::ServeDir;
 pub use heartbeat::Heartbeats;
 
 use crate::app::App;
+use shared::protocol::InstrumentId;
 use crate::bus::InProcessBus;
 use crate::config::{Config, LimitsConfig, Overrides};
 use crate::ingest::Supervisor;
@@ -146,6 +147,24 @@ pub struct Hub {
     pub supervisor: Supervisor,
     pub limits: LimitsConfig,
     pub metrics: Arc<Metrics>,
+    /// Takes the lease a depth subscription holds (`None` for books that need no job).
+    pub depth_leases: DepthLeases,
+}
+
+/// See [`Hub::depth_leases`].
+pub type DepthLeases =
+    Arc<dyn Fn(&InstrumentId) -> Result<Option<crate::ingest::Lease>, crate::ingest::SubscribeError> + Send + Sync>;
+
+/// Depth subscriptions: books of the tick-by-tick engine are always on; others need their depth
+/// job, which the subscription's lease keeps running.
+fn depth_leases(app: &Arc<App>) -> DepthLeases {
+    let app = app.clone();
+    Arc::new(move |instrument: &InstrumentId| {
+        if app.books.is_always_on(instrument) {
+            return Ok(None);
+        }
+        Err(crate::ingest::SubscribeError::UnknownSeries(format!("no order book for {instrument}")))
+    })
 }
 
 /// Shared state of the request handlers: a cheap-to-clone handle.
@@ -264,6 +283,7 @@ pub async fn serve_app(
         supervisor: app.supervisor.clone(),
         limits: config.config.limits.clone(),
         metrics: app.metrics.clone(),
+        depth_leases: depth_leases(&app),
     });
     let state = AppState { hub, app: app.clone(), per_ip: Arc::default(), shutdown: stop_rx.clone() };
     let router = router(&config.static_dir, state);

@@ -144,11 +144,24 @@ struct CellState {
 pub struct BookRegistry {
     bus: Arc<InProcessBus>,
     cells: RwLock<BTreeMap<InstrumentId, Arc<BookCell>>>,
+    /// Books that are rebuilt all the time (tick-by-tick shards), so subscribing to them needs no
+    /// job lease.
+    always_on: RwLock<std::collections::BTreeSet<InstrumentId>>,
 }
 
 impl BookRegistry {
     pub fn new(bus: Arc<InProcessBus>) -> Arc<Self> {
-        Arc::new(Self { bus, cells: RwLock::new(BTreeMap::new()) })
+        Arc::new(Self { bus, cells: RwLock::new(BTreeMap::new()), always_on: RwLock::default() })
+    }
+
+    /// Marks `instrument`'s book as always on (see [`Self::is_always_on`]).
+    pub fn set_always_on(&self, instrument: &InstrumentId) {
+        self.always_on.write().expect("book registry lock").insert(instrument.clone());
+    }
+
+    /// Whether `instrument`'s book is kept without subscribers (no depth job to lease).
+    pub fn is_always_on(&self, instrument: &InstrumentId) -> bool {
+        self.always_on.read().expect("book registry lock").contains(instrument)
     }
 
     /// A publisher for `instrument`, retiring any previous one. `now_ms` is the wall clock; a new

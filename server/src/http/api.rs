@@ -9,10 +9,19 @@
 //!   newest `limit` up to it; with neither, the newest `limit`. `limit` defaults to 500.
 //!   The forming candle is not stored; it comes over `kline@…`.
 //! - `GET /api/v1/series` — the instruments each source offers, the timeframes, and what is stored.
+//! - `GET /fapi/v1/depth?symbol=sim:spot:BTC/USDT&with_id=true[&limit=N]` — the order book as last
+//!   published on `depth_update@…`: `{"code":0,"data":{"id":…,"bids":[["p","q"],…],"asks":[…]},
+//!   "health":"synced"}` (seeds/local-order-book-snapshot-delta-sync.md; `id` is the `u` of the
+//!   last delta, so the seed's client bridges with the first delta having `U <= id+1 <= u`).
+//!   `limit` (levels per side) defaults to 1000, at most 5000. `health` other than `synced` /
+//!   `snapshot_mode` means the book is not being updated right now (resyncing or stale): it is
+//!   consistent with the deltas already sent, but old.
 //!
 //! Operations (no token):
 //! - `GET /api/v1/ops/jobs` — the ingest supervisor's debug snapshot.
 //! - `GET /api/v1/ops/backfill` — backfill tasks and their progress.
+//! - `GET /api/v1/ops/books` — every published book: source, health, gaps, resyncs, drift, id,
+//!   checksum, levels.
 //! - `GET /api/v1/ops/sources` — each source with its REST and WebSocket base URLs.
 //! - `GET /metrics` — Prometheus text format.
 //!
@@ -42,6 +51,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/ops/backfill", get(ops_backfill))
         .route("/api/v1/ops/sources", get(ops_sources))
         .route("/metrics", get(metrics))
+        .route("/fapi/v1/depth", get(rest_depth))
+        .route("/api/v1/ops/books", get(ops_books))
         .route("/api/v1/admin/backfill/start", post(admin_backfill_start))
         .route("/api/v1/admin/backfill/stop", post(admin_backfill_stop))
         .route("/api/v1/admin/jobs/stop", post(admin_job_stop))
@@ -261,4 +272,51 @@ async fn admin_job_stop(State(state): State<AppState>, headers: HeaderMap, raw: 
     } else {
         Err(ApiError { status: StatusCode::NOT_FOUND, code: "not_found", msg: format!("no job for {inst}") })
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DepthQuery {
+    symbol: Option<String>,
+    with_id: Option<String>,
+    limit: Option<String>,
+}
+
+/// Levels per side `GET /fapi/v1/depth` returns without `limit`.
+const DEFAULT_DEPTH_LIMIT: i64 = 1000;
+
+async fn rest_depth(
+    State(state): State<AppState>,
+    query: Result<Query<DepthQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let app = &state.app;
+    let bad = |e: ApiError| {
+        app.metrics.http_bad_requests.fetch_add(1, Relaxed);
+        e
+    };
+    let Query(q) = query.map_err(|e| bad(ApiError::bad("malformed", e.body_text())))?;
+    let text = q.symbol.ok_or_else(|| bad(ApiError::bad("malformed", "symbol is required, e.g. symbol=sim:spot:BTC/USDT")))?;
+    let instrument: InstrumentId = text.parse().map_err(|e| bad(ApiError::bad("bad_stream", format!("symbol {text:?}: {e}"))))?;
+    if let Some(w) = q.with_id.as_deref() {
+        if w != "true" && w != "false" {
+            return Err(bad(ApiError::bad("malformed", format!("with_id must be true or false, got {w:?}"))));
+        }
+    }
+    let max = crate::books::MAX_REST_LEVELS as i64;
+    let limit = int_param("limit", &q.limit).map_err(bad)?.unwrap_or(DEFAULT_DEPTH_LIMIT);
+    if !(1..=max).contains(&limit) {
+        return Err(bad(ApiError::bad("malformed", format!("limit must be between 1 and {max}, got {limit}"))));
+    }
+    let Some((depth, health)) = app.books.rest_depth(&instrument, limit as usize) else {
+        return Err(bad(ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "unknown_book",
+            msg: format!("no order book for {instrument}: subscribe to depth_update@{instrument} first (that starts its depth job)"),
+        }));
+    };
+    Ok(Json(serde_json::json!({"code": 0, "data": depth, "health": health})).into_response())
+}
+
+async fn ops_books(State(state): State<AppState>) -> Response {
+    Json(serde_json::json!({ "books": state.app.books.list() })).into_response()
 }

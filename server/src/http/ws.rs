@@ -3,7 +3,9 @@
 //! Requests are handled by [`Session::handle_text`], which does no socket IO: it returns the
 //! reply and changes which streams the session receives. A `kline@{series}` subscription takes a
 //! [`Lease`] on the series' ingest job (so the supervisor's refcount counts this tab) and a bus
-//! subscription; unsubscribing or closing the socket drops both. The async [`session`] loop owns
+//! subscription; `depth_update@{instrument}` and `depth@{instrument},{levels}` take a lease on the
+//! instrument's depth job (books of the tick-by-tick engine are always on and need none);
+//! unsubscribing or closing the socket drops both. The async [`session`] loop owns
 //! the socket. A bad frame is answered with an error reply; the socket stays open.
 //!
 //! Slow clients never hold anyone up: the bus keeps `limits.bus_capacity` messages per topic, and
@@ -43,8 +45,9 @@ type BusSub = <InProcessBus as Bus>::Sub;
 
 /// A live stream subscription of this connection.
 struct Sub {
-    /// Reference on the ingest job; dropped with the subscription.
-    _lease: Lease,
+    /// Reference on the ingest job (none for books that are always on, e.g. tick-by-tick ones);
+    /// dropped with the subscription.
+    _lease: Option<Lease>,
     rx: BusSub,
 }
 
@@ -110,14 +113,7 @@ impl Session {
         let mut streams = Vec::with_capacity(request.params.len());
         for name in &request.params {
             match name.parse::<Stream>() {
-                Ok(s @ (Stream::Heartbeat | Stream::Kline(_))) => streams.push(s),
-                Ok(other) => {
-                    return Reply::error(
-                        request.id,
-                        ErrorCode::UnknownSeries,
-                        format!("{other} is not offered by this server yet (order-book streams come with the depth service)"),
-                    )
-                }
+                Ok(s) => streams.push(s),
                 Err(e) => return Reply::error(request.id, ErrorCode::BadStream, e.to_string()),
             }
         }
@@ -158,8 +154,14 @@ impl Session {
                 // Take every lease first, so a refusal leaves nothing half-subscribed.
                 let mut taken = Vec::new();
                 for stream in &new {
-                    let Stream::Kline(series) = stream else { continue };
-                    match self.hub.supervisor.subscribe(series) {
+                    let lease = match stream {
+                        Stream::Heartbeat => continue,
+                        Stream::Kline(series) => self.hub.supervisor.subscribe(series).map(Some),
+                        Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
+                            (self.hub.depth_leases)(instrument)
+                        }
+                    };
+                    match lease {
                         Ok(lease) => taken.push((stream.to_string(), lease)),
                         Err(e) => {
                             let code = match e {
