@@ -17,6 +17,7 @@ pub mod replay;
 pub mod sim;
 pub mod sources;
 pub mod store;
+pub mod tbt;
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it). The one place the
 /// server reads the wall clock as a number; simulated time is `sim::SimClock`.

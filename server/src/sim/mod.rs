@@ -48,6 +48,7 @@ pub mod market;
 pub mod rest;
 pub mod server;
 pub mod symbols;
+pub mod tbt;
 pub mod ws;
 
 use std::net::SocketAddr;
@@ -95,6 +96,8 @@ pub struct SimConfig {
     pub ws_queue: usize,
     /// Streams one connection may subscribe to (Binance: 1024).
     pub max_streams_per_connection: usize,
+    /// The tick-by-tick feed (`/tbt/*`, [`tbt`]).
+    pub tbt: tbt::TbtConfig,
 }
 
 impl Default for SimConfig {
@@ -113,6 +116,7 @@ impl Default for SimConfig {
             max_connection_age: Some(Duration::from_secs(24 * 3600)),
             ws_queue: 4_096,
             max_streams_per_connection: 1_024,
+            tbt: tbt::TbtConfig::default(),
         }
     }
 }
@@ -149,6 +153,7 @@ impl Sim {
                 hub: r.hub,
                 faults: r.faults,
                 stop: r.stop,
+                tbt: r.tbt,
                 tasks: Mutex::new(r.tasks),
             }),
         })
@@ -161,6 +166,7 @@ struct Inner {
     hub: Arc<hub::Hub>,
     faults: Arc<Faults>,
     stop: watch::Sender<bool>,
+    tbt: tbt::TbtHandle,
     /// The driver and server tasks, awaited by `stopped`; a lock so clones of the handle can
     /// share them.
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -199,6 +205,11 @@ impl SimHandle {
     /// USD-M futures WebSocket base URL, `ws://127.0.0.1:PORT/fapi` (depth diffs carry `pu`).
     pub fn futures_ws_base(&self) -> String {
         format!("ws://{}/fapi", self.inner.addr)
+    }
+
+    /// The tick-by-tick feed: hot spots, pause, wire drops, snapshots and the true books.
+    pub fn tbt(&self) -> tbt::TbtHandle {
+        self.inner.tbt.clone()
     }
 
     /// The fault-injection handle.

@@ -9,6 +9,7 @@
 //! | `/fapi/ws`, `/fapi/ws/<streams>`, `/fapi/stream?streams=` | futures streams |
 //! | `GET /sim/faults`, `POST /sim/faults` | the fault plan and counters; inject faults ([`super::faults`]) |
 //! | `GET /sim/status` | symbols, clock, connections |
+//! | `/tbt/*` | the tick-by-tick feed ([`super::tbt::routes`]) |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,6 +56,7 @@ pub(crate) struct Running {
     pub hub: Arc<Hub>,
     pub faults: Arc<Faults>,
     pub stop: watch::Sender<bool>,
+    pub tbt: super::tbt::TbtHandle,
     pub tasks: Vec<JoinHandle<()>>,
 }
 
@@ -96,7 +98,8 @@ pub(crate) async fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result
         },
         stop: stop_rx.clone(),
     });
-    let app = router(srv);
+    let tbt = super::tbt::TbtHandle::start(config.tbt.clone(), Some(stop_rx.clone()))?;
+    let app = router(srv).merge(super::tbt::routes::router(tbt.clone(), stop_rx.clone()));
     let driver = runtime.spawn(run_driver(ex.clone(), hub.clone(), faults.clone(), stop_rx.clone()));
     let mut stop_serve = stop_rx;
     let server = runtime.spawn(async move {
@@ -109,7 +112,7 @@ pub(crate) async fn start(config: SimConfig, bind: SocketAddr) -> anyhow::Result
         }
     });
     tracing::info!(%addr, symbols = config.symbols.len(), speed = config.speed, seed = config.seed, "simulated exchange listening");
-    Ok(Running { addr, ex, hub, faults, stop: stop_tx, tasks: vec![driver, server] })
+    Ok(Running { addr, ex, hub, faults, stop: stop_tx, tbt, tasks: vec![driver, server] })
 }
 
 fn router(srv: Arc<Srv>) -> Router {
