@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod ingest;
+pub mod l3engine;
 pub mod metrics;
 pub mod replay;
 pub mod sim;

@@ -1,0 +1,337 @@
+//! The engine's counters: atomics written by the dispatcher and the shards (aggregated per
+//! batch, never per event) and read by [`super::EngineHandle::stats`], which turns them into the
+//! serialisable [`EngineStats`] served at `GET /api/v1/ops/shards` and as Prometheus metrics.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use serde::Serialize;
+use shared::l3::Venue;
+use shared::protocol::InstrumentId;
+
+use super::{BookHealth, SymbolIdx};
+
+/// One symbol's counters. Written by whoever owns the symbol at the time (one shard at a time,
+/// the dispatcher for routing), read by stats.
+#[derive(Debug)]
+pub(crate) struct SymbolShared {
+    pub idx: SymbolIdx,
+    /// The instrument id, rendered once (stats are read often).
+    pub name: String,
+    pub venue: Venue,
+    /// The shard new events are routed to (the dispatcher's table, mirrored for readers).
+    pub shard: AtomicU32,
+    /// Events accepted by the dispatcher and not yet handled by the book (queued, buffered or
+    /// packed during a migration).
+    pub pending: AtomicI64,
+    /// Events handled by the book (applied, or dropped as duplicates / behind an open gap).
+    pub processed: AtomicU64,
+    /// Handled events not applied: duplicates, and events behind an open gap.
+    pub not_applied: AtomicU64,
+    /// processed/s over the owning shard's last rate window.
+    pub rate: AtomicU64,
+    /// Dispatch-to-done time of the symbol's last processed batch, µs.
+    pub lag_us: AtomicU64,
+    pub gaps: AtomicU64,
+    pub resets: AtomicU64,
+    /// Completed migrations of this symbol.
+    pub migrations: AtomicU64,
+    pub stale: AtomicBool,
+    /// A migration is in flight: set by the dispatcher at step 1, cleared by the target when it
+    /// has replayed legacy and buffer. A second migration waits for it (chains stay ordered).
+    pub migrating: AtomicBool,
+    /// Step 2's out-of-band flag: the source packs this symbol's backlog instead of computing it.
+    pub migrating_out: AtomicBool,
+}
+
+impl SymbolShared {
+    pub fn new(idx: SymbolIdx, instrument: InstrumentId, venue: Venue) -> Self {
+        Self {
+            idx,
+            name: instrument.to_string(),
+            venue,
+            shard: AtomicU32::new(u32::MAX),
+            pending: AtomicI64::new(0),
+            processed: AtomicU64::new(0),
+            not_applied: AtomicU64::new(0),
+            rate: AtomicU64::new(0),
+            lag_us: AtomicU64::new(0),
+            gaps: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+            migrations: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
+            migrating: AtomicBool::new(false),
+            migrating_out: AtomicBool::new(false),
+        }
+    }
+}
+
+/// One shard's counters.
+#[derive(Debug)]
+pub(crate) struct ShardShared {
+    pub id: u32,
+    /// Events in the shard's queue (added by the dispatcher per batch, removed per batch).
+    pub queued: AtomicI64,
+    /// Events held in migration buffers (incoming) and legacy lists (outgoing).
+    pub buffered: AtomicI64,
+    pub processed: AtomicU64,
+    pub rate: AtomicU64,
+    /// Dispatch time (ns since the engine's epoch, +1 so 0 means idle) of the batch being
+    /// processed: the lag is its age.
+    pub busy_since_ns: AtomicU64,
+    pub symbols: AtomicU32,
+    /// Bumped by the dispatcher after setting a symbol's `migrating_out`: the shard checks this
+    /// one number per batch and scans its symbols only when it changed.
+    pub out_gen: AtomicU64,
+    /// Events that reached this shard for a symbol it does not hold (a bug if ever non-zero).
+    pub misrouted: AtomicU64,
+}
+
+impl ShardShared {
+    pub fn new(id: u32) -> Self {
+        Self {
+            id,
+            queued: AtomicI64::new(0),
+            buffered: AtomicI64::new(0),
+            processed: AtomicU64::new(0),
+            rate: AtomicU64::new(0),
+            busy_since_ns: AtomicU64::new(0),
+            symbols: AtomicU32::new(0),
+            out_gen: AtomicU64::new(0),
+            misrouted: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Engine-wide migration counters.
+#[derive(Debug, Default)]
+pub(crate) struct MigrationCounters {
+    /// Requests accepted by the handle (each ends up completed or rejected).
+    pub requested: AtomicU64,
+    pub started: AtomicU64,
+    pub completed: AtomicU64,
+    pub queued: AtomicU64,
+    pub rejected: AtomicU64,
+    /// Start (step 1) to resumed processing at the target, µs.
+    pub last_us: AtomicU64,
+    pub max_us: AtomicU64,
+    /// Legacy events handed over by the last completed migration.
+    pub last_legacy: AtomicU64,
+}
+
+/// Everything the handle, the dispatcher and the shards share. Locks here are taken only when a
+/// symbol or shard is added and when stats are read, never per event.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    pub epoch: Instant,
+    pub symbols: RwLock<Vec<Arc<SymbolShared>>>,
+    pub by_name: RwLock<HashMap<String, SymbolIdx>>,
+    pub shards: RwLock<Vec<Arc<ShardShared>>>,
+    pub migrations: MigrationCounters,
+    pub unknown_symbol: AtomicU64,
+    pub auto_balance: AtomicBool,
+    pub balancer_decisions: AtomicU64,
+    pub max_shards: usize,
+    pub top_n: usize,
+}
+
+impl Registry {
+    pub fn new(max_shards: usize, top_n: usize, auto_balance: bool) -> Self {
+        Self {
+            epoch: Instant::now(),
+            symbols: RwLock::new(Vec::new()),
+            by_name: RwLock::new(HashMap::new()),
+            shards: RwLock::new(Vec::new()),
+            migrations: MigrationCounters::default(),
+            unknown_symbol: AtomicU64::new(0),
+            auto_balance: AtomicBool::new(auto_balance),
+            balancer_decisions: AtomicU64::new(0),
+            max_shards,
+            top_n,
+        }
+    }
+
+    /// ns since the epoch + 1 (so that 0 can mean "none").
+    pub fn stamp(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64 + 1
+    }
+
+    pub fn snapshot(&self) -> EngineStats {
+        let now = Instant::now();
+        let now_ns = self.stamp(now);
+        let symbols = self.symbols.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let shards = self.shards.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let sym_stats: Vec<SymbolStats> = symbols
+            .iter()
+            .map(|s| {
+                let lag_us = s.lag_us.load(Relaxed);
+                SymbolStats {
+                    symbol: s.idx,
+                    instrument: s.name.clone(),
+                    venue: s.venue,
+                    shard: s.shard.load(Relaxed),
+                    pending: s.pending.load(Relaxed).max(0) as u64,
+                    processed: s.processed.load(Relaxed),
+                    not_applied: s.not_applied.load(Relaxed),
+                    processed_per_s: s.rate.load(Relaxed),
+                    lag_us,
+                    lag_ms: lag_us / 1000,
+                    health: if s.stale.load(Relaxed) { BookHealth::Stale } else { BookHealth::Live },
+                    gaps: s.gaps.load(Relaxed),
+                    resets: s.resets.load(Relaxed),
+                    migrations: s.migrations.load(Relaxed),
+                    migrating: s.migrating.load(Relaxed),
+                }
+            })
+            .collect();
+        let shard_stats = shards
+            .iter()
+            .map(|sh| {
+                let busy = sh.busy_since_ns.load(Relaxed);
+                let lag_us = if busy == 0 { 0 } else { now_ns.saturating_sub(busy) / 1000 };
+                let queued = sh.queued.load(Relaxed).max(0) as u64;
+                let buffered = sh.buffered.load(Relaxed).max(0) as u64;
+                let mut mine: Vec<&SymbolStats> =
+                    sym_stats.iter().filter(|s| s.shard == sh.id && s.pending > 0).collect();
+                let with_pending = mine.len() as u32;
+                mine.sort_unstable_by(|a, b| b.pending.cmp(&a.pending).then(a.symbol.cmp(&b.symbol)));
+                ShardStats {
+                    id: sh.id,
+                    pending: queued + buffered,
+                    queued,
+                    buffered,
+                    processed: sh.processed.load(Relaxed),
+                    processed_per_s: sh.rate.load(Relaxed),
+                    lag_us,
+                    lag_ms: lag_us / 1000,
+                    symbols: sh.symbols.load(Relaxed),
+                    symbols_with_pending: with_pending,
+                    top_pending: mine
+                        .into_iter()
+                        .take(self.top_n)
+                        .map(|s| PendingSymbol {
+                            symbol: s.symbol,
+                            instrument: s.instrument.clone(),
+                            pending: s.pending,
+                        })
+                        .collect(),
+                    misrouted: sh.misrouted.load(Relaxed),
+                }
+            })
+            .collect();
+        let m = &self.migrations;
+        EngineStats {
+            uptime_ms: now.duration_since(self.epoch).as_millis() as u64,
+            auto_balance: self.auto_balance.load(Relaxed),
+            max_shards: self.max_shards,
+            shards: shard_stats,
+            migrations: MigrationStats {
+                started: m.started.load(Relaxed),
+                completed: m.completed.load(Relaxed),
+                queued: m.queued.load(Relaxed),
+                rejected: m.rejected.load(Relaxed),
+                in_flight: sym_stats.iter().filter(|s| s.migrating).map(|s| s.symbol).collect(),
+                last_us: m.last_us.load(Relaxed),
+                max_us: m.max_us.load(Relaxed),
+                last_legacy_events: m.last_legacy.load(Relaxed),
+            },
+            symbols: sym_stats,
+            balancer_decisions: self.balancer_decisions.load(Relaxed),
+            unknown_symbol_events: self.unknown_symbol.load(Relaxed),
+        }
+    }
+}
+
+/// The engine at one moment (`GET /api/v1/ops/shards`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineStats {
+    pub uptime_ms: u64,
+    pub auto_balance: bool,
+    pub max_shards: usize,
+    pub shards: Vec<ShardStats>,
+    pub symbols: Vec<SymbolStats>,
+    pub migrations: MigrationStats,
+    /// Migrations the automatic policy asked for.
+    pub balancer_decisions: u64,
+    /// Events dropped by the dispatcher because their symbol index is not registered.
+    pub unknown_symbol_events: u64,
+}
+
+impl EngineStats {
+    pub fn shard(&self, id: u32) -> Option<&ShardStats> {
+        self.shards.iter().find(|s| s.id == id)
+    }
+
+    pub fn symbol(&self, idx: SymbolIdx) -> Option<&SymbolStats> {
+        self.symbols.get(idx as usize).filter(|s| s.symbol == idx)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShardStats {
+    pub id: u32,
+    /// `queued + buffered`.
+    pub pending: u64,
+    /// Events waiting in the shard's queue.
+    pub queued: u64,
+    /// Events held by the shard for migrations (incoming buffers, outgoing legacy lists).
+    pub buffered: u64,
+    pub processed: u64,
+    pub processed_per_s: u64,
+    /// Age of the batch being processed (0 when idle): how far behind the feed the shard is.
+    pub lag_us: u64,
+    pub lag_ms: u64,
+    pub symbols: u32,
+    pub symbols_with_pending: u32,
+    /// The symbols with the most pending events, most first.
+    pub top_pending: Vec<PendingSymbol>,
+    /// Events that reached the shard for a symbol it does not hold (should stay 0).
+    pub misrouted: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PendingSymbol {
+    pub symbol: SymbolIdx,
+    pub instrument: String,
+    pub pending: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SymbolStats {
+    pub symbol: SymbolIdx,
+    pub instrument: String,
+    pub venue: Venue,
+    /// The shard its events are routed to.
+    pub shard: u32,
+    pub pending: u64,
+    pub processed: u64,
+    /// Handled but not applied (duplicates, events behind an open gap).
+    pub not_applied: u64,
+    pub processed_per_s: u64,
+    /// Dispatch-to-done time of the symbol's last processed batch.
+    pub lag_us: u64,
+    pub lag_ms: u64,
+    pub health: BookHealth,
+    pub gaps: u64,
+    pub resets: u64,
+    pub migrations: u64,
+    /// A migration of this symbol is in flight.
+    pub migrating: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MigrationStats {
+    pub started: u64,
+    pub completed: u64,
+    /// Requests that waited for a previous migration of the same symbol.
+    pub queued: u64,
+    /// Requests refused when their turn came (same shard, shard limit).
+    pub rejected: u64,
+    pub in_flight: Vec<SymbolIdx>,
+    /// Step 1 to resumed processing at the target, for the last completed migration.
+    pub last_us: u64,
+    pub max_us: u64,
+    pub last_legacy_events: u64,
+}
