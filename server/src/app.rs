@@ -7,15 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use shared::protocol::SeriesId;
+use shared::protocol::{InstrumentId, SeriesId};
 
 use crate::backfill::Backfill;
 use crate::books::BookRegistry;
 use crate::bus::InProcessBus;
 use crate::config::Config;
+use crate::ingest::depth_job::{DepthJobsSnapshot, DepthRunner};
 use crate::ingest::kline_job::{self, KlineJobDeps};
 use crate::ingest::pipeline::Publisher;
 use crate::ingest::supervisor::{JobContext, JobFuture, JobRunner, Supervisor};
+use crate::ingest::{Lease, SubscribeError};
 use crate::metrics::{Exposition, Metrics};
 use crate::sources::Sources;
 use crate::store::sqlite::SqliteStore;
@@ -32,6 +34,10 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Every order book millrace publishes (Binance depth jobs, tick-by-tick shards).
     pub books: Arc<BookRegistry>,
+    /// The depth jobs (Binance order books synced into `books`): a supervisor of their own with
+    /// the candle jobs' rules (pinned from `[depth]`, on-demand leases, capacity, reaper).
+    pub depth: Supervisor,
+    depth_runner: Arc<DepthRunner>,
 }
 
 /// Starts kline jobs for the supervisor.
@@ -109,15 +115,34 @@ impl App {
             .context("cannot load backfill progress")?;
         backfill.start_configured();
         let books = BookRegistry::new(bus.clone());
-        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default(), books })
+        let depth_runner = DepthRunner::new(&config, sources.clone(), books.clone());
+        let depth = Supervisor::with_kind("depth", depth_runner.supervisor_config(), depth_runner.clone());
+        depth.start(&config.pinned_depth_instruments());
+        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default(), books, depth, depth_runner })
+    }
+
+    /// A browser's subscription to `depth_update@{instrument}` / `depth@{instrument},N`: a lease
+    /// on the instrument's depth job, starting it if needed (capacity rules as for candles).
+    pub fn subscribe_depth(&self, instrument: &InstrumentId) -> Result<Lease, SubscribeError> {
+        self.depth.subscribe_instrument(instrument, &format!("depth@{instrument}"))
+    }
+
+    /// Depth jobs for ops: supervisor view (pinned, refcounts, crashes) plus each job's sync
+    /// state and counters.
+    pub fn depth_jobs_snapshot(&self) -> DepthJobsSnapshot {
+        self.depth_runner.snapshot(self.depth.snapshot())
     }
 
     /// Stops everything in order; buffered closed candles are flushed to the store.
     pub async fn stop(&self) {
         self.supervisor.shutdown();
+        self.depth.shutdown();
         self.backfill.shutdown(Duration::from_secs(5)).await;
         if !self.supervisor.wait_stopped(Duration::from_secs(10)).await {
             tracing::warn!("some ingest jobs did not stop within 10 s");
+        }
+        if !self.depth.wait_stopped(Duration::from_secs(5)).await {
+            tracing::warn!("some depth jobs did not stop within 5 s");
         }
         for s in self.sources.all() {
             if let Some(sim) = &s.sim {

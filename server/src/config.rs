@@ -26,6 +26,10 @@
 //! ondemand_max_jobs = 20
 //! ondemand_idle_ttl_s = 60
 //!
+//! [depth]
+//! pinned = ["sim:spot:BTC/USDT", "sim:spot:ETH/USDT"]
+//! snapshot_limit = 1000
+//!
 //! [[sources]]
 //! name = "sim"
 //! kind = "sim"
@@ -56,6 +60,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub limits: LimitsConfig,
     pub ingest: IngestConfig,
+    pub depth: DepthConfig,
     pub sources: Vec<SourceConfig>,
     pub backfill: Vec<BackfillTaskConfig>,
 }
@@ -176,6 +181,54 @@ impl Default for IngestConfig {
     }
 }
 
+/// `[depth]`: Binance depth jobs, which keep millrace's copy of an exchange order book in sync
+/// (`<sym>@depth@100ms` + REST snapshots, seeds/local-order-book-snapshot-delta-sync.md) and
+/// publish it. Capacity, idle TTL, reaper and reconnect back-off are those of `[ingest]`, except
+/// the on-demand capacity, which is counted separately for depth jobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DepthConfig {
+    /// Instruments whose depth jobs start at boot and are never evicted.
+    pub pinned: Vec<String>,
+    /// Most on-demand depth jobs at once; 0 = unlimited.
+    pub ondemand_max_jobs: usize,
+    /// Levels per side of a REST snapshot (Binance spot: up to 5000; weight grows with it).
+    pub snapshot_limit: u16,
+    /// How often the book is checked against a fresh REST snapshot; 0 disables it.
+    pub verify_interval_ms: u64,
+    /// Consecutive failed snapshots before falling back to the partial book stream
+    /// (`<sym>@depth20@100ms`).
+    pub snapshot_failures_before_fallback: u32,
+    /// How long to stay in the fallback snapshot mode before trying deltas again.
+    pub snapshot_mode_retry_ms: u64,
+    /// First wait after a failed snapshot, doubling up to `snapshot_retry_cap_ms`; a rate-limit
+    /// answer's `Retry-After` is waited out in full.
+    pub snapshot_retry_base_ms: u64,
+    pub snapshot_retry_cap_ms: u64,
+    /// A snapshot request is held back until the next minute while the REST weight used in the
+    /// current minute (Binance's `X-MBX-USED-WEIGHT-1M`) is above this (Binance spot allows 6000).
+    pub max_used_weight: u32,
+    /// How often the book is published to millrace's clients (the seed's 100 ms).
+    pub publish_interval_ms: u64,
+}
+
+impl Default for DepthConfig {
+    fn default() -> Self {
+        Self {
+            pinned: vec!["sim:spot:BTC/USDT".into(), "sim:spot:ETH/USDT".into()],
+            ondemand_max_jobs: 20,
+            snapshot_limit: 1000,
+            verify_interval_ms: 60_000,
+            snapshot_failures_before_fallback: 3,
+            snapshot_mode_retry_ms: 30_000,
+            snapshot_retry_base_ms: 500,
+            snapshot_retry_cap_ms: 30_000,
+            max_used_weight: 4800,
+            publish_interval_ms: 100,
+        }
+    }
+}
+
 /// Kind of a market-data source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -259,6 +312,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             limits: LimitsConfig::default(),
             ingest: IngestConfig::default(),
+            depth: DepthConfig::default(),
             sources: vec![SourceConfig::default()],
             backfill: vec![BackfillTaskConfig {
                 series: "sim:spot:BTC/USDT:1m".into(),
@@ -356,6 +410,15 @@ impl Config {
         range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
         range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
         range("limits.max_klines_limit", l.max_klines_limit, 1, 100_000)?;
+        let d = &self.depth;
+        range("depth.snapshot_limit", d.snapshot_limit, 5, 5000)?;
+        range("depth.verify_interval_ms", d.verify_interval_ms, 0, 86_400_000)?;
+        range("depth.snapshot_failures_before_fallback", d.snapshot_failures_before_fallback, 1, 1000)?;
+        range("depth.snapshot_mode_retry_ms", d.snapshot_mode_retry_ms, 100, 86_400_000)?;
+        range("depth.snapshot_retry_base_ms", d.snapshot_retry_base_ms, 1, 3_600_000)?;
+        range("depth.snapshot_retry_cap_ms", d.snapshot_retry_cap_ms, d.snapshot_retry_base_ms, 3_600_000)?;
+        range("depth.max_used_weight", d.max_used_weight, 1, 1_000_000)?;
+        range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
         if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {
             anyhow::bail!("configuration key `server.admin_token`: must be at least 8 characters");
@@ -390,6 +453,12 @@ impl Config {
             self.source(&inst.exchange)
                 .ok_or_else(|| anyhow::anyhow!("configuration key `ingest.pinned[{n}]`: no source named {:?}", inst.exchange))?;
         }
+        for (n, p) in self.depth.pinned.iter().enumerate() {
+            let inst = parse_instrument_or_series(p)
+                .map_err(|e| anyhow::anyhow!("configuration key `depth.pinned[{n}]`: {e}"))?;
+            self.source(&inst.exchange)
+                .ok_or_else(|| anyhow::anyhow!("configuration key `depth.pinned[{n}]`: no source named {:?}", inst.exchange))?;
+        }
         for (n, b) in self.backfill.iter().enumerate() {
             let key = format!("backfill[{n}]");
             let series: SeriesId = b
@@ -421,12 +490,20 @@ impl Config {
 
     /// The pinned instruments.
     pub fn pinned_instruments(&self) -> Vec<InstrumentId> {
-        let mut out: Vec<InstrumentId> =
-            self.ingest.pinned.iter().filter_map(|p| parse_instrument_or_series(p).ok()).collect();
-        out.sort_by_key(|i| i.to_string());
-        out.dedup();
-        out
+        instruments(&self.ingest.pinned)
     }
+
+    /// The instruments whose depth jobs are pinned.
+    pub fn pinned_depth_instruments(&self) -> Vec<InstrumentId> {
+        instruments(&self.depth.pinned)
+    }
+}
+
+fn instruments(list: &[String]) -> Vec<InstrumentId> {
+    let mut out: Vec<InstrumentId> = list.iter().filter_map(|p| parse_instrument_or_series(p).ok()).collect();
+    out.sort_by_key(|i| i.to_string());
+    out.dedup();
+    out
 }
 
 /// An instrument id, or a series id whose instrument is taken.
@@ -454,9 +531,9 @@ fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> anyhow::Result
             (s.to_ascii_lowercase(), k.to_ascii_lowercase())
         }
     };
-    if !matches!(section.as_str(), "server" | "limits" | "ingest") {
+    if !matches!(section.as_str(), "server" | "limits" | "ingest" | "depth") {
         anyhow::bail!(
-            "environment variable {name}: `{section}` is not a configuration section that can be set from the environment (server, limits, ingest)"
+            "environment variable {name}: `{section}` is not a configuration section that can be set from the environment (server, limits, ingest, depth)"
         );
     }
     let parsed = format!("v = {value}")
@@ -528,6 +605,10 @@ mod tests {
         assert!(e.contains("backfill[0].series"), "{e}");
         let e = load("[ingest]\nderived = [\"7m\"]\n", &[]).unwrap_err().to_string();
         assert!(e.contains("ingest.derived"), "{e}");
+        let e = load("[depth]\nsnapshot_limit = 1\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("depth.snapshot_limit"), "{e}");
+        let e = load("", &[("MILLRACE_DEPTH__PINNED", "[\"nowhere:spot:BTC/USDT\"]")]).unwrap_err().to_string();
+        assert!(e.contains("depth.pinned[0]"), "{e}");
         let e = load("", &[("MILLRACE_NOPE__X", "1")]).unwrap_err().to_string();
         assert!(e.contains("MILLRACE_NOPE__X"), "{e}");
     }

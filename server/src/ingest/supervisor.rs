@@ -17,6 +17,11 @@
 //!   (`crashes`, `last_crash_at_ms`, `last_error`) and restarted after a back-off. Connection
 //!   failures inside a running job are reported through [`JobHealth::crash`] by the job itself.
 //! - [`Supervisor::snapshot`] is the debug snapshot served at `GET /api/v1/ops/jobs`.
+//!
+//! One supervisor runs one kind of job (its `kind`: `kline`, `depth`), each with its own
+//! [`JobRunner`] and capacity; the rules above are the same for every kind. Kline jobs are
+//! subscribed by series ([`Supervisor::subscribe`]), depth jobs by instrument
+//! ([`Supervisor::subscribe_instrument`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -41,6 +46,11 @@ pub trait JobRunner: Send + Sync + 'static {
     /// Checks that a series can be served (known source and symbol, ingested or derived
     /// timeframe); the error text reaches the client.
     fn validate(&self, series: &SeriesId) -> Result<(), String>;
+    /// Checks that an instrument can be served, for subscriptions by instrument
+    /// ([`Supervisor::subscribe_instrument`]). Runners that only serve series refuse.
+    fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), String> {
+        Err(format!("{instrument}: this job kind is subscribed by series"))
+    }
     /// The job loop. It must return soon after `ctx.stop` becomes `true`; returning earlier
     /// counts as a crash and the job is restarted.
     fn run(&self, ctx: JobContext) -> JobFuture;
@@ -140,6 +150,8 @@ struct State {
 }
 
 struct Inner {
+    /// What the jobs do (`kline`, `depth`), shown in the snapshot.
+    kind: &'static str,
     config: IngestConfig,
     runner: Arc<dyn JobRunner>,
     state: Mutex<State>,
@@ -178,6 +190,11 @@ impl std::fmt::Debug for Lease {
 impl Supervisor {
     /// A supervisor with no jobs; call [`Supervisor::start`] to start the pinned jobs and the reaper.
     pub fn new(config: IngestConfig, runner: Arc<dyn JobRunner>) -> Self {
+        Self::with_kind("kline", config, runner)
+    }
+
+    /// A supervisor of jobs of another `kind` (`depth`), with the same rules.
+    pub fn with_kind(kind: &'static str, config: IngestConfig, runner: Arc<dyn JobRunner>) -> Self {
         let state = State {
             jobs: HashMap::new(),
             next_generation: 1,
@@ -186,7 +203,7 @@ impl Supervisor {
             refusals: 0,
             reaped: 0,
         };
-        Self { inner: Arc::new(Inner { config, runner, state: Mutex::new(state), running: Arc::default() }) }
+        Self { inner: Arc::new(Inner { kind, config, runner, state: Mutex::new(state), running: Arc::default() }) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -228,8 +245,17 @@ impl Supervisor {
     /// (evicting the longest-idle on-demand job when at capacity).
     pub fn subscribe(&self, series: &SeriesId) -> Result<Lease, SubscribeError> {
         self.inner.runner.validate(series).map_err(SubscribeError::UnknownSeries)?;
-        let instrument = series.instrument.clone();
-        let name = series.to_string();
+        self.acquire(series.instrument.clone(), series.to_string())
+    }
+
+    /// Like [`Supervisor::subscribe`] for jobs subscribed by instrument; `stream` names the
+    /// subscription in the snapshot (`depth_update@sim:spot:BTC/USDT`).
+    pub fn subscribe_instrument(&self, instrument: &InstrumentId, stream: &str) -> Result<Lease, SubscribeError> {
+        self.inner.runner.validate_instrument(instrument).map_err(SubscribeError::UnknownSeries)?;
+        self.acquire(instrument.clone(), stream.to_string())
+    }
+
+    fn acquire(&self, instrument: InstrumentId, name: String) -> Result<Lease, SubscribeError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(SubscribeError::ShuttingDown);
@@ -249,7 +275,7 @@ impl Supervisor {
                         let job = st.jobs.remove(&key).expect("victim exists");
                         let _ = job.stop.send(true);
                         st.evictions += 1;
-                        tracing::info!(instrument = %key, "evicted the longest-idle on-demand job");
+                        tracing::info!(instrument = %key, kind = self.inner.kind, "evicted the longest-idle on-demand job");
                     }
                     None => {
                         st.refusals += 1;
@@ -362,7 +388,7 @@ impl Supervisor {
             running.fetch_sub(1, Relaxed);
             tracing::debug!(instrument = %ctx.instrument, "ingest job stopped");
         });
-        tracing::info!(%instrument, pinned, "ingest job started");
+        tracing::info!(%instrument, pinned, kind = self.inner.kind, "ingest job started");
         Job {
             pinned,
             subs: BTreeMap::new(),
@@ -399,7 +425,11 @@ impl Supervisor {
                 let load = |a: &AtomicI64| Some(a.load(Relaxed)).filter(|v| *v != 0);
                 JobSnapshot {
                     instrument: inst.to_string(),
-                    series_id: format!("{inst}:1m"),
+                    kind: self.inner.kind,
+                    series_id: match self.inner.kind {
+                        "kline" => format!("{inst}:1m"),
+                        kind => format!("{kind}@{inst}"),
+                    },
                     pinned: j.pinned,
                     refcount: if j.pinned { -1 } else { j.refcount as i64 },
                     subscribers: j.refcount,
@@ -465,7 +495,9 @@ pub struct Capacity {
 #[derive(Debug, Clone, Serialize)]
 pub struct JobSnapshot {
     pub instrument: String,
-    /// The upstream series (always 1m).
+    /// The supervisor's job kind: `kline`, `depth`.
+    pub kind: &'static str,
+    /// The upstream series: `{instrument}:1m` for kline jobs, `depth@{instrument}` for depth.
     pub series_id: String,
     pub pinned: bool,
     /// The seed's refcount: -1 for pinned jobs, else live subscriptions.

@@ -9,6 +9,7 @@
 //! | `duplicate`            | the next `count` messages are sent twice |
 //! | `reorder`              | the next `count` messages are each held back and sent after the following message of the same stream (adjacent swap) |
 //! | `malformed`            | the next `count` messages are replaced by broken text: alternately invalid JSON and the real frame cut in half |
+//! | `corrupt`              | the next `count` depth diffs carry one wrong level (update ids intact): a phantom level one price unit (10^-8) beyond the deepest changed bid (or ask), which the exchange never has, so the receiver's book silently diverges until it checks against a snapshot |
 //! | `stall`                | the matching streams send nothing for `ms` milliseconds (messages are dropped; the connection stays open and keeps answering pings) |
 //! | `rest_fail`            | the next `count` REST calls (optionally only those whose path starts with `path`) fail with `status`; 429 and 418 carry `Retry-After: retry_after` seconds (default 1) |
 //! | `max_connection_age`   | WebSocket connections are closed (close frame) once they are `ms` old; `null` restores the configured age |
@@ -101,6 +102,8 @@ pub enum MessageFault {
     Duplicate,
     Reorder,
     Malformed,
+    /// Depth diffs only (other messages pass unchanged): see the module docs.
+    Corrupt,
 }
 
 /// One scripted fault; the JSON form of `POST /sim/faults` (see the module docs).
@@ -127,6 +130,11 @@ pub enum FaultCommand {
         count: u32,
     },
     Malformed {
+        #[serde(flatten)]
+        target: StreamTarget,
+        count: u32,
+    },
+    Corrupt {
         #[serde(flatten)]
         target: StreamTarget,
         count: u32,
@@ -198,6 +206,9 @@ pub struct FaultCounters {
     pub reordered: u64,
     /// Broken frames sent in place of messages.
     pub malformed: u64,
+    /// Depth diffs sent with a phantom level (`corrupt`).
+    #[serde(default)]
+    pub corrupted: u64,
     /// Messages withheld by a stall.
     pub stalled: u64,
     /// Connections closed by `drop`.
@@ -222,6 +233,7 @@ struct Counters {
     duplicated: AtomicU64,
     reordered: AtomicU64,
     malformed: AtomicU64,
+    corrupted: AtomicU64,
     stalled: AtomicU64,
     connections_dropped: AtomicU64,
     connections_aged_out: AtomicU64,
@@ -236,6 +248,7 @@ struct Counters {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Count {
     Reordered,
+    Corrupted,
     AgedOut,
     Laggard,
     PingTimeout,
@@ -313,6 +326,7 @@ impl Faults {
             FaultCommand::Duplicate { target, count } => self.message_fault(MessageFault::Duplicate, target, count),
             FaultCommand::Reorder { target, count } => self.message_fault(MessageFault::Reorder, target, count),
             FaultCommand::Malformed { target, count } => self.message_fault(MessageFault::Malformed, target, count),
+            FaultCommand::Corrupt { target, count } => self.message_fault(MessageFault::Corrupt, target, count),
             FaultCommand::Stall { target, ms } => self.stall(target, Duration::from_millis(ms)),
             FaultCommand::RestFail { count, status, path, retry_after } => {
                 self.fail_rest(count, status, path.as_deref(), retry_after)
@@ -359,6 +373,12 @@ impl Faults {
     /// Replaces the next `count` messages with broken frames (invalid JSON, truncated).
     pub fn malformed(&self, target: StreamTarget, count: u32) {
         self.message_fault(MessageFault::Malformed, target, count)
+    }
+
+    /// The next `count` depth diffs of the matching streams carry a phantom level (see the
+    /// module docs); their update ids stay right, so only a check against a snapshot finds it.
+    pub fn corrupt(&self, target: StreamTarget, count: u32) {
+        self.message_fault(MessageFault::Corrupt, target, count)
     }
 
     /// The matching streams send nothing for `duration` (the connection stays open).
@@ -416,6 +436,7 @@ impl Faults {
             duplicated: c.duplicated.load(Relaxed),
             reordered: c.reordered.load(Relaxed),
             malformed: c.malformed.load(Relaxed),
+            corrupted: c.corrupted.load(Relaxed),
             stalled: c.stalled.load(Relaxed),
             connections_dropped: c.connections_dropped.load(Relaxed),
             connections_aged_out: c.connections_aged_out.load(Relaxed),
@@ -436,6 +457,7 @@ impl Faults {
         let c = &self.counters;
         let counter = match what {
             Count::Reordered => &c.reordered,
+            Count::Corrupted => &c.corrupted,
             Count::AgedOut => &c.connections_aged_out,
             Count::Laggard => &c.laggards_disconnected,
             Count::PingTimeout => &c.ping_timeouts,
@@ -465,7 +487,8 @@ impl Faults {
                 MessageFault::Skip => c.skipped.fetch_add(1, Relaxed),
                 MessageFault::Duplicate => c.duplicated.fetch_add(1, Relaxed),
                 MessageFault::Malformed => c.malformed.fetch_add(1, Relaxed),
-                MessageFault::Reorder => 0, // counted when the swap happens
+                // counted when the swap happens / when a depth diff was actually altered
+                MessageFault::Reorder | MessageFault::Corrupt => 0,
             };
             Decision::Fault(f)
         } else {

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use axum::extract::ws::Utf8Bytes;
 use serde::Serialize;
 use shared::candle::{Candle, Timeframe, MINUTE_MS, TIME_LIMIT_MS};
 use shared::sync::DepthDelta;
@@ -388,6 +389,31 @@ fn publish(
         Decision::Fault(MessageFault::Malformed) => {
             hub.publish(&w.key, &make(true));
         }
+        Decision::Fault(MessageFault::Corrupt) => {
+            let corrupted = match payload {
+                Payload::Depth(ev) if matches!(w.name.kind, StreamKind::Depth { .. }) => corrupt(ev),
+                _ => None,
+            };
+            match corrupted {
+                Some(ev) => {
+                    let p = Payload::Depth(ev);
+                    let text = |combined: bool| -> Option<Utf8Bytes> {
+                        let t = if combined {
+                            serde_json::to_string(&Combined { stream: name.clone(), data: &p })
+                        } else {
+                            serde_json::to_string(&p)
+                        };
+                        t.ok().map(Into::into)
+                    };
+                    let f = Frame { raw: w.raw.then(|| text(false)).flatten(), combined: w.combined.then(|| text(true)).flatten() };
+                    hub.publish(&w.key, &f);
+                    faults.count(Count::Corrupted, 1);
+                }
+                None => {
+                    hub.publish(&w.key, &make(false));
+                }
+            }
+        }
         Decision::Fault(MessageFault::Reorder) => {
             let f = make(false);
             match held.remove(&w.key) {
@@ -409,6 +435,22 @@ fn publish(
             }
         }
     }
+}
+
+/// A depth diff with a phantom level: one price unit (10^-8, off every tick grid, so the
+/// exchange never has it and never sends it again) beyond the deepest changed bid, else ask.
+/// Update ids are untouched: only a comparison with a snapshot can find the damage.
+fn corrupt(ev: &WsDepthUpdate) -> Option<WsDepthUpdate> {
+    let mut ev = ev.clone();
+    let qty = shared::Qty::from_units(1);
+    if let Some(deepest) = ev.bids.last().copied() {
+        ev.bids.push(Level::new(shared::Price::from_raw(deepest.price.raw() - 1), qty));
+    } else if let Some(deepest) = ev.asks.last().copied() {
+        ev.asks.push(Level::new(shared::Price::from_raw(deepest.price.raw() + 1), qty));
+    } else {
+        return None;
+    }
+    Some(ev)
 }
 
 /// Advances one market to `now` and builds the messages due for its wanted streams, as

@@ -41,7 +41,7 @@ pub fn static_dir() -> PathBuf {
     dir
 }
 
-/// A configuration for tests: data under a fresh temp dir, no pinned jobs, no backfill, fast
+/// A configuration for tests: data under a fresh temp dir, no pinned (candle or depth) jobs, no backfill, fast
 /// reconnects, and the given source(s).
 pub fn test_config(sources: Vec<SourceConfig>) -> Config {
     let mut c = Config::default();
@@ -49,6 +49,7 @@ pub fn test_config(sources: Vec<SourceConfig>) -> Config {
     c.server.static_dir = Some(static_dir());
     c.server.heartbeat_ms = 100;
     c.ingest.pinned = vec![];
+    c.depth.pinned = vec![];
     c.ingest.reconnect_base_ms = 50;
     c.ingest.reconnect_cap_ms = 500;
     c.ingest.flush_ms = 100;
