@@ -389,6 +389,7 @@ impl Shard {
         m.last_us.store(took, Relaxed);
         m.max_us.fetch_max(took, Relaxed);
         m.last_legacy.store(legacy_n as u64, Relaxed);
+        m.legacy_total.fetch_add(legacy_n as u64, Relaxed);
         tracing::info!(
             symbol = %state.shared.name,
             from,

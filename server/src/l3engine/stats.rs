@@ -117,8 +117,9 @@ pub(crate) struct MigrationCounters {
     /// Start (step 1) to resumed processing at the target, µs.
     pub last_us: AtomicU64,
     pub max_us: AtomicU64,
-    /// Legacy events handed over by the last completed migration.
+    /// Legacy events handed over by the last completed migration, and by all of them.
     pub last_legacy: AtomicU64,
+    pub legacy_total: AtomicU64,
 }
 
 /// Everything the handle, the dispatcher and the shards share. Locks here are taken only when a
@@ -228,6 +229,7 @@ impl Registry {
             max_shards: self.max_shards,
             shards: shard_stats,
             migrations: MigrationStats {
+                requested: m.requested.load(Relaxed),
                 started: m.started.load(Relaxed),
                 completed: m.completed.load(Relaxed),
                 queued: m.queued.load(Relaxed),
@@ -236,6 +238,7 @@ impl Registry {
                 last_us: m.last_us.load(Relaxed),
                 max_us: m.max_us.load(Relaxed),
                 last_legacy_events: m.last_legacy.load(Relaxed),
+                legacy_events_total: m.legacy_total.load(Relaxed),
             },
             symbols: sym_stats,
             balancer_decisions: self.balancer_decisions.load(Relaxed),
@@ -323,6 +326,8 @@ pub struct SymbolStats {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MigrationStats {
+    /// Requests accepted (each ends up completed or rejected; queued ones wait in between).
+    pub requested: u64,
     pub started: u64,
     pub completed: u64,
     /// Requests that waited for a previous migration of the same symbol.
@@ -333,5 +338,7 @@ pub struct MigrationStats {
     /// Step 1 to resumed processing at the target, for the last completed migration.
     pub last_us: u64,
     pub max_us: u64,
+    /// Backlog events the source packed instead of computing, last migration and all.
     pub last_legacy_events: u64,
+    pub legacy_events_total: u64,
 }
