@@ -155,7 +155,7 @@ fn add_symbols(h: &EngineHandle, n: usize) -> Vec<(SymbolIdx, Arc<Mutex<Rec>>)> 
 /// previous move is still in flight: every book equals single-threaded processing.
 #[test]
 fn random_migrations_keep_order_and_books() {
-    let mut legacy_seen = 0u64;
+    let (mut legacy_seen, mut queued_seen) = (0u64, 0u64);
     for seed in 0..12u64 {
         let mut rng = Rng::new(seed);
         let mut engine = Engine::start(EngineConfig { max_batch: 1 + rng.below(300) as usize, ..config(2, 6) }).unwrap();
@@ -224,6 +224,7 @@ fn random_migrations_keep_order_and_books() {
         assert!(stats.migrations.completed > 0, "seed {seed}");
         assert!(stats.shards.iter().all(|s| s.pending == 0 && s.misrouted == 0), "seed {seed}: {:?}", stats.shards);
         legacy_seen += stats.migrations.legacy_events_total;
+        queued_seen += stats.migrations.queued;
         for (k, (idx, _)) in syms.iter().enumerate() {
             let s = stats.symbol(*idx).unwrap();
             assert_eq!(s.processed, streams[k].len() as u64, "seed {seed} symbol {k}");
@@ -236,7 +237,8 @@ fn random_migrations_keep_order_and_books() {
             assert_same_book(&rec.lock().unwrap(), &streams[k], &format!("seed {seed} symbol {k} ({refused} refused)"));
         }
     }
-    eprintln!("legacy events handed over across seeds: {legacy_seen}");
+    eprintln!("legacy events handed over across seeds: {legacy_seen}, queued moves: {queued_seen}");
+    assert!(queued_seen > 0, "no chain was requested while a move was in flight");
 }
 
 /// An output that blocks the shard inside `on_applied` until released: holds a source shard busy
