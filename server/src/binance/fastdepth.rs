@@ -448,9 +448,52 @@ impl<'a> Scanner<'a> {
     /// equal to `shared::fixed::parse_raw`'s value. Only the plain form is taken: 1 to 10
     /// integer digits, optionally a dot and fraction digits of which those past the 8th are
     /// zeros; signs, `.5`, empty strings and escapes go to serde.
-    #[inline]
+    #[inline(always)]
     fn decimal(&mut self) -> Option<i64> {
         self.expect(b'"')?;
+        match self.decimal_swar() {
+            Some(raw) => Some(raw),
+            None => self.decimal_loop(),
+        }
+    }
+
+    /// The common case in a few word operations: up to 8 integer digits, then `"` or a dot and
+    /// up to 8 fraction digits and `"`. `None` (position unchanged) for anything else.
+    #[inline(always)]
+    fn decimal_swar(&mut self) -> Option<i64> {
+        let b = self.b;
+        let start = self.pos;
+        let word = load8(b, start)?;
+        let n = digit_run(word);
+        if n == 0 || n == 8 {
+            return None;
+        }
+        let int = digits_value((word.wrapping_sub(ZEROS)) << (8 * (8 - n))) as i64;
+        let after = start + n;
+        match b[after] {
+            b'"' => {
+                self.pos = after + 1;
+                Some(int * SCALE)
+            }
+            b'.' => {
+                let word = load8(b, after + 1)?;
+                let k = digit_run(word);
+                let end = after + 1 + k;
+                if *b.get(end)? != b'"' {
+                    return None; // more than 8 decimals (maybe zeros), or junk
+                }
+                let keep = if k == 0 { 0 } else { u64::MAX >> (8 * (8 - k)) };
+                let frac = digits_value(word.wrapping_sub(ZEROS) & keep) as i64;
+                self.pos = end + 1;
+                Some(int * SCALE + frac)
+            }
+            _ => None,
+        }
+    }
+
+    /// Byte by byte, for what [`Self::decimal_swar`] does not take.
+    #[cold]
+    fn decimal_loop(&mut self) -> Option<i64> {
         let b = self.b;
         let start = self.pos;
         let mut int: i64 = 0;
@@ -474,27 +517,17 @@ impl<'a> Scanner<'a> {
             b'"' => {}
             b'.' => {
                 i += 1;
-                // Binance spot prints exactly 8 decimals: convert them in one step.
-                let frac = match b.get(i..i + 8).and_then(eight_digits) {
-                    Some(v) => {
-                        i += 8;
-                        v as i64
+                let mut v: i64 = 0;
+                let mut n = 0;
+                while let Some(&c) = b.get(i) {
+                    let d = c.wrapping_sub(b'0');
+                    if d > 9 || n == 8 {
+                        break;
                     }
-                    None => {
-                        let mut v: i64 = 0;
-                        let mut n = 0;
-                        while let Some(&c) = b.get(i) {
-                            let d = c.wrapping_sub(b'0');
-                            if d > 9 || n == 8 {
-                                break;
-                            }
-                            v = v * 10 + d as i64;
-                            n += 1;
-                            i += 1;
-                        }
-                        v * POW10[8 - n]
-                    }
-                };
+                    v = v * 10 + d as i64;
+                    n += 1;
+                    i += 1;
+                }
                 // more digits than 8 are accepted only as zeros (`parse_raw` rejects others)
                 while b.get(i) == Some(&b'0') {
                     i += 1;
@@ -502,7 +535,7 @@ impl<'a> Scanner<'a> {
                 if *b.get(i)? != b'"' {
                     return None;
                 }
-                raw += frac;
+                raw += v * POW10[8 - n];
             }
             _ => return None,
         }
@@ -612,24 +645,40 @@ impl<'a> Scanner<'a> {
 
 const POW10: [i64; 9] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000];
 
-/// The value of exactly 8 ASCII digits (the first most significant), or `None` if any byte is
-/// not a digit. SWAR: all 8 are checked and combined in a few multiplications.
+const ZEROS: u64 = 0x3030_3030_3030_3030;
+
+/// The 8 bytes at `at`, first byte lowest.
 #[inline(always)]
-fn eight_digits(s: &[u8]) -> Option<u32> {
-    let v = u64::from_le_bytes(s.try_into().ok()?);
-    // every byte in 0x30..=0x39: high nibble 3, and adding 6 does not carry into it
-    if (v & 0xF0F0_F0F0_F0F0_F0F0) != 0x3030_3030_3030_3030
-        || ((v.wrapping_add(0x0606_0606_0606_0606)) & 0xF0F0_F0F0_F0F0_F0F0) != 0x3030_3030_3030_3030
-    {
-        return None;
-    }
-    let v = v - 0x3030_3030_3030_3030;
-    // pairs, then quads, then the whole (little endian: the first digit is the lowest byte)
+fn load8(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// How many of the 8 bytes of `word` (first byte lowest) are ASCII digits before the first
+/// non-digit (8 if all are). A byte is a digit when `c ^ '0'` is below 10; the test's carries
+/// only run towards later bytes, so the first non-digit is always found exactly.
+#[inline(always)]
+fn digit_run(word: u64) -> usize {
+    let t = word ^ ZEROS;
+    let non_digit = (t.wrapping_add(0x7676_7676_7676_7676) | t) & 0x8080_8080_8080_8080;
+    (non_digit.trailing_zeros() / 8) as usize
+}
+
+/// The number written by 8 digit values (0..=9 per byte, the first byte most significant), in
+/// three multiply steps: pairs, quads, the whole.
+#[inline(always)]
+fn digits_value(v: u64) -> u64 {
     let v = (v * 10) + (v >> 8);
-    let v = (((v & 0x0000_00FF_0000_00FF).wrapping_mul(100 + (1_000_000 << 32)))
+    (((v & 0x0000_00FF_0000_00FF).wrapping_mul(100 + (1_000_000 << 32)))
         .wrapping_add(((v >> 16) & 0x0000_00FF_0000_00FF).wrapping_mul(1 + (10_000 << 32))))
-        >> 32;
-    Some(v as u32)
+        >> 32
+}
+
+/// The value of exactly 8 ASCII digits (the first most significant), or `None` if any byte is
+/// not a digit.
+#[cfg(test)]
+fn eight_digits(s: &[u8]) -> Option<u32> {
+    let v = load8(s, 0)?;
+    (digit_run(v) == 8).then(|| digits_value(v - ZEROS) as u32)
 }
 
 #[cfg(test)]
