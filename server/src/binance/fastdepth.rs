@@ -425,16 +425,11 @@ impl<'a> Scanner<'a> {
             return Some(());
         }
         loop {
-            self.expect(b'[')?;
-            self.ws();
-            let price = self.decimal()?;
-            self.ws();
-            self.expect(b',')?;
-            self.ws();
-            let qty = self.decimal()?;
-            self.ws();
-            self.expect(b']')?;
-            out.push(Level::new(Price::from_raw(price), Qty::from_raw(qty)));
+            let level = match self.compact_level() {
+                Some(level) => level,
+                None => self.spaced_level()?,
+            };
+            out.push(level);
             self.ws();
             match self.next()? {
                 b',' => self.ws(),
@@ -442,6 +437,50 @@ impl<'a> Scanner<'a> {
                 _ => return None,
             }
         }
+    }
+
+    /// `["price","qty"]` exactly as Binance writes it (no whitespace, plain decimals); `None`
+    /// with the position unchanged otherwise.
+    #[inline(always)]
+    fn compact_level(&mut self) -> Option<Level> {
+        let b = self.b;
+        let start = self.pos;
+        if b.get(start..start + 2)? != b"[\"" {
+            return None;
+        }
+        self.pos = start + 2;
+        let level = (|| {
+            let price = self.decimal_swar()?;
+            if b.get(self.pos..self.pos + 2)? != b",\"" {
+                return None;
+            }
+            self.pos += 2;
+            let qty = self.decimal_swar()?;
+            if *b.get(self.pos)? != b']' {
+                return None;
+            }
+            self.pos += 1;
+            Some(Level::new(Price::from_raw(price), Qty::from_raw(qty)))
+        })();
+        if level.is_none() {
+            self.pos = start;
+        }
+        level
+    }
+
+    /// `[ "price" , "qty" ]` with whitespace and any decimal form [`Self::decimal`] takes.
+    #[cold]
+    fn spaced_level(&mut self) -> Option<Level> {
+        self.expect(b'[')?;
+        self.ws();
+        let price = self.decimal()?;
+        self.ws();
+        self.expect(b',')?;
+        self.ws();
+        let qty = self.decimal()?;
+        self.ws();
+        self.expect(b']')?;
+        Some(Level::new(Price::from_raw(price), Qty::from_raw(qty)))
     }
 
     /// A quoted unsigned decimal (`"2683.80000000"`, `"7.5040"`, `"813"`) in raw 10^-8 units,
@@ -718,7 +757,11 @@ mod tests {
     }
 
     /// `parse_depth_frame`'s answer in `parse_frame`'s terms.
-    fn as_event(r: Result<DepthParse<'_>, WireError>, bids: &[Level], asks: &[Level]) -> Result<StreamEvent, WireError> {
+    fn as_event(
+        r: Result<DepthParse<'_>, WireError>,
+        bids: &[Level],
+        asks: &[Level],
+    ) -> Result<StreamEvent, WireError> {
         match r? {
             DepthParse::Depth(f) => Ok(StreamEvent::DepthUpdate {
                 stream: f.stream.as_deref().map(str::to_string),
@@ -810,9 +853,27 @@ mod tests {
         let mut rng = Rng::new(5);
         let digits = b"0123456789";
         let mut cases: Vec<String> = [
-            "0", "0.0", "5.", ".5", "+1", "-1", "1e5", "", ".", "00012.5", "9999999999.99999999",
-            "99999999999", "1.000000000", "1.000000001", "1.123456780000", "7.5040", "2683.80000000",
-            "0.00000001", "1.2.3", "1,5", "١",
+            "0",
+            "0.0",
+            "5.",
+            ".5",
+            "+1",
+            "-1",
+            "1e5",
+            "",
+            ".",
+            "00012.5",
+            "9999999999.99999999",
+            "99999999999",
+            "1.000000000",
+            "1.000000001",
+            "1.123456780000",
+            "7.5040",
+            "2683.80000000",
+            "0.00000001",
+            "1.2.3",
+            "1,5",
+            "١",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -979,7 +1040,8 @@ mod tests {
 
     #[test]
     fn every_byte_replaced_equals_serde() {
-        let subs = ['x', '"', '0', '9', '-', '+', '.', ',', ':', ' ', '\n', '{', '}', '[', ']', '\\', 'e', 'E', '\u{1}'];
+        let subs =
+            ['x', '"', '0', '9', '-', '+', '.', ',', ':', ' ', '\n', '{', '}', '[', ']', '\\', 'e', 'E', '\u{1}'];
         for seed in seeds().iter().take(3) {
             for (i, _) in seed.char_indices() {
                 for &c in &subs {
