@@ -101,12 +101,43 @@ impl SymbolState {
 }
 
 /// Events (and resets, at their position) held for a migrating symbol: the target's buffer, or
-/// the source's packed legacy list.
+/// the source's packed legacy list. Kept as a list of chunks so that a queued batch holding only
+/// this symbol's events is moved in whole (a pointer, not 1024 copies): packing a backlog costs
+/// O(batches), which is what makes the source's drain fast.
 #[derive(Default)]
 pub(crate) struct Backlog {
-    pub events: Vec<TickEvent>,
-    /// `(index in events before which it applies, snapshot)`.
-    pub resets: Vec<(usize, L3Snapshot)>,
+    chunks: Vec<Vec<TickEvent>>,
+    len: usize,
+    /// `(number of events before it, snapshot)`.
+    resets: Vec<(usize, L3Snapshot)>,
+}
+
+impl Backlog {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    fn push(&mut self, ev: TickEvent) {
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < c.capacity() => c.push(ev),
+            _ => {
+                let mut c = Vec::with_capacity(1024);
+                c.push(ev);
+                self.chunks.push(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    fn push_batch(&mut self, events: Vec<TickEvent>) {
+        self.len += events.len();
+        self.chunks.push(events);
+    }
+
+    fn push_reset(&mut self, snapshot: L3Snapshot) {
+        self.resets.push((self.len, snapshot));
+    }
 }
 
 /// What a shard holds for one symbol.
@@ -140,6 +171,8 @@ pub(crate) struct Shard {
     /// Symbols to publish (may hold stale or repeated entries; `Slot::dirty` decides).
     dirty: Vec<SymbolIdx>,
     seen_out_gen: u64,
+    /// Symbols in `Buffering` or `PackingOut` mode (the whole-batch move is tried only then).
+    holding: usize,
     publish_every: Duration,
     next_publish: Instant,
     rate_at: Instant,
@@ -169,6 +202,7 @@ impl Shard {
             touched: Vec::new(),
             dirty: Vec::new(),
             seen_out_gen: 0,
+            holding: 0,
             publish_every,
             next_publish: now + publish_every,
             rate_at: now,
@@ -201,7 +235,10 @@ impl Shard {
                     self.mark_dirty(symbol);
                 }
                 ShardMsg::Reset { symbol, snapshot } => self.reset(symbol, *snapshot),
-                ShardMsg::MigrateStart { symbol } => self.install(symbol, Mode::Buffering(Backlog::default())),
+                ShardMsg::MigrateStart { symbol } => {
+                    self.holding += 1;
+                    self.install(symbol, Mode::Buffering(Backlog::default()))
+                }
                 ShardMsg::MigrateFlush { symbol, target, target_id, started } => {
                     self.flush(symbol, target, target_id, started)
                 }
@@ -253,6 +290,7 @@ impl Shard {
                         unreachable!()
                     };
                     slot.mode = Mode::PackingOut(st, Backlog::default());
+                    self.holding += 1;
                 }
             }
         }
@@ -267,6 +305,22 @@ impl Shard {
             self.start_packing();
         }
         let (mut held, mut misrouted) = (0i64, 0u64);
+        // a batch of one migrating symbol only (a hot symbol's backlog) moves in whole
+        if self.holding > 0 {
+            if let Some(first) = events.first().map(|e| e.symbol) {
+                if events.iter().all(|e| e.symbol == first) {
+                    if let Some(Some(Slot { mode: Mode::Buffering(b) | Mode::PackingOut(_, b), .. })) =
+                        self.slots.get_mut(first as usize)
+                    {
+                        let n = events.len() as i64;
+                        b.push_batch(events);
+                        self.shared.buffered.fetch_add(n, Relaxed);
+                        self.shared.queued.fetch_sub(n, Relaxed);
+                        return;
+                    }
+                }
+            }
+        }
         for ev in &events {
             let Some(Some(slot)) = self.slots.get_mut(ev.symbol as usize) else {
                 misrouted += 1;
@@ -281,7 +335,7 @@ impl Shard {
                     st.apply(ev);
                 }
                 Mode::Buffering(b) | Mode::PackingOut(_, b) => {
-                    b.events.push(*ev);
+                    b.push(*ev);
                     held += 1;
                 }
             }
@@ -328,7 +382,7 @@ impl Shard {
                 st.reset(snapshot);
                 finish_run(st, 0, Duration::ZERO);
             }
-            Mode::Buffering(b) | Mode::PackingOut(_, b) => b.resets.push((b.events.len(), snapshot)),
+            Mode::Buffering(b) | Mode::PackingOut(_, b) => b.push_reset(snapshot),
         }
         self.mark_dirty(symbol);
     }
@@ -341,7 +395,10 @@ impl Shard {
         };
         let (state, legacy) = match slot.mode {
             Mode::Live(st) => (st, Backlog::default()),
-            Mode::PackingOut(st, legacy) => (st, legacy),
+            Mode::PackingOut(st, legacy) => {
+                self.holding -= 1;
+                (st, legacy)
+            }
             Mode::Buffering(b) => {
                 // chains are serialised by the dispatcher, so this cannot happen; keep the data
                 tracing::error!(shard = self.id, symbol, "l3 migration: flush while still migrating in");
@@ -351,7 +408,7 @@ impl Shard {
         };
         state.shared.migrating_out.store(false, Relaxed);
         self.shared.symbols.fetch_sub(1, Relaxed);
-        self.shared.buffered.fetch_sub(legacy.events.len() as i64, Relaxed);
+        self.shared.buffered.fetch_sub(legacy.len() as i64, Relaxed);
         let msg = ShardMsg::MigrateComplete { symbol, state: Box::new(state), legacy, started, from: self.id };
         if target.send(msg).is_err() {
             tracing::error!(symbol, target = target_id, "l3 migration: target shard is gone; state lost");
@@ -375,8 +432,9 @@ impl Shard {
                 Backlog::default()
             }
         };
-        let (legacy_n, buffer_n) = (legacy.events.len(), buffer.events.len());
-        let n = replay(&mut state, legacy, started) + replay(&mut state, buffer, started);
+        self.holding = self.holding.saturating_sub(1);
+        let (legacy_n, buffer_n) = (legacy.len(), buffer.len());
+        let n = replay(&mut state, legacy, started, &self.recycle) + replay(&mut state, buffer, started, &self.recycle);
         let now = Instant::now();
         self.shared.buffered.fetch_sub(buffer_n as i64, Relaxed);
         self.shared.processed.fetch_add(n, Relaxed);
@@ -462,24 +520,30 @@ fn finish_run(st: &mut SymbolState, handled: u32, latency: Duration) {
 
 /// Applies a backlog in order (resets at their positions), with the per-batch bookkeeping every
 /// `REPLAY_CHUNK` events so level updates do not pile up; returns the events handled.
-fn replay(st: &mut SymbolState, backlog: Backlog, started: Instant) -> u64 {
-    const REPLAY_CHUNK: usize = 4096;
-    let mut resets = backlog.resets.into_iter().peekable();
-    let mut run = 0u32;
-    for (i, ev) in backlog.events.iter().enumerate() {
-        while let Some((_, snap)) = resets.next_if(|(at, _)| *at == i) {
-            st.reset(snap);
+fn replay(st: &mut SymbolState, backlog: Backlog, started: Instant, recycle: &SyncSender<Vec<TickEvent>>) -> u64 {
+    const REPLAY_CHUNK: u32 = 4096;
+    let Backlog { chunks, len, resets } = backlog;
+    let mut resets = resets.into_iter().peekable();
+    let (mut i, mut run) = (0usize, 0u32);
+    for mut chunk in chunks {
+        for ev in &chunk {
+            while let Some((_, snap)) = resets.next_if(|(at, _)| *at == i) {
+                st.reset(snap);
+            }
+            st.apply(ev);
+            i += 1;
+            run += 1;
+            if run == REPLAY_CHUNK {
+                finish_run(st, run, started.elapsed());
+                run = 0;
+            }
         }
-        st.apply(ev);
-        run += 1;
-        if run as usize == REPLAY_CHUNK {
-            finish_run(st, run, started.elapsed());
-            run = 0;
-        }
+        chunk.clear();
+        let _ = recycle.try_send(chunk);
     }
     for (_, snap) in resets {
         st.reset(snap);
     }
     finish_run(st, run, started.elapsed());
-    backlog.events.len() as u64
+    len as u64
 }
