@@ -42,6 +42,14 @@ impl BookOutput for TopOfBook {
     }
 }
 
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 fn instrument(i: usize) -> InstrumentId {
     InstrumentId::new("bench", Market::Spot, format!("{:06}", 600_000 + i))
 }
@@ -83,8 +91,21 @@ impl Rig {
         Self { engine: Some(e), d: Some(d), h, next: 0 }
     }
 
-    /// Times one pass of `events` (symbols `0..nsym`) over `nsym` new symbols.
-    fn run(&mut self, nsym: usize, events: &[TickEvent]) -> Duration {
+    /// Shards' CPU time once every shard is idle.
+    fn shard_cpu(&self) -> Vec<u64> {
+        loop {
+            let st = self.h.stats();
+            if st.shards.iter().all(|s| s.lag_us == 0) {
+                return st.shards.iter().map(|s| s.cpu_ns).collect();
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// One pass of `events` (symbols `0..nsym`) over `nsym` new symbols: the wall time, and the
+    /// CPU time of the busiest shard thread (what the shard needs, whatever else the shared
+    /// machine runs).
+    fn run(&mut self, nsym: usize, events: &[TickEvent]) -> (Duration, Duration) {
         let d = self.d.as_mut().unwrap();
         let base = (0..nsym)
             .map(|_| {
@@ -98,6 +119,8 @@ impl Rig {
         let events: Vec<TickEvent> = events.iter().map(|e| TickEvent { symbol: e.symbol + base, ..*e }).collect();
         assert!(self.h.wait_idle(Duration::from_secs(30)));
         let before: u64 = self.h.stats().shards.iter().map(|s| s.processed).sum();
+        let cpu0 = self.shard_cpu();
+        let d = self.d.as_mut().unwrap();
         let t = Instant::now();
         for slice in events.chunks(64 * 1024) {
             d.dispatch(slice);
@@ -106,10 +129,12 @@ impl Rig {
             std::thread::sleep(Duration::from_micros(20));
         }
         let took = t.elapsed();
+        let cpu1 = self.shard_cpu();
+        let cpu = cpu1.iter().zip(&cpu0).map(|(a, b)| a - b).max().unwrap_or(0);
         let st = self.h.stats();
         assert_eq!(st.shards.iter().map(|s| s.processed).sum::<u64>() - before, events.len() as u64);
         assert!(st.symbols.iter().all(|s| s.not_applied == 0 && s.gaps == 0));
-        took
+        (took, Duration::from_nanos(cpu))
     }
 }
 
@@ -136,7 +161,7 @@ fn throughput(c: &mut Criterion) {
     // the floor: the same streams applied directly to L3Books on this thread, no engine
     let direct = |events: &[TickEvent], nsym: usize| {
         let mut books: Vec<L3Book> = (0..nsym).map(|_| L3Book::with_capacity(Venue::Sse, 1024)).collect();
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), thread_cpu());
         for e in events {
             let b = &mut books[e.symbol as usize];
             let _ = b.handle(e.channel, e.seq, e.msg);
@@ -144,28 +169,49 @@ fn throughput(c: &mut Criterion) {
                 b.clear_updates();
             }
         }
-        let took = t.elapsed();
+        let took = (t.elapsed(), thread_cpu() - c);
         std::hint::black_box(&books);
         took
     };
     g.throughput(Throughput::Elements(one.len() as u64));
-    g.bench_function("direct_l3book/1_symbol", |b| b.iter_custom(|iters| (0..iters).map(|_| direct(&one, 1)).sum()));
+    g.bench_function("direct_l3book/1_symbol/wall", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| direct(&one, 1).0).sum())
+    });
+    g.bench_function("direct_l3book/1_symbol/thread_cpu", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| direct(&one, 1).1).sum())
+    });
     g.throughput(Throughput::Elements(eight.len() as u64));
-    g.bench_function("direct_l3book/8_symbols", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| direct(&eight, 8)).sum())
+    g.bench_function("direct_l3book/8_symbols/wall", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| direct(&eight, 8).0).sum())
+    });
+    g.bench_function("direct_l3book/8_symbols/thread_cpu", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| direct(&eight, 8).1).sum())
     });
     g.throughput(Throughput::Elements(one.len() as u64));
+    // wall: dispatch of the first event to the last event handled; shard_cpu: the busiest shard
+    // thread's CPU time for the same pass (the machine is shared: this is what a core sustains)
     let mut rig = Rig::new(1);
     g.throughput(Throughput::Elements(one.len() as u64));
-    g.bench_function("one_shard/1_symbol", |b| b.iter_custom(|iters| (0..iters).map(|_| rig.run(1, &one)).sum()));
+    g.bench_function("one_shard/1_symbol/wall", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run(1, &one).0).sum())
+    });
+    g.bench_function("one_shard/1_symbol/shard_cpu", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run(1, &one).1).sum())
+    });
     g.throughput(Throughput::Elements(eight.len() as u64));
-    g.bench_function("one_shard/8_symbols", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight)).sum())
+    g.bench_function("one_shard/8_symbols/wall", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight).0).sum())
+    });
+    g.bench_function("one_shard/8_symbols/shard_cpu", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight).1).sum())
     });
     drop(rig);
     let mut rig = Rig::new(2);
-    g.bench_function("two_shards/8_symbols", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight)).sum())
+    g.bench_function("two_shards/8_symbols/wall", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight).0).sum())
+    });
+    g.bench_function("two_shards/8_symbols/shard_cpu", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight).1).sum())
     });
     g.finish();
 }

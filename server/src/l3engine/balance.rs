@@ -196,6 +196,8 @@ mod tests {
             symbols_with_pending: 0,
             top_pending: Vec::new(),
             misrouted: 0,
+            cpu_ms: 0,
+            cpu_ns: 0,
         }
     }
 

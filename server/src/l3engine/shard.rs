@@ -67,7 +67,7 @@ impl SymbolState {
 
     /// Sequences and applies one event. A gap marks the book stale once (counted, `on_gap`);
     /// while it is open, later numbers are rejected by the book's sequencer, never applied.
-    #[inline]
+    #[inline(always)]
     fn apply(&mut self, ev: &TickEvent) {
         match self.book.handle(ev.channel, ev.seq, ev.msg) {
             Ok(Handled::Applied) => {
@@ -218,6 +218,7 @@ impl Shard {
                 Ok(m) => m,
                 Err(TryRecvError::Disconnected) => break,
                 Err(TryRecvError::Empty) => {
+                    self.shared.cpu_ns.store(thread_cpu_ns(), Relaxed);
                     self.shared.busy_since_ns.store(0, Relaxed);
                     let now = Instant::now();
                     self.tick(now);
@@ -475,6 +476,7 @@ impl Shard {
             self.shared.rate.store(((self.processed - self.rate_base) as f64 / secs) as u64, Relaxed);
             self.rate_base = self.processed;
             self.rate_at = now;
+            self.shared.cpu_ns.store(thread_cpu_ns(), Relaxed);
             for slot in self.slots.iter_mut().flatten() {
                 if let Mode::Live(st) | Mode::PackingOut(st, _) = &mut slot.mode {
                     let p = st.shared.processed.load(Relaxed);
@@ -500,6 +502,18 @@ impl Shard {
         self.dirty = dirty;
         self.dirty.clear();
     }
+}
+
+/// CPU time used by the calling thread, ns (a system call: read when going idle or once per
+/// rate window, never per batch).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID needs nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Per-batch bookkeeping for one symbol: counters, the output's `on_applied`, level updates

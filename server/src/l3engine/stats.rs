@@ -82,6 +82,8 @@ pub(crate) struct ShardShared {
     /// processed: the lag is its age.
     pub busy_since_ns: AtomicU64,
     pub symbols: AtomicU32,
+    /// CPU time the shard thread has used, ns (updated when it goes idle and every rate window).
+    pub cpu_ns: AtomicU64,
     /// Bumped by the dispatcher after setting a symbol's `migrating_out`: the shard checks this
     /// one number per batch and scans its symbols only when it changed.
     pub out_gen: AtomicU64,
@@ -99,6 +101,7 @@ impl ShardShared {
             rate: AtomicU64::new(0),
             busy_since_ns: AtomicU64::new(0),
             symbols: AtomicU32::new(0),
+            cpu_ns: AtomicU64::new(0),
             out_gen: AtomicU64::new(0),
             misrouted: AtomicU64::new(0),
         }
@@ -219,6 +222,8 @@ impl Registry {
                         })
                         .collect(),
                     misrouted: sh.misrouted.load(Relaxed),
+                    cpu_ms: sh.cpu_ns.load(Relaxed) / 1_000_000,
+                    cpu_ns: sh.cpu_ns.load(Relaxed),
                 }
             })
             .collect();
@@ -292,6 +297,10 @@ pub struct ShardStats {
     pub top_pending: Vec<PendingSymbol>,
     /// Events that reached the shard for a symbol it does not hold (should stay 0).
     pub misrouted: u64,
+    /// CPU time the shard's thread has used (its utilisation over time, independent of what
+    /// else runs on the machine).
+    pub cpu_ms: u64,
+    pub cpu_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
