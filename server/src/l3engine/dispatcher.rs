@@ -203,8 +203,20 @@ impl Dispatcher {
         }
     }
 
+    /// Tells every shard to stop behind what is queued. Migrations in flight are let finish
+    /// first (bounded wait): a target stopped before the source's hand-over arrives would drop
+    /// the symbol's state. Queued ones are abandoned and counted as rejected.
     fn stop_shards(&mut self) {
         self.stopped = true;
+        let abandoned = self.queued.len() as u64;
+        self.queued.clear();
+        if abandoned > 0 {
+            self.reg.migrations.rejected.fetch_add(abandoned, Relaxed);
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while self.symbols.iter().flatten().any(|s| s.migrating.load(Relaxed)) && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         for s in &self.shards {
             let _ = s.tx.send(ShardMsg::Stop);
         }
