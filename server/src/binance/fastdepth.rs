@@ -146,7 +146,15 @@ pub fn scan_depth<'a>(text: &'a str, bids: &mut Vec<Level>, asks: &mut Vec<Level
             match key {
                 b"stream" => {
                     f.claim(F_STREAM)?;
-                    f.stream = Some(s.plain_str()?);
+                    let stream = s.plain_str()?;
+                    // A depthUpdate on a partial-book stream is a partial book, not a diff (known
+                    // here, before its levels are read); the kind is the text between the first
+                    // and second '@', and "depth" is never partial.
+                    let kind = stream.split_once('@').map(|(_, rest)| rest.split('@').next().unwrap_or(rest));
+                    if kind != Some("depth") && wire::is_partial_depth_stream(stream) {
+                        return None;
+                    }
+                    f.stream = Some(stream);
                 }
                 b"data" => {
                     f.claim(F_DATA)?;
@@ -178,12 +186,6 @@ pub fn scan_depth<'a>(text: &'a str, bids: &mut Vec<Level>, asks: &mut Vec<Level
         // combined: everything came inside "data"
         Some(stream) => {
             if f.seen & F_DATA == 0 || f.top_fields {
-                return None;
-            }
-            // A depthUpdate on a partial-book stream is a partial book, not a diff; the kind is
-            // the text between the first and second '@' ("depth" is never partial).
-            let kind = stream.split_once('@').map(|(_, rest)| rest.split('@').next().unwrap_or(rest));
-            if kind != Some("depth") && wire::is_partial_depth_stream(stream) {
                 return None;
             }
             Some(Cow::Borrowed(stream))
