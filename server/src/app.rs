@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use shared::protocol::{InstrumentId, SeriesId};
 
 use crate::backfill::Backfill;
+use crate::books::l3::L3Books;
 use crate::books::BookRegistry;
 use crate::bus::InProcessBus;
 use crate::config::Config;
@@ -34,6 +35,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Every order book millrace publishes (Binance depth jobs, tick-by-tick shards).
     pub books: Arc<BookRegistry>,
+    /// The tick-by-tick books: sharded engine and its feeds.
+    pub l3: Arc<L3Books>,
     /// The depth jobs (Binance order books synced into `books`): a supervisor of their own with
     /// the candle jobs' rules (pinned from `[depth]`, on-demand leases, capacity, reaper).
     pub depth: Supervisor,
@@ -118,7 +121,8 @@ impl App {
         let depth_runner = DepthRunner::new(&config, sources.clone(), books.clone());
         let depth = Supervisor::with_kind("depth", depth_runner.supervisor_config(), depth_runner.clone());
         depth.start(&config.pinned_depth_instruments());
-        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default(), books, depth, depth_runner })
+        let l3 = L3Books::start(&config.l3, books.clone(), &tick_sources(&config, &sources))?;
+        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default(), books, depth, depth_runner, l3 })
     }
 
     /// A browser's subscription to `depth_update@{instrument}` / `depth@{instrument},N`: a lease
@@ -135,6 +139,7 @@ impl App {
 
     /// Stops everything in order; buffered closed candles are flushed to the store.
     pub async fn stop(&self) {
+        self.l3.stop().await;
         self.supervisor.shutdown();
         self.depth.shutdown();
         self.backfill.shutdown(Duration::from_secs(5)).await;
@@ -200,4 +205,20 @@ impl App {
         }
         e.finish()
     }
+}
+
+/// `(source name, simulator base URL)` of every simulator whose tick-by-tick feed the books
+/// follow: each `sim` source once per simulator (a spot and a futures source may share one).
+fn tick_sources(config: &Config, sources: &Sources) -> Vec<(String, String)> {
+    if !config.l3.sim_feeds {
+        return Vec::new();
+    }
+    let mut seen = std::collections::HashSet::new();
+    sources
+        .all()
+        .iter()
+        .filter(|s| s.config.kind == crate::config::SourceKind::Sim)
+        .filter(|s| seen.insert(s.rest_base.clone()))
+        .map(|s| (s.config.name.clone(), s.rest_base.clone()))
+        .collect()
 }

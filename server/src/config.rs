@@ -61,6 +61,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub ingest: IngestConfig,
     pub depth: DepthConfig,
+    /// `[l3]`: tick-by-tick books (sharded engine, simulator feeds, Shanghai replay).
+    pub l3: crate::books::l3::L3Config,
     pub sources: Vec<SourceConfig>,
     pub backfill: Vec<BackfillTaskConfig>,
 }
@@ -313,6 +315,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             ingest: IngestConfig::default(),
             depth: DepthConfig::default(),
+            l3: crate::books::l3::L3Config::default(),
             sources: vec![SourceConfig::default()],
             backfill: vec![BackfillTaskConfig {
                 series: "sim:spot:BTC/USDT:1m".into(),
@@ -420,6 +423,9 @@ impl Config {
         range("depth.max_used_weight", d.max_used_weight, 1, 1_000_000)?;
         range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
+        self.l3.engine.validate().map_err(|e| anyhow::anyhow!("configuration key `l3.engine`: {e}"))?;
+        range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
+        range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;
         if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {
             anyhow::bail!("configuration key `server.admin_token`: must be at least 8 characters");
         }

@@ -163,7 +163,7 @@ fn depth_leases(app: &Arc<App>) -> DepthLeases {
         if app.books.is_always_on(instrument) {
             return Ok(None);
         }
-        Err(crate::ingest::SubscribeError::UnknownSeries(format!("no order book for {instrument}")))
+        app.subscribe_depth(instrument).map(Some)
     })
 }
 

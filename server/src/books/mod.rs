@@ -23,6 +23,8 @@
 //! - **One producer per book.** A new publisher for an instrument retires the previous one (a
 //!   generation number), so a job that is being replaced can never interleave ids.
 
+pub mod l3;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 

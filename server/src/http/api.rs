@@ -22,12 +22,20 @@
 //! - `GET /api/v1/ops/backfill` — backfill tasks and their progress.
 //! - `GET /api/v1/ops/books` — every published book: source, health, gaps, resyncs, drift, id,
 //!   checksum, levels.
+//! - `GET /api/v1/ops/shards` — the tick-by-tick engine: per shard pending, processed/s, lag,
+//!   top pending symbols; per symbol shard, pending, lag, health, gaps, resets; migrations;
+//!   the tick-by-tick sources' counters.
 //! - `GET /api/v1/ops/sources` — each source with its REST and WebSocket base URLs.
 //! - `GET /metrics` — Prometheus text format.
 //!
 //! Admin (`Authorization: Bearer <server.admin_token>`; disabled with 403 when no token is set):
 //! - `POST /api/v1/admin/backfill/start` and `/stop`, body `{"series":"sim:spot:BTC/USDT:1m"}`
 //! - `POST /api/v1/admin/jobs/stop`, body `{"instrument":"sim:spot:BTC/USDT"}`
+//! - `POST /api/v1/admin/shards/migrate`, body `{"symbol":"sim:stock:600000","target":N}`: move a
+//!   tick-by-tick book to shard `N`, or to a new shard with `-1` (seeds/tick-by-tick-…-migration.md)
+//! - `POST /api/v1/admin/shards/auto_balance`, body `{"on":true}`
+//! - `POST /api/v1/admin/sim/hotspot`, body `{"symbol":"sim:stock:600000","hot":true}`: the
+//!   simulator multiplies that symbol's tick-by-tick rate (x2000 by default)
 //!
 //! Errors are `{"code":"<snake_case>","msg":"..."}` with a 4xx status.
 
@@ -53,6 +61,10 @@ pub fn routes() -> Router<AppState> {
         .route("/metrics", get(metrics))
         .route("/fapi/v1/depth", get(rest_depth))
         .route("/api/v1/ops/books", get(ops_books))
+        .route("/api/v1/ops/shards", get(ops_shards))
+        .route("/api/v1/admin/shards/migrate", post(admin_migrate))
+        .route("/api/v1/admin/shards/auto_balance", post(admin_auto_balance))
+        .route("/api/v1/admin/sim/hotspot", post(admin_hotspot))
         .route("/api/v1/admin/backfill/start", post(admin_backfill_start))
         .route("/api/v1/admin/backfill/stop", post(admin_backfill_stop))
         .route("/api/v1/admin/jobs/stop", post(admin_job_stop))
@@ -319,4 +331,104 @@ async fn rest_depth(
 
 async fn ops_books(State(state): State<AppState>) -> Response {
     Json(serde_json::json!({ "books": state.app.books.list() })).into_response()
+}
+
+async fn ops_shards(State(state): State<AppState>) -> Response {
+    let l3 = &state.app.l3;
+    let sources: Vec<serde_json::Value> = l3
+        .sources
+        .iter()
+        .map(|s| {
+            let c = &s.counters;
+            serde_json::json!({
+                "name": s.name,
+                "events": c.events.load(Relaxed),
+                "unknown_symbol": c.unknown_symbol.load(Relaxed),
+                "recoveries": c.recoveries.load(Relaxed),
+                "recovery_failures": c.recovery_failures.load(Relaxed),
+                "held_dropped": c.held_dropped.load(Relaxed),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({ "engine": l3.handle.stats(), "sources": sources })).into_response()
+}
+
+/// A tick-by-tick book named by instrument id (`sim:stock:600000`) or, when unambiguous, by its
+/// code alone (`600000`).
+fn l3_symbol(state: &AppState, text: &str) -> Result<(InstrumentId, crate::l3engine::SymbolIdx), ApiError> {
+    let handle = &state.app.l3.handle;
+    let not_found = || ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "unknown_book",
+        msg: format!("no tick-by-tick book {text:?} (see GET /api/v1/ops/shards)"),
+    };
+    if text.contains(':') {
+        let inst: InstrumentId = text.parse().map_err(|e| ApiError::bad("bad_stream", format!("{e}")))?;
+        let idx = handle.symbol(&inst).ok_or_else(not_found)?;
+        return Ok((inst, idx));
+    }
+    let matches: Vec<_> = handle
+        .stats()
+        .symbols
+        .into_iter()
+        .filter(|s| s.instrument.rsplit(':').next() == Some(text))
+        .collect();
+    match matches.as_slice() {
+        [one] => Ok((one.instrument.parse().map_err(|_| not_found())?, one.symbol)),
+        [] => Err(not_found()),
+        _ => Err(ApiError::bad("ambiguous", format!("{text:?} names several books; use the instrument id"))),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigrateBody {
+    symbol: String,
+    target: i64,
+}
+
+async fn admin_migrate(State(state): State<AppState>, headers: HeaderMap, raw: String) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let b: MigrateBody = body(&raw)?;
+    let (inst, idx) = l3_symbol(&state, &b.symbol)?;
+    let target = crate::l3engine::Target::from_api(b.target).map_err(|e| ApiError::bad("bad_target", e.to_string()))?;
+    let from = state.app.l3.handle.stats().symbol(idx).map(|s| s.shard);
+    state.app.l3.handle.migrate(idx, target).map_err(|e| ApiError::bad("migrate_refused", e.to_string()))?;
+    Ok(Json(serde_json::json!({"result": "migrating", "symbol": inst, "from": from, "target": b.target})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnBody {
+    on: bool,
+}
+
+async fn admin_auto_balance(State(state): State<AppState>, headers: HeaderMap, raw: String) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let b: OnBody = body(&raw)?;
+    state.app.l3.handle.set_auto_balance(b.on);
+    Ok(Json(serde_json::json!({"result": "ok", "auto_balance": b.on})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HotspotBody {
+    symbol: String,
+    hot: bool,
+}
+
+async fn admin_hotspot(State(state): State<AppState>, headers: HeaderMap, raw: String) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let b: HotspotBody = body(&raw)?;
+    let (inst, _) = l3_symbol(&state, &b.symbol)?;
+    let rest = state.app.l3.sim_rest(&inst).ok_or_else(|| {
+        ApiError::bad("not_simulated", format!("{inst} does not come from a simulator; hot spots are a simulator control"))
+    })?;
+    let cmd = crate::tbt::Control::Hotspot { symbol: inst.symbol.clone(), hot: b.hot };
+    rest.control(&cmd).await.map_err(|e| ApiError {
+        status: StatusCode::BAD_GATEWAY,
+        code: "simulator_error",
+        msg: format!("the simulator refused: {e}"),
+    })?;
+    Ok(Json(serde_json::json!({"result": "ok", "symbol": inst, "hot": b.hot})).into_response())
 }
