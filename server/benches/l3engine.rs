@@ -66,7 +66,12 @@ fn interleave(streams: &[Vec<Msg>], seed: u64) -> Vec<TickEvent> {
             if next[s] == streams[s].len() {
                 break;
             }
-            out.push(TickEvent { symbol: s as u32, channel: 1, seq: next[s] as u64 + 1, msg: streams[s][next[s]] });
+            out.push(TickEvent {
+                symbol: s as u32,
+                channel: 1,
+                seq: next[s] as u64 + 1,
+                msg: streams[s][next[s]],
+            });
             next[s] += 1;
         }
     }
@@ -85,7 +90,8 @@ struct Rig {
 
 impl Rig {
     fn new(shards: usize) -> Self {
-        let mut e = Engine::start(EngineConfig { shards, max_shards: shards, ..EngineConfig::default() }).unwrap();
+        let mut e =
+            Engine::start(EngineConfig { shards, max_shards: shards, ..EngineConfig::default() }).unwrap();
         let h = e.handle();
         let d = e.take_dispatcher().unwrap();
         Self { engine: Some(e), d: Some(d), h, next: 0 }
@@ -116,7 +122,8 @@ impl Rig {
             .min()
             .unwrap();
         d.poll_control();
-        let events: Vec<TickEvent> = events.iter().map(|e| TickEvent { symbol: e.symbol + base, ..*e }).collect();
+        let events: Vec<TickEvent> =
+            events.iter().map(|e| TickEvent { symbol: e.symbol + base, ..*e }).collect();
         assert!(self.h.wait_idle(Duration::from_secs(30)));
         let before: u64 = self.h.stats().shards.iter().map(|s| s.processed).sum();
         let cpu0 = self.shard_cpu();
@@ -321,7 +328,13 @@ fn migration_once(hot_stream: &[Msg], cold_streams: &[Vec<Msg>]) -> String {
     let mut by_phase: [Vec<u32>; 3] = Default::default();
     for &(done, latency, n) in s.iter() {
         let sent = done - latency;
-        let p = if sent < t_move { 0 } else if sent < t_done { 1 } else { 2 };
+        let p = if sent < t_move {
+            0
+        } else if sent < t_done {
+            1
+        } else {
+            2
+        };
         by_phase[p].extend(std::iter::repeat_n(latency.as_micros().min(u32::MAX as u128) as u32, n as usize));
     }
     let [mut b, mut du, mut a] = by_phase;

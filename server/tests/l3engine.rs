@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use server::l3engine::{
-    BalanceConfig, BookHealth, BookOutput, Engine, EngineConfig, EngineError, EngineHandle, L3Snapshot, SymbolIdx,
-    Target, TickEvent,
+    BalanceConfig, BookHealth, BookOutput, Engine, EngineConfig, EngineError, EngineHandle, L3Snapshot,
+    SymbolIdx, Target, TickEvent,
 };
 use shared::book::Side;
 use shared::fixed::{Price, Qty};
@@ -103,7 +103,13 @@ fn stream(rng: &mut Rng, n: usize, id_base: u64) -> Vec<Msg> {
                     Side::Ask => (next, id, TradeKind::BuyInitiated),
                     Side::Bid => (id, next, TradeKind::SellInitiated),
                 };
-                out.push(Msg::Trade { buy_id, sell_id, price: Price::from_raw(price), qty: Qty::from_units(qty), kind });
+                out.push(Msg::Trade {
+                    buy_id,
+                    sell_id,
+                    price: Price::from_raw(price),
+                    qty: Qty::from_units(qty),
+                    kind,
+                });
             }
         }
     }
@@ -158,18 +164,18 @@ fn random_migrations_keep_order_and_books() {
     let (mut legacy_seen, mut queued_seen) = (0u64, 0u64);
     for seed in 0..12u64 {
         let mut rng = Rng::new(seed);
-        let mut engine = Engine::start(EngineConfig { max_batch: 1 + rng.below(300) as usize, ..config(2, 6) }).unwrap();
+        let mut engine =
+            Engine::start(EngineConfig { max_batch: 1 + rng.below(300) as usize, ..config(2, 6) }).unwrap();
         let h = engine.handle();
         let mut d = engine.take_dispatcher().unwrap();
         let nsym = 3 + rng.below(8) as usize;
         let syms = add_symbols(&h, nsym);
-        let streams: Vec<Vec<Msg>> =
-            (0..nsym)
-                .map(|i| {
-                    let n = 1_000 + rng.below(3_000) as usize;
-                    stream(&mut rng, n, i as u64 * 1_000_000)
-                })
-                .collect();
+        let streams: Vec<Vec<Msg>> = (0..nsym)
+            .map(|i| {
+                let n = 1_000 + rng.below(3_000) as usize;
+                stream(&mut rng, n, i as u64 * 1_000_000)
+            })
+            .collect();
         // a random interleaving that keeps each symbol's own order
         let mut next = vec![0usize; nsym];
         let mut events = Vec::new();
@@ -199,7 +205,8 @@ fn random_migrations_keep_order_and_books() {
                 let s = syms[rng.below(nsym as u64) as usize].0;
                 for _ in 0..1 + rng.below(3) {
                     let shards = d.shard_count() as u64;
-                    let target = if rng.chance(1, 4) { Target::New } else { Target::Shard(rng.below(shards) as u32) };
+                    let target =
+                        if rng.chance(1, 4) { Target::New } else { Target::Shard(rng.below(shards) as u32) };
                     match h.migrate(s, target) {
                         Ok(()) => moves += 1,
                         Err(EngineError::SameShard { .. } | EngineError::MaxShards(_)) => refused += 1,
@@ -216,13 +223,21 @@ fn random_migrations_keep_order_and_books() {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !h.wait_idle(Duration::from_millis(10)) {
             d.poll_control();
-            assert!(Instant::now() < deadline, "seed {seed}: engine never went idle: {:?}", h.stats().migrations);
+            assert!(
+                Instant::now() < deadline,
+                "seed {seed}: engine never went idle: {:?}",
+                h.stats().migrations
+            );
         }
         let stats = h.stats();
         let m = &stats.migrations;
         assert_eq!(m.requested, m.completed + m.rejected, "seed {seed}");
         assert!(stats.migrations.completed > 0, "seed {seed}");
-        assert!(stats.shards.iter().all(|s| s.pending == 0 && s.misrouted == 0), "seed {seed}: {:?}", stats.shards);
+        assert!(
+            stats.shards.iter().all(|s| s.pending == 0 && s.misrouted == 0),
+            "seed {seed}: {:?}",
+            stats.shards
+        );
         legacy_seen += stats.migrations.legacy_events_total;
         queued_seen += stats.migrations.queued;
         for (k, (idx, _)) in syms.iter().enumerate() {
@@ -234,7 +249,11 @@ fn random_migrations_keep_order_and_books() {
         drop(d);
         engine.shutdown();
         for (k, (_, rec)) in syms.iter().enumerate() {
-            assert_same_book(&rec.lock().unwrap(), &streams[k], &format!("seed {seed} symbol {k} ({refused} refused)"));
+            assert_same_book(
+                &rec.lock().unwrap(),
+                &streams[k],
+                &format!("seed {seed} symbol {k} ({refused} refused)"),
+            );
         }
     }
     eprintln!("legacy events handed over across seeds: {legacy_seen}, queued moves: {queued_seen}");
@@ -271,9 +290,7 @@ fn source_packs_backlog_and_target_replays_in_order() {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel();
     let gate = Gate { entered: entered_tx, release: Mutex::new(release_rx), once: true };
-    let blocker = h
-        .add_symbol(instrument(99), Venue::Sse, SeqPolicy::Contiguous, Box::new(gate))
-        .unwrap();
+    let blocker = h.add_symbol(instrument(99), Venue::Sse, SeqPolicy::Contiguous, Box::new(gate)).unwrap();
     let (out, rec) = recorder();
     let s = h.add_symbol(instrument(1), Venue::Sse, SeqPolicy::Contiguous, out).unwrap();
     let msgs = stream(&mut Rng::new(5), 30_000, 0);
@@ -302,7 +319,10 @@ fn source_packs_backlog_and_target_replays_in_order() {
     assert!(h.wait_idle(Duration::from_secs(60)));
     let st = h.stats();
     assert_eq!(st.migrations.completed, 1);
-    assert_eq!(st.migrations.last_legacy_events, 10_000, "the whole backlog was packed, none computed at the source");
+    assert_eq!(
+        st.migrations.last_legacy_events, 10_000,
+        "the whole backlog was packed, none computed at the source"
+    );
     assert_eq!(st.symbol(s).unwrap().processed, 30_000);
     assert_eq!(st.symbol(s).unwrap().migrations, 1);
     assert_eq!(st.shard(1).unwrap().processed, 25_000);
@@ -455,7 +475,9 @@ fn auto_balance_cures_head_of_line_blocking() {
             .map(|id| Msg::Add {
                 id,
                 side: if id % 2 == 0 { Side::Bid } else { Side::Ask },
-                price: Price::from_raw(if id % 2 == 0 { 99 } else { 101 } * 100_000_000 + rng.below(50) as i64 * 1_000_000),
+                price: Price::from_raw(
+                    if id % 2 == 0 { 99 } else { 101 } * 100_000_000 + rng.below(50) as i64 * 1_000_000,
+                ),
                 qty: Qty::from_units(100),
             })
             .collect();
@@ -469,7 +491,7 @@ fn auto_balance_cures_head_of_line_blocking() {
         adds.into_iter().chain(cancels).collect()
     };
     let cold_streams: Vec<Vec<Msg>> = (0..4).map(|i| stream(&mut rng, 100_000, i * 1_000_000)).collect();
-    let mut cold_next = vec![0usize; 4];
+    let mut cold_next = [0usize; 4];
     let mut hot_seq = 0u64;
     let mut hot_buf = Vec::with_capacity(5_000);
     let (mut saw_shard_backlog, mut cold_listed, mut cold_max_lag) = (false, false, [0u64; 4]);
@@ -521,7 +543,8 @@ fn auto_balance_cures_head_of_line_blocking() {
             // after the move: cold lag back to normal once their recent batches ran on an
             // uncongested shard
             let sh0 = st.shard(0).unwrap();
-            let cold_ok = cold.iter().all(|&c| st.symbol(c).unwrap().lag_ms < 50 && st.symbol(c).unwrap().shard == 0);
+            let cold_ok =
+                cold.iter().all(|&c| st.symbol(c).unwrap().lag_ms < 50 && st.symbol(c).unwrap().shard == 0);
             if t.elapsed() > Duration::from_millis(200) && cold_ok && sh0.pending < 1_000 {
                 cured = true;
             }
@@ -529,8 +552,14 @@ fn auto_balance_cures_head_of_line_blocking() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let st = h.stats();
-    assert!(saw_shard_backlog && cold_listed, "cold symbols never listed as pending on the hot shard ({round} rounds)");
-    assert!(cold_max_lag.iter().all(|&l| l >= 50), "cold symbols never lagged behind the flood: {cold_max_lag:?}");
+    assert!(
+        saw_shard_backlog && cold_listed,
+        "cold symbols never listed as pending on the hot shard ({round} rounds)"
+    );
+    assert!(
+        cold_max_lag.iter().all(|&l| l >= 50),
+        "cold symbols never lagged behind the flood: {cold_max_lag:?}"
+    );
     assert!(migrated_at.is_some(), "the policy never moved the hot symbol: {:?}", st.shards);
     assert!(cured, "cold lag never returned to normal: {:?}", st.symbols);
     assert!(st.balancer_decisions >= 1);
@@ -570,11 +599,13 @@ fn spawned_dispatcher_with_concurrent_producers() {
     // a Shanghai-replay-like symbol: one channel shared with other stocks, so its numbers jump
     let (out, holes_rec) = recorder();
     let holes = h.add_symbol(instrument(50), Venue::Sse, SeqPolicy::Increasing, out).unwrap();
-    let streams: Vec<Vec<Msg>> = (0..6).map(|i| stream(&mut Rng::new(100 + i), 5_000, i * 1_000_000)).collect();
+    let streams: Vec<Vec<Msg>> =
+        (0..6).map(|i| stream(&mut Rng::new(100 + i), 5_000, i * 1_000_000)).collect();
     let producers: Vec<_> = (0..3)
         .map(|p| {
             let tx = tx.clone();
-            let mine: Vec<(SymbolIdx, Vec<Msg>)> = (0..6).filter(|k| k % 3 == p).map(|k| (syms[k].0, streams[k].clone())).collect();
+            let mine: Vec<(SymbolIdx, Vec<Msg>)> =
+                (0..6).filter(|k| k % 3 == p).map(|k| (syms[k].0, streams[k].clone())).collect();
             std::thread::spawn(move || {
                 let mut rng = Rng::new(p as u64);
                 let mut next = vec![0usize; mine.len()];
@@ -583,7 +614,12 @@ fn spawned_dispatcher_with_concurrent_producers() {
                     for _ in 0..1 + rng.below(500) {
                         let j = rng.below(mine.len() as u64) as usize;
                         if next[j] < mine[j].1.len() {
-                            batch.push(TickEvent { symbol: mine[j].0, channel: 7, seq: next[j] as u64 + 1, msg: mine[j].1[next[j]] });
+                            batch.push(TickEvent {
+                                symbol: mine[j].0,
+                                channel: 7,
+                                seq: next[j] as u64 + 1,
+                                msg: mine[j].1[next[j]],
+                            });
                             next[j] += 1;
                         }
                     }
@@ -594,8 +630,8 @@ fn spawned_dispatcher_with_concurrent_producers() {
         .collect();
     // moves while the producers run
     h.set_auto_balance(true);
-    for k in 0..6 {
-        let _ = h.migrate(syms[k].0, if k % 2 == 0 { Target::New } else { Target::Shard(0) });
+    for (k, (s, _)) in syms.iter().enumerate() {
+        let _ = h.migrate(*s, if k % 2 == 0 { Target::New } else { Target::Shard(0) });
         std::thread::sleep(Duration::from_millis(2));
     }
     h.set_auto_balance(false);

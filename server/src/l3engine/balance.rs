@@ -121,7 +121,9 @@ impl Balancer {
         let mut sources: Vec<&ShardStats> = stats
             .shards
             .iter()
-            .filter(|s| self.streak.get(&s.id).copied().unwrap_or(0) >= self.cfg.looks && !shard_cool(self, s.id))
+            .filter(|s| {
+                self.streak.get(&s.id).copied().unwrap_or(0) >= self.cfg.looks && !shard_cool(self, s.id)
+            })
             .collect();
         sources.sort_unstable_by(|a, b| b.pending.cmp(&a.pending).then(b.lag_ms.cmp(&a.lag_ms)));
         for src in sources {
@@ -140,11 +142,10 @@ impl Balancer {
             else {
                 continue;
             };
-            let target = stats
-                .shards
-                .iter()
-                .filter(|s| s.id != src.id && self.idle_enough(s))
-                .min_by(|a, b| a.pending.cmp(&b.pending).then(a.lag_ms.cmp(&b.lag_ms)).then(a.id.cmp(&b.id)));
+            let target =
+                stats.shards.iter().filter(|s| s.id != src.id && self.idle_enough(s)).min_by(|a, b| {
+                    a.pending.cmp(&b.pending).then(a.lag_ms.cmp(&b.lag_ms)).then(a.id.cmp(&b.id))
+                });
             let to = match target {
                 Some(t) => Target::Shard(t.id),
                 None if stats.shards.len() < stats.max_shards => Target::New,
@@ -350,6 +351,8 @@ mod tests {
     fn config_is_validated() {
         assert!(BalanceConfig::default().validate().is_ok());
         assert!(BalanceConfig { looks: 0, ..BalanceConfig::default() }.validate().is_err());
-        assert!(BalanceConfig { low_pending: 10, high_pending: 5, ..BalanceConfig::default() }.validate().is_err());
+        assert!(BalanceConfig { low_pending: 10, high_pending: 5, ..BalanceConfig::default() }
+            .validate()
+            .is_err());
     }
 }

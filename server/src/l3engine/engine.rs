@@ -210,7 +210,9 @@ impl EngineHandle {
             Target::Shard(t) if !sym.migrating.load(Relaxed) && sym.shard.load(Relaxed) == t => {
                 return Err(EngineError::SameShard { symbol, shard: t });
             }
-            Target::New if shards >= self.reg.max_shards => return Err(EngineError::MaxShards(self.reg.max_shards)),
+            Target::New if shards >= self.reg.max_shards => {
+                return Err(EngineError::MaxShards(self.reg.max_shards))
+            }
             _ => {}
         }
         self.reg.migrations.requested.fetch_add(1, Relaxed);
@@ -224,7 +226,9 @@ impl EngineHandle {
     /// continues after the snapshot's sequence numbers and is live again.
     pub fn reset(&self, symbol: SymbolIdx, snapshot: L3Snapshot) -> Result<(), EngineError> {
         self.symbol_shared(symbol)?;
-        self.control.send(Control::Reset { symbol, snapshot: Box::new(snapshot) }).map_err(|_| EngineError::Stopped)
+        self.control
+            .send(Control::Reset { symbol, snapshot: Box::new(snapshot) })
+            .map_err(|_| EngineError::Stopped)
     }
 
     pub fn set_auto_balance(&self, on: bool) {

@@ -27,15 +27,34 @@ pub(crate) struct Batch {
 pub(crate) enum ShardMsg {
     Events(Batch),
     /// A new symbol, placed on this shard.
-    Add { symbol: SymbolIdx, state: Box<SymbolState> },
+    Add {
+        symbol: SymbolIdx,
+        state: Box<SymbolState>,
+    },
     /// Replace the book from a snapshot (recovery after a gap), in order with the data.
-    Reset { symbol: SymbolIdx, snapshot: Box<L3Snapshot> },
+    Reset {
+        symbol: SymbolIdx,
+        snapshot: Box<L3Snapshot>,
+    },
     /// Step 1 (target): buffer this symbol's events until its state arrives.
-    MigrateStart { symbol: SymbolIdx },
+    MigrateStart {
+        symbol: SymbolIdx,
+    },
     /// Step 4 (source): the sentinel behind the symbol's backlog; hand state and legacy over.
-    MigrateFlush { symbol: SymbolIdx, target: Sender<ShardMsg>, target_id: u32, started: Instant },
+    MigrateFlush {
+        symbol: SymbolIdx,
+        target: Sender<ShardMsg>,
+        target_id: u32,
+        started: Instant,
+    },
     /// Source to target: the state and the packed backlog; replay legacy, then the buffer.
-    MigrateComplete { symbol: SymbolIdx, state: Box<SymbolState>, legacy: Backlog, started: Instant, from: u32 },
+    MigrateComplete {
+        symbol: SymbolIdx,
+        state: Box<SymbolState>,
+        legacy: Backlog,
+        started: Instant,
+        from: u32,
+    },
     Stop,
 }
 
@@ -287,7 +306,8 @@ impl Shard {
         for slot in self.slots.iter_mut().flatten() {
             if let Mode::Live(st) = &slot.mode {
                 if st.shared.migrating_out.load(Acquire) {
-                    let Mode::Live(st) = mem::replace(&mut slot.mode, Mode::Buffering(Backlog::default())) else {
+                    let Mode::Live(st) = mem::replace(&mut slot.mode, Mode::Buffering(Backlog::default()))
+                    else {
                         unreachable!()
                     };
                     slot.mode = Mode::PackingOut(st, Backlog::default());
@@ -391,7 +411,11 @@ impl Shard {
     /// Step 4 at the source: everything before the sentinel is packed; hand over.
     fn flush(&mut self, symbol: SymbolIdx, target: Sender<ShardMsg>, target_id: u32, started: Instant) {
         let Some(slot) = self.slots.get_mut(symbol as usize).and_then(Option::take) else {
-            tracing::error!(shard = self.id, symbol, "l3 migration: flush for a symbol the shard does not hold");
+            tracing::error!(
+                shard = self.id,
+                symbol,
+                "l3 migration: flush for a symbol the shard does not hold"
+            );
             return;
         };
         let (state, legacy) = match slot.mode {
@@ -403,27 +427,39 @@ impl Shard {
             Mode::Buffering(b) => {
                 // chains are serialised by the dispatcher, so this cannot happen; keep the data
                 tracing::error!(shard = self.id, symbol, "l3 migration: flush while still migrating in");
-                self.slots[symbol as usize] = Some(Slot { mode: Mode::Buffering(b), batch_n: 0, dirty: false });
+                self.slots[symbol as usize] =
+                    Some(Slot { mode: Mode::Buffering(b), batch_n: 0, dirty: false });
                 return;
             }
         };
         state.shared.migrating_out.store(false, Relaxed);
         self.shared.symbols.fetch_sub(1, Relaxed);
         self.shared.buffered.fetch_sub(legacy.len() as i64, Relaxed);
-        let msg = ShardMsg::MigrateComplete { symbol, state: Box::new(state), legacy, started, from: self.id };
+        let msg =
+            ShardMsg::MigrateComplete { symbol, state: Box::new(state), legacy, started, from: self.id };
         if target.send(msg).is_err() {
             tracing::error!(symbol, target = target_id, "l3 migration: target shard is gone; state lost");
         }
     }
 
     /// The target's half of step 4: replay legacy, then the buffer, then resume.
-    fn complete(&mut self, symbol: SymbolIdx, mut state: SymbolState, legacy: Backlog, started: Instant, from: u32) {
+    fn complete(
+        &mut self,
+        symbol: SymbolIdx,
+        mut state: SymbolState,
+        legacy: Backlog,
+        started: Instant,
+        from: u32,
+    ) {
         let buffer = match self.slot_mut(symbol) {
             Some(slot) => match mem::replace(&mut slot.mode, Mode::Buffering(Backlog::default())) {
                 Mode::Buffering(b) => b,
                 other => {
                     slot.mode = other;
-                    tracing::error!(symbol, "l3 migration: state arrived for a symbol not migrating in; dropped");
+                    tracing::error!(
+                        symbol,
+                        "l3 migration: state arrived for a symbol not migrating in; dropped"
+                    );
                     return;
                 }
             },
@@ -435,7 +471,8 @@ impl Shard {
         };
         self.holding = self.holding.saturating_sub(1);
         let (legacy_n, buffer_n) = (legacy.len(), buffer.len());
-        let n = replay(&mut state, legacy, started, &self.recycle) + replay(&mut state, buffer, started, &self.recycle);
+        let n = replay(&mut state, legacy, started, &self.recycle)
+            + replay(&mut state, buffer, started, &self.recycle);
         let now = Instant::now();
         self.shared.buffered.fetch_sub(buffer_n as i64, Relaxed);
         self.shared.processed.fetch_add(n, Relaxed);
@@ -534,7 +571,12 @@ fn finish_run(st: &mut SymbolState, handled: u32, latency: Duration) {
 
 /// Applies a backlog in order (resets at their positions), with the per-batch bookkeeping every
 /// `REPLAY_CHUNK` events so level updates do not pile up; returns the events handled.
-fn replay(st: &mut SymbolState, backlog: Backlog, started: Instant, recycle: &SyncSender<Vec<TickEvent>>) -> u64 {
+fn replay(
+    st: &mut SymbolState,
+    backlog: Backlog,
+    started: Instant,
+    recycle: &SyncSender<Vec<TickEvent>>,
+) -> u64 {
     const REPLAY_CHUNK: u32 = 4096;
     let Backlog { chunks, len, resets } = backlog;
     let mut resets = resets.into_iter().peekable();
