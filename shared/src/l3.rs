@@ -457,7 +457,11 @@ impl L3Book {
     /// Channels not listed start afresh at the first number seen. Counters are kept and restored
     /// orders are not counted as `adds`; an order with a zero quantity or an id already restored is
     /// ignored and counted in [`L3Counters::invalid`] (bad input is never a panic).
-    pub fn restore(&mut self, orders: impl IntoIterator<Item = (OrderId, Order)>, channel_last_seq: &[(u32, u64)]) {
+    pub fn restore(
+        &mut self,
+        orders: impl IntoIterator<Item = (OrderId, Order)>,
+        channel_last_seq: &[(u32, u64)],
+    ) {
         self.reset();
         for (id, o) in orders {
             if o.qty.raw() <= 0 {
@@ -1076,7 +1080,10 @@ mod tests {
         for (i, m) in [add(1, Side::Bid, "10", 5), add(2, Side::Ask, "11", 7)].into_iter().enumerate() {
             b.handle(4, i as u64 + 1, m).unwrap();
         }
-        assert_eq!(b.handle(4, 9, add(3, Side::Bid, "9", 1)), Err(SeqGap { channel: 4, expected: 3, got: 9 }));
+        assert_eq!(
+            b.handle(4, 9, add(3, Side::Bid, "9", 1)),
+            Err(SeqGap { channel: 4, expected: 3, got: 9 })
+        );
         assert!(b.is_stale());
         b.drain_updates().for_each(|u| {
             l2.apply_update(u);
