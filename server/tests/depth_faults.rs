@@ -385,3 +385,35 @@ async fn depth_jobs_are_leased_capped_and_reaped() {
     server.stop().await;
     sim.shutdown();
 }
+
+/// Through `/ws`: a `depth_update@…` subscription leases the depth job (starting it), receives
+/// the synced book's deltas, and closing the socket releases the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_depth_subscription_leases_the_depth_job() {
+    let sim = start_sim(1.0, 26).await;
+    let server = TestServer::start(depth_config(&sim, &[])).await;
+    let mut ws = server.ws().await;
+    let stream = format!("depth_update@{BTC}");
+    assert!(request(&mut ws, "SUBSCRIBE", &[stream.as_str()], 1).await.is_ok());
+    let (_, job) = status(&server, BTC);
+    assert_eq!(job["refcount"], 1, "{job}");
+    // the first delta carries the whole synced book: bids and asks, not crossed
+    let push = loop {
+        if let shared::protocol::ServerFrame::Push(p) = next_frame(&mut ws).await {
+            break p;
+        }
+    };
+    assert_eq!(push.stream.to_string(), stream);
+    let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
+    let mut book = OrderBook::new();
+    book.replace(&ev.b, &ev.a);
+    assert!(!book.bids.is_empty() && !book.asks.is_empty() && !book.is_crossed());
+    drop(ws);
+    eventually("the lease is released", || async {
+        let (_, job) = status(&server, BTC);
+        (job["refcount"] == 0).then_some(())
+    })
+    .await;
+    server.stop().await;
+    sim.shutdown();
+}
