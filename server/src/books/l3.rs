@@ -13,6 +13,9 @@
 //! 3. with the snapshot, it sends the engine a reset (in order with the data: the dispatcher
 //!    drains control requests before each batch), then the held events newer than the snapshot.
 //!
+//! The same hold-then-snapshot start happens for every symbol whenever the stream (re)connects: a
+//! stream starts wherever the source is, so a book is only right from a snapshot on.
+//!
 //! The simulator's books are always on: they need no subscription lease.
 
 use std::collections::HashMap;
@@ -62,6 +65,9 @@ impl Default for L3Config {
 pub struct FeedCounters {
     pub events: AtomicU64,
     pub unknown_symbol: AtomicU64,
+    /// Snapshots taken because the stream (re)connected.
+    pub connect_snapshots: AtomicU64,
+    /// Snapshots taken to recover from a sequence gap.
     pub recoveries: AtomicU64,
     pub recovery_failures: AtomicU64,
     pub held_dropped: AtomicU64,
@@ -226,6 +232,15 @@ impl FeedThread {
                         self.registry.set_always_on(&instrument);
                         by_engine.insert(idx, s.idx);
                         known[slot] = Some(Known { engine_idx: idx, name: s.symbol });
+                    }
+                    // A (re)connected stream starts wherever the source is now: every book starts
+                    // from a snapshot, with the stream's events held meanwhile (as in a recovery).
+                    for k in known.iter().flatten() {
+                        if !holding.contains_key(&k.engine_idx) {
+                            holding.insert(k.engine_idx, Vec::new());
+                            self.counters.connect_snapshots.fetch_add(1, Relaxed);
+                            self.fetch_snapshot(k.engine_idx, k.name.clone(), Duration::ZERO, input_tx.clone());
+                        }
                     }
                 }
                 Input::Feed(FeedItem::Events(events)) => {

@@ -344,6 +344,7 @@ async fn ops_shards(State(state): State<AppState>) -> Response {
                 "name": s.name,
                 "events": c.events.load(Relaxed),
                 "unknown_symbol": c.unknown_symbol.load(Relaxed),
+                "connect_snapshots": c.connect_snapshots.load(Relaxed),
                 "recoveries": c.recoveries.load(Relaxed),
                 "recovery_failures": c.recovery_failures.load(Relaxed),
                 "held_dropped": c.held_dropped.load(Relaxed),
