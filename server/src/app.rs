@@ -156,6 +156,78 @@ impl App {
         }
     }
 
+    /// Depth jobs, published books and the tick-by-tick engine, for `/metrics`.
+    fn render_book_metrics(&self, e: &mut Exposition) {
+        let depth = self.depth_jobs_snapshot();
+        e.single("millrace_depth_ondemand_jobs", "gauge", "On-demand depth jobs running.", depth.capacity.ondemand_jobs);
+        e.single("millrace_depth_refusals_total", "counter", "Depth subscriptions refused for capacity.", depth.capacity.refusals);
+        type JobField = fn(&crate::ingest::supervisor::JobSnapshot) -> u64;
+        let per_job: [(&str, &str, &str, JobField); 4] = [
+            ("millrace_depth_job_connected", "gauge", "1 while the depth job's stream is connected.", |j| j.connected as u64),
+            ("millrace_depth_job_crashes_total", "counter", "Upstream failures per depth job.", |j| j.crashes),
+            ("millrace_depth_job_messages_total", "counter", "Upstream messages per depth job.", |j| j.messages),
+            ("millrace_depth_job_subscribers", "gauge", "Live subscriptions per depth job.", |j| j.subscribers as u64),
+        ];
+        for (name, kind, help, f) in per_job {
+            e.family(name, kind, help);
+            for j in &depth.jobs {
+                e.sample(name, &[("instrument", &j.job.instrument)], f(&j.job));
+            }
+        }
+        let books = self.books.list();
+        type BookField = fn(&crate::books::BookInfo) -> u64;
+        let per_book: [(&str, &str, &str, BookField); 7] = [
+            ("millrace_book_publishing", "gauge", "1 while the book is published (synced or snapshot mode).", |b| {
+                b.status.health.is_publishable() as u64
+            }),
+            ("millrace_book_gaps_total", "counter", "Upstream sequence / update-id gaps per book.", |b| b.status.gaps),
+            ("millrace_book_resyncs_total", "counter", "Rebuilds from a snapshot per book.", |b| b.status.resyncs),
+            ("millrace_book_drift_total", "counter", "Verifications that found the book different from a snapshot.", |b| b.status.drift),
+            ("millrace_book_deltas_total", "counter", "depth_update deltas published per book.", |b| b.deltas),
+            ("millrace_book_crossed_skipped_total", "counter", "Publishes skipped because the book was crossed.", |b| b.crossed_skipped),
+            ("millrace_book_update_id", "gauge", "Last published update id per book.", |b| b.id),
+        ];
+        for (name, kind, help, f) in per_book {
+            e.family(name, kind, help);
+            for b in &books {
+                let inst = b.instrument.to_string();
+                e.sample(name, &[("instrument", &inst), ("source", &b.source)], f(b));
+            }
+        }
+        let l3 = self.l3.handle.stats();
+        e.single("millrace_l3_auto_balance", "gauge", "1 while automatic shard balancing is on.", l3.auto_balance as u64);
+        e.single("millrace_l3_migrations_completed_total", "counter", "Symbol migrations completed.", l3.migrations.completed);
+        e.single("millrace_l3_migrations_rejected_total", "counter", "Symbol migrations refused.", l3.migrations.rejected);
+        e.single("millrace_l3_balancer_decisions_total", "counter", "Migrations asked for by the automatic policy.", l3.balancer_decisions);
+        type ShardField = fn(&crate::l3engine::ShardStats) -> u64;
+        let per_shard: [(&str, &str, &str, ShardField); 5] = [
+            ("millrace_l3_shard_pending", "gauge", "Events queued or held per shard.", |s| s.pending),
+            ("millrace_l3_shard_processed_total", "counter", "Events processed per shard.", |s| s.processed),
+            ("millrace_l3_shard_processed_per_second", "gauge", "Events processed per second per shard.", |s| s.processed_per_s),
+            ("millrace_l3_shard_lag_ms", "gauge", "Age of the batch a shard is processing.", |s| s.lag_ms),
+            ("millrace_l3_shard_symbols", "gauge", "Symbols per shard.", |s| s.symbols as u64),
+        ];
+        for (name, kind, help, f) in per_shard {
+            e.family(name, kind, help);
+            for s in &l3.shards {
+                e.sample(name, &[("shard", &s.id.to_string())], f(s));
+            }
+        }
+        type SymbolField = fn(&crate::l3engine::SymbolStats) -> u64;
+        let per_symbol: [(&str, &str, &str, SymbolField); 4] = [
+            ("millrace_l3_symbol_pending", "gauge", "Events pending per tick-by-tick book.", |s| s.pending),
+            ("millrace_l3_symbol_shard", "gauge", "The shard a tick-by-tick book lives on.", |s| s.shard as u64),
+            ("millrace_l3_symbol_gaps_total", "counter", "Sequence gaps per tick-by-tick book.", |s| s.gaps),
+            ("millrace_l3_symbol_lag_ms", "gauge", "Dispatch-to-done time of the book's last batch.", |s| s.lag_ms),
+        ];
+        for (name, kind, help, f) in per_symbol {
+            e.family(name, kind, help);
+            for s in &l3.symbols {
+                e.sample(name, &[("instrument", &s.instrument)], f(s));
+            }
+        }
+    }
+
     /// `GET /metrics`.
     pub fn render_metrics(&self) -> String {
         let mut e = Exposition::new();
@@ -198,6 +270,7 @@ impl App {
         for t in &tasks {
             e.sample("millrace_backfill_running", &[("series", &t.series)], t.running as u64);
         }
+        self.render_book_metrics(&mut e);
         e.family("millrace_source_ready", "gauge", "1 when the source's symbols are loaded.");
         for s in self.sources.snapshot() {
             let name = s["name"].as_str().unwrap_or_default().to_string();

@@ -18,7 +18,8 @@
 //!   consistent with the deltas already sent, but old.
 //!
 //! Operations (no token):
-//! - `GET /api/v1/ops/jobs` — the ingest supervisor's debug snapshot.
+//! - `GET /api/v1/ops/jobs` — the ingest supervisor's debug snapshot; depth jobs (their
+//!   supervisor's view plus sync state and counters) under `depth`.
 //! - `GET /api/v1/ops/backfill` — backfill tasks and their progress.
 //! - `GET /api/v1/ops/books` — every published book: source, health, gaps, resyncs, drift, id,
 //!   checksum, levels.
@@ -40,6 +41,7 @@
 //! Errors are `{"code":"<snake_case>","msg":"..."}` with a 4xx status.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -198,8 +200,14 @@ async fn series(State(state): State<AppState>) -> Result<Response, ApiError> {
     .into_response())
 }
 
+/// The candle jobs' supervisor snapshot, with the depth jobs' (supervisor view and sync status)
+/// under `depth`.
 async fn ops_jobs(State(state): State<AppState>) -> Response {
-    Json(state.app.supervisor.snapshot()).into_response()
+    let mut v = serde_json::to_value(state.app.supervisor.snapshot()).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("depth".into(), serde_json::to_value(state.app.depth_jobs_snapshot()).unwrap_or_default());
+    }
+    Json(v).into_response()
 }
 
 async fn ops_backfill(State(state): State<AppState>) -> Response {
@@ -294,6 +302,9 @@ pub struct DepthQuery {
     limit: Option<String>,
 }
 
+/// How long `GET /fapi/v1/depth` waits for a starting book's first publish.
+const BOOK_START_WAIT: Duration = Duration::from_secs(5);
+
 /// Levels per side `GET /fapi/v1/depth` returns without `limit`.
 const DEFAULT_DEPTH_LIMIT: i64 = 1000;
 
@@ -319,7 +330,18 @@ async fn rest_depth(
     if !(1..=max).contains(&limit) {
         return Err(bad(ApiError::bad("malformed", format!("limit must be between 1 and {max}, got {limit}"))));
     }
-    let Some((depth, health)) = app.books.rest_depth(&instrument, limit as usize) else {
+    // A book whose job has just started (the seed's client subscribes, then asks at once) is
+    // waited for, up to BOOK_START_WAIT, instead of answered "unknown".
+    let deadline = tokio::time::Instant::now() + BOOK_START_WAIT;
+    let mut found = app.books.rest_depth(&instrument, limit as usize);
+    while found.as_ref().is_none_or(|(d, _)| d.id == 0)
+        && (app.books.contains(&instrument) || app.depth.health(&instrument).is_some())
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        found = app.books.rest_depth(&instrument, limit as usize);
+    }
+    let Some((depth, health)) = found else {
         return Err(bad(ApiError {
             status: StatusCode::NOT_FOUND,
             code: "unknown_book",
