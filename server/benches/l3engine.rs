@@ -20,11 +20,13 @@
 //! Run: `cargo bench -p server --bench l3engine -- --warm-up-time 1 --measurement-time 5`
 //! (`-- migration` for the migration run).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use server::l3engine::{BookHealth, BookOutput, Engine, EngineConfig, SymbolIdx, Target, TickEvent};
+use shared::book::Side;
+use shared::fixed::{Price, Qty};
 use shared::l3::{L3Book, Msg, SeqGap, SeqPolicy, Venue};
 use shared::protocol::{InstrumentId, Market};
 use shared::testkit::{l3_workload, Rng};
@@ -82,6 +84,12 @@ fn interleave(streams: &[Vec<Msg>], seed: u64) -> Vec<TickEvent> {
 /// from empty, like the shared bench) on warm threads and allocator, the steady state of a
 /// service.
 struct Rig {
+    /// A symbol whose output blocks its shard until released: lets a pass be queued in full
+    /// before the shard starts, to time the shard alone (no concurrent dispatcher).
+    gate: SymbolIdx,
+    gate_seq: u64,
+    entered: mpsc::Receiver<()>,
+    release: mpsc::Sender<()>,
     engine: Option<Engine>,
     d: Option<server::l3engine::Dispatcher>,
     h: server::l3engine::EngineHandle,
@@ -93,8 +101,54 @@ impl Rig {
         let mut e =
             Engine::start(EngineConfig { shards, max_shards: shards, ..EngineConfig::default() }).unwrap();
         let h = e.handle();
-        let d = e.take_dispatcher().unwrap();
-        Self { engine: Some(e), d: Some(d), h, next: 0 }
+        let mut d = e.take_dispatcher().unwrap();
+        let (entered_tx, entered) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel();
+        let gate = Gate { entered: entered_tx, release: release_rx };
+        let gate =
+            h.add_symbol(instrument(999_999), Venue::Sse, SeqPolicy::Contiguous, Box::new(gate)).unwrap();
+        d.poll_control();
+        Self { gate, gate_seq: 0, entered, release, engine: Some(e), d: Some(d), h, next: 1 }
+    }
+
+    /// Shard CPU time for a pass queued in full before the shard starts on it (one shard).
+    fn run_queued_first(&mut self, nsym: usize, events: &[TickEvent]) -> Duration {
+        let base = self.register(nsym);
+        let events: Vec<TickEvent> =
+            events.iter().map(|e| TickEvent { symbol: e.symbol + base, ..*e }).collect();
+        assert!(self.h.wait_idle(Duration::from_secs(30)));
+        let cpu0 = self.shard_cpu();
+        self.gate_seq += 1;
+        let msg = Msg::Add {
+            id: self.gate_seq,
+            side: Side::Bid,
+            price: Price::from_units(1),
+            qty: Qty::from_units(1),
+        };
+        let d = self.d.as_mut().unwrap();
+        d.dispatch(&[TickEvent { symbol: self.gate, channel: 1, seq: self.gate_seq, msg }]);
+        self.entered.recv().unwrap();
+        for slice in events.chunks(64 * 1024) {
+            d.dispatch(slice);
+        }
+        self.release.send(()).unwrap();
+        while self.h.pending_total() > 0 {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Duration::from_nanos(self.shard_cpu()[0] - cpu0[0])
+    }
+
+    fn register(&mut self, nsym: usize) -> SymbolIdx {
+        let base = (0..nsym)
+            .map(|_| {
+                self.next += 1;
+                let out = Box::new(TopOfBook(0));
+                self.h.add_symbol(instrument(self.next), Venue::Sse, SeqPolicy::Contiguous, out).unwrap()
+            })
+            .min()
+            .unwrap();
+        self.d.as_mut().unwrap().poll_control();
+        base
     }
 
     /// Shards' CPU time once every shard is idle.
@@ -112,16 +166,7 @@ impl Rig {
     /// CPU time of the busiest shard thread (what the shard needs, whatever else the shared
     /// machine runs).
     fn run(&mut self, nsym: usize, events: &[TickEvent]) -> (Duration, Duration) {
-        let d = self.d.as_mut().unwrap();
-        let base = (0..nsym)
-            .map(|_| {
-                self.next += 1;
-                let out = Box::new(TopOfBook(0));
-                self.h.add_symbol(instrument(self.next), Venue::Sse, SeqPolicy::Contiguous, out).unwrap()
-            })
-            .min()
-            .unwrap();
-        d.poll_control();
+        let base = self.register(nsym);
         let events: Vec<TickEvent> =
             events.iter().map(|e| TickEvent { symbol: e.symbol + base, ..*e }).collect();
         assert!(self.h.wait_idle(Duration::from_secs(30)));
@@ -205,12 +250,18 @@ fn throughput(c: &mut Criterion) {
     g.bench_function("one_shard/1_symbol/shard_cpu", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| rig.run(1, &one).1).sum())
     });
+    g.bench_function("one_shard/1_symbol/shard_cpu_queued_first", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run_queued_first(1, &one)).sum())
+    });
     g.throughput(Throughput::Elements(eight.len() as u64));
     g.bench_function("one_shard/8_symbols/wall", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight).0).sum())
     });
     g.bench_function("one_shard/8_symbols/shard_cpu", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight).1).sum())
+    });
+    g.bench_function("one_shard/8_symbols/shard_cpu_queued_first", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| rig.run_queued_first(8, &eight)).sum())
     });
     drop(rig);
     let mut rig = Rig::new(2);
@@ -221,6 +272,23 @@ fn throughput(c: &mut Criterion) {
         b.iter_custom(|iters| (0..iters).map(|_| rig.run(8, &eight).1).sum())
     });
     g.finish();
+}
+
+/// Blocks its shard in `on_applied` until released.
+struct Gate {
+    entered: mpsc::Sender<()>,
+    release: mpsc::Receiver<()>,
+}
+
+impl BookOutput for Gate {
+    fn publish(&mut self, _: &L3Book, _: BookHealth, _: i64) {}
+    fn on_gap(&mut self, _: SymbolIdx, _: SeqGap) {}
+    fn on_applied(&mut self, _: &L3Book, applied: u32, _: Duration) {
+        if applied > 0 {
+            let _ = self.entered.send(());
+            let _ = self.release.recv();
+        }
+    }
 }
 
 /// Cold symbols' event latencies (dispatch to done) with their completion time, so each is
