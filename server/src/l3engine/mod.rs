@@ -26,6 +26,13 @@
 //! * Output: each symbol's [`BookOutput`] is called on the owning shard's thread and moves with
 //!   the book when the symbol migrates.
 //!
+//! ## Lifecycle
+//! [`Engine::start`] starts the shards and the balancer thread; the [`Dispatcher`] is either
+//! taken ([`Engine::take_dispatcher`]) and driven by one thread of the caller, or run on its own
+//! thread ([`Engine::spawn_dispatcher`]). Stopping (dropping the dispatcher, or
+//! [`Engine::shutdown`]) lets in-flight migrations finish, abandons queued ones, and stops each
+//! shard after what was queued before the stop; shards publish their books one last time.
+//!
 //! ## Sequence continuity
 //! Every event carries `(channel, seq)`; the book's per-channel [`shared::l3::Sequencer`] applies
 //! the next number, drops duplicates and rejects a gap without applying it. On the first gap the
@@ -45,6 +52,11 @@
 //!    reaches it, it sends `MigrateComplete { state, legacy }` straight to the target, which replays
 //!    legacy, then its buffer, then resumes normal processing.
 //!
+//! Backlogs are kept as lists of batches: a queued batch that holds only the migrating symbol's
+//! events is moved into the legacy list whole, so the source drains a 1 M-event backlog in
+//! milliseconds (docs/bench-l3engine.md). Resets that arrive during a move are held at their
+//! position and replayed in order.
+//!
 //! The target may be an existing shard or a new one ([`Target::New`], the seed's -1). A second
 //! migration of a symbol whose first is still in flight is queued by the dispatcher and started
 //! when the first completes, so chains A -> B -> new stay in order. Migrating to the shard that
@@ -58,7 +70,7 @@
 //!
 //! ## Observability ([`EngineHandle::stats`])
 //! Per shard: pending (queued + held in migration buffers), processed, processed/s, lag (age of
-//! the batch being processed), symbols, top pending symbols. Per symbol: pending, processed,
+//! the batch being processed), symbols, top pending symbols, thread CPU time. Per symbol: pending, processed,
 //! processed/s, lag of its last processed batch, health, gaps, resets, migrations. Engine-wide:
 //! migrations started / completed / queued / rejected / in flight, last migration time, balancer
 //! decisions, events for unknown symbols.
