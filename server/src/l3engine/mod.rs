@@ -15,7 +15,7 @@
 //!  EngineHandle (Clone, any thread) ──control channel──► Dispatcher (drained before each dispatch)
 //!  balancer thread: looks at stats every interval, asks the handle to migrate
 //! ```
-//! * A shard ([`shard`]) is an OS thread with one `std::sync::mpsc` queue carrying **batches** of
+//! * A shard (`shard.rs`) is an OS thread with one `std::sync::mpsc` queue carrying **batches** of
 //!   events and control commands in the same FIFO, so a command's position relative to data is
 //!   exact. It owns its symbols' state (book, output, sequencers) outright: nothing on the
 //!   per-event path takes a lock or touches an atomic; counters are aggregated per batch.
@@ -78,7 +78,7 @@
 pub mod balance;
 pub mod dispatcher;
 mod engine;
-pub mod shard;
+mod shard;
 pub mod stats;
 
 use std::time::Duration;
