@@ -150,8 +150,15 @@ impl Dispatcher {
             }
         }
         if unknown > 0 {
-            self.reg.unknown_symbol.fetch_add(unknown, Relaxed);
-            tracing::warn!(unknown, "l3 dispatcher: events for unregistered symbols dropped");
+            let before = self.reg.unknown_symbol.fetch_add(unknown, Relaxed);
+            // logged when the total crosses a power of two, so a misconfigured feed cannot flood
+            // the log; the counter has the exact number
+            if (before + unknown).ilog2() != before.checked_ilog2().unwrap_or(u32::MAX) {
+                tracing::warn!(
+                    total = before + unknown,
+                    "l3 dispatcher: events for unregistered symbols dropped"
+                );
+            }
         }
     }
 
