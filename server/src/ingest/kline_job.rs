@@ -228,6 +228,33 @@ async fn on_event(
     Ok(())
 }
 
+/// Most time the job waits for the exchange's REST clock to reach a minute its stream has already
+/// shown closed (the REST side of an exchange may lag its stream, notably under load).
+const CLOCK_CATCH_UP: Duration = Duration::from_secs(5);
+
+/// The exchange's time, once it has passed the minute `through` (when given): the stream proved
+/// that minute closed (a newer candle arrived), so REST must be able to serve it. A fill that
+/// trusted a lagging clock would stop short and leave a hole; if the clock does not catch up in
+/// [`CLOCK_CATCH_UP`], the fill fails and the job reconnects and fills again instead.
+async fn exchange_time_through(deps: &KlineJobDeps, through: Option<i64>) -> Result<i64, RestError> {
+    let deadline = Instant::now() + CLOCK_CATCH_UP;
+    loop {
+        let now = deps.rest.server_time().await?;
+        let Some(t) = through else { return Ok(now) };
+        if Timeframe::M1.bucket_open(now) - MINUTE_MS >= t {
+            return Ok(now);
+        }
+        if Instant::now() >= deadline {
+            return Err(RestError::Api {
+                status: 503,
+                code: None,
+                msg: format!("the exchange's clock ({now}) has not passed the minute {t} its stream showed closed"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Fetches the closed 1m candles after the last accepted one (through `through`, or up to the
 /// exchange's current minute) from REST and feeds them to the pipeline, oldest first.
 /// Without any stored candle there is nothing to continue: live ingest starts fresh (history is
@@ -239,7 +266,7 @@ async fn fill_gap(
     health: &super::JobHealth,
 ) -> Result<(), RestError> {
     let Some(last) = pipeline.last_closed() else { return Ok(()) };
-    let server_now = deps.rest.server_time().await?;
+    let server_now = exchange_time_through(deps, through).await?;
     // A row is closed when its close time has passed on the exchange's clock.
     let limit_open = through.unwrap_or(i64::MAX).min(Timeframe::M1.bucket_open(server_now) - MINUTE_MS);
     let mut from = last + MINUTE_MS;
