@@ -19,7 +19,7 @@ use crate::ingest::kline_job::{self, KlineJobDeps};
 use crate::ingest::pipeline::Publisher;
 use crate::ingest::supervisor::{JobContext, JobFuture, JobRunner, Supervisor};
 use crate::ingest::{Lease, SubscribeError};
-use crate::metrics::{Exposition, Metrics};
+use crate::metrics::{Column, Exposition, Metrics};
 use crate::sources::Sources;
 use crate::store::sqlite::SqliteStore;
 use crate::store::CandleStore;
@@ -63,19 +63,7 @@ impl JobRunner for KlineRunner {
         let bus = self.bus.clone();
         Box::pin(async move {
             let mut ctx = ctx;
-            // The source may still be loading its symbols (e.g. the exchange is unreachable).
-            let (source, symbol) = loop {
-                match sources.resolve(&ctx.instrument) {
-                    Ok(r) => break r,
-                    Err(e) => {
-                        ctx.health.error(e);
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                            _ = ctx.stopped() => return,
-                        }
-                    }
-                }
-            };
+            let Some((source, symbol)) = crate::ingest::resolve_source(&sources, &mut ctx).await else { return };
             let deps = KlineJobDeps {
                 config,
                 rest: source.rest.clone(),
@@ -161,22 +149,16 @@ impl App {
         let depth = self.depth_jobs_snapshot();
         e.single("millrace_depth_ondemand_jobs", "gauge", "On-demand depth jobs running.", depth.capacity.ondemand_jobs);
         e.single("millrace_depth_refusals_total", "counter", "Depth subscriptions refused for capacity.", depth.capacity.refusals);
-        type JobField = fn(&crate::ingest::supervisor::JobSnapshot) -> u64;
-        let per_job: [(&str, &str, &str, JobField); 4] = [
+        let per_job: [Column<crate::ingest::supervisor::JobSnapshot>; 4] = [
             ("millrace_depth_job_connected", "gauge", "1 while the depth job's stream is connected.", |j| j.connected as u64),
             ("millrace_depth_job_crashes_total", "counter", "Upstream failures per depth job.", |j| j.crashes),
             ("millrace_depth_job_messages_total", "counter", "Upstream messages per depth job.", |j| j.messages),
             ("millrace_depth_job_subscribers", "gauge", "Live subscriptions per depth job.", |j| j.subscribers as u64),
         ];
-        for (name, kind, help, f) in per_job {
-            e.family(name, kind, help);
-            for j in &depth.jobs {
-                e.sample(name, &[("instrument", &j.job.instrument)], f(&j.job));
-            }
-        }
+        let rows: Vec<_> = depth.jobs.iter().map(|d| d.job.clone()).collect();
+        e.table(&per_job, &rows, |j| vec![("instrument", j.instrument.clone())]);
         let books = self.books.list();
-        type BookField = fn(&crate::books::BookInfo) -> u64;
-        let per_book: [(&str, &str, &str, BookField); 7] = [
+        let per_book: [Column<crate::books::BookInfo>; 7] = [
             ("millrace_book_publishing", "gauge", "1 while the book is published (synced or snapshot mode).", |b| {
                 b.status.health.is_publishable() as u64
             }),
@@ -187,45 +169,27 @@ impl App {
             ("millrace_book_crossed_skipped_total", "counter", "Publishes skipped because the book was crossed.", |b| b.crossed_skipped),
             ("millrace_book_update_id", "gauge", "Last published update id per book.", |b| b.id),
         ];
-        for (name, kind, help, f) in per_book {
-            e.family(name, kind, help);
-            for b in &books {
-                let inst = b.instrument.to_string();
-                e.sample(name, &[("instrument", &inst), ("source", &b.source)], f(b));
-            }
-        }
+        e.table(&per_book, &books, |b| vec![("instrument", b.instrument.to_string()), ("source", b.source.clone())]);
         let l3 = self.l3.handle.stats();
         e.single("millrace_l3_auto_balance", "gauge", "1 while automatic shard balancing is on.", l3.auto_balance as u64);
         e.single("millrace_l3_migrations_completed_total", "counter", "Symbol migrations completed.", l3.migrations.completed);
         e.single("millrace_l3_migrations_rejected_total", "counter", "Symbol migrations refused.", l3.migrations.rejected);
         e.single("millrace_l3_balancer_decisions_total", "counter", "Migrations asked for by the automatic policy.", l3.balancer_decisions);
-        type ShardField = fn(&crate::l3engine::ShardStats) -> u64;
-        let per_shard: [(&str, &str, &str, ShardField); 5] = [
+        let per_shard: [Column<crate::l3engine::ShardStats>; 5] = [
             ("millrace_l3_shard_pending", "gauge", "Events queued or held per shard.", |s| s.pending),
             ("millrace_l3_shard_processed_total", "counter", "Events processed per shard.", |s| s.processed),
             ("millrace_l3_shard_processed_per_second", "gauge", "Events processed per second per shard.", |s| s.processed_per_s),
             ("millrace_l3_shard_lag_ms", "gauge", "Age of the batch a shard is processing.", |s| s.lag_ms),
             ("millrace_l3_shard_symbols", "gauge", "Symbols per shard.", |s| s.symbols as u64),
         ];
-        for (name, kind, help, f) in per_shard {
-            e.family(name, kind, help);
-            for s in &l3.shards {
-                e.sample(name, &[("shard", &s.id.to_string())], f(s));
-            }
-        }
-        type SymbolField = fn(&crate::l3engine::SymbolStats) -> u64;
-        let per_symbol: [(&str, &str, &str, SymbolField); 4] = [
+        e.table(&per_shard, &l3.shards, |s| vec![("shard", s.id.to_string())]);
+        let per_symbol: [Column<crate::l3engine::SymbolStats>; 4] = [
             ("millrace_l3_symbol_pending", "gauge", "Events pending per tick-by-tick book.", |s| s.pending),
             ("millrace_l3_symbol_shard", "gauge", "The shard a tick-by-tick book lives on.", |s| s.shard as u64),
             ("millrace_l3_symbol_gaps_total", "counter", "Sequence gaps per tick-by-tick book.", |s| s.gaps),
             ("millrace_l3_symbol_lag_ms", "gauge", "Dispatch-to-done time of the book's last batch.", |s| s.lag_ms),
         ];
-        for (name, kind, help, f) in per_symbol {
-            e.family(name, kind, help);
-            for s in &l3.symbols {
-                e.sample(name, &[("instrument", &s.instrument)], f(s));
-            }
-        }
+        e.table(&per_symbol, &l3.symbols, |s| vec![("instrument", s.instrument.clone())]);
     }
 
     /// `GET /metrics`.
@@ -239,8 +203,7 @@ impl App {
         e.single("millrace_ingest_evictions_total", "counter", "Idle on-demand jobs evicted for capacity.", snap.capacity.evictions);
         e.single("millrace_ingest_refusals_total", "counter", "Subscriptions refused for capacity.", snap.capacity.refusals);
         e.single("millrace_ingest_reaped_total", "counter", "Idle on-demand jobs stopped by the reaper.", snap.capacity.reaped);
-        type Field = fn(&crate::ingest::supervisor::JobSnapshot) -> u64;
-        let per_job: [(&str, &str, &str, Field); 9] = [
+        let per_job: [Column<crate::ingest::supervisor::JobSnapshot>; 9] = [
             ("millrace_job_crashes_total", "counter", "Upstream failures per job.", |j| j.crashes),
             ("millrace_job_connected", "gauge", "1 while the job's upstream stream is connected.", |j| j.connected as u64),
             ("millrace_job_messages_total", "counter", "Upstream messages per job.", |j| j.messages),
@@ -251,12 +214,7 @@ impl App {
             ("millrace_job_subscribers", "gauge", "Live subscriptions per job.", |j| j.subscribers as u64),
             ("millrace_job_pinned", "gauge", "1 for pinned jobs.", |j| j.pinned as u64),
         ];
-        for (name, kind, help, f) in per_job {
-            e.family(name, kind, help);
-            for j in &snap.jobs {
-                e.sample(name, &[("instrument", &j.instrument)], f(j));
-            }
-        }
+        e.table(&per_job, &snap.jobs, |j| vec![("instrument", j.instrument.clone())]);
         let tasks = self.backfill.snapshot();
         e.family("millrace_backfill_progress", "gauge", "Share of the retention window covered (0-1).");
         for t in &tasks {

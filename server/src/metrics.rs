@@ -36,6 +36,9 @@ impl Default for Exposition {
     }
 }
 
+/// A metric family over rows of `T`: name, kind, help and the value of a row.
+pub type Column<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
 impl Exposition {
     pub fn new() -> Self {
         Self { out: String::with_capacity(8 * 1024) }
@@ -66,6 +69,19 @@ impl Exposition {
             self.out.push('}');
         }
         let _ = writeln!(self.out, " {value}");
+    }
+
+    /// One family per column definition `(name, kind, help, value)`, each with one sample per
+    /// row, labelled by `labels(row)`.
+    pub fn table<T>(&mut self, columns: &[Column<T>], rows: &[T], labels: impl Fn(&T) -> Vec<(&'static str, String)>) {
+        let labels: Vec<Vec<(&'static str, String)>> = rows.iter().map(labels).collect();
+        for (name, kind, help, value) in columns {
+            self.family(name, kind, help);
+            for (row, l) in rows.iter().zip(&labels) {
+                let l: Vec<(&str, &str)> = l.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                self.sample(name, &l, value(row));
+            }
+        }
     }
 
     pub fn finish(self) -> String {

@@ -610,19 +610,7 @@ impl JobRunner for DepthRunner {
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).insert(ctx.instrument.clone(), stats.clone());
         Box::pin(async move {
             let mut ctx = ctx;
-            // The source may still be loading its symbols (e.g. the exchange is unreachable).
-            let (source, symbol) = loop {
-                match sources.resolve(&ctx.instrument) {
-                    Ok(r) => break r,
-                    Err(e) => {
-                        ctx.health.error(e);
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                            _ = ctx.stopped() => return,
-                        }
-                    }
-                }
-            };
+            let Some((source, symbol)) = crate::ingest::resolve_source(&sources, &mut ctx).await else { return };
             let deps = DepthJobDeps {
                 depth,
                 ingest,

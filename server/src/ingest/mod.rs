@@ -8,3 +8,24 @@ pub mod pipeline;
 pub mod supervisor;
 
 pub use supervisor::{JobContext, JobHealth, JobRunner, Lease, SubscribeError, Supervisor};
+
+/// The source and exchange symbol of a job's instrument, waiting while the source is still
+/// loading its symbols (e.g. the exchange is unreachable: the job's health shows why). `None`
+/// when the job is stopped meanwhile.
+pub async fn resolve_source(
+    sources: &crate::sources::Sources,
+    ctx: &mut JobContext,
+) -> Option<(std::sync::Arc<crate::sources::Source>, String)> {
+    loop {
+        match sources.resolve(&ctx.instrument) {
+            Ok(r) => return Some(r),
+            Err(e) => {
+                ctx.health.error(e);
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+                    _ = ctx.stopped() => return None,
+                }
+            }
+        }
+    }
+}
