@@ -423,7 +423,7 @@ impl Config {
         range("depth.max_used_weight", d.max_used_weight, 1, 1_000_000)?;
         range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
-        self.l3.engine.validate().map_err(|e| anyhow::anyhow!("configuration key `l3.engine`: {e}"))?;
+        self.l3.validate()?;
         range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
         range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;
         if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {

@@ -19,7 +19,8 @@
 //! The simulator's books are always on: they need no subscription lease.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use shared::l3::{L3Book, SeqGap, SeqPolicy, Venue};
 use shared::protocol::{InstrumentId, Market};
+use shared::Price;
 use tokio::sync::mpsc;
 
 use super::{BookHealth, BookPublisher, BookRegistry, BookStatus};
@@ -47,6 +49,54 @@ pub struct L3Config {
     /// Most events held for one symbol while its recovery runs; beyond it the oldest are dropped
     /// (and the recovery starts over).
     pub max_held_events: usize,
+    /// Recorded tick-by-tick days replayed into the engine (`[[l3.replay]]`).
+    pub replay: Vec<ReplaySourceConfig>,
+}
+
+/// `[[l3.replay]]`: Shanghai tick-by-tick files (逐笔委托 + 逐笔成交, CSV / .gz / .zip) replayed
+/// into the engine as a live source; books are `{name}:stock:{SecurityID}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplaySourceConfig {
+    /// Source name in instrument ids.
+    pub name: String,
+    pub orders: PathBuf,
+    pub trades: PathBuf,
+    /// Price tick the float-printed prices are snapped to.
+    pub tick: String,
+    /// MDTime seconds per wall-clock second (1 = the original pace); 0 = as fast as possible.
+    pub speed: f64,
+}
+
+impl Default for ReplaySourceConfig {
+    fn default() -> Self {
+        Self { name: "sse".into(), orders: PathBuf::new(), trades: PathBuf::new(), tick: "0.01".into(), speed: 1.0 }
+    }
+}
+
+impl L3Config {
+    /// Names the first bad value.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.engine.validate().map_err(|e| anyhow::anyhow!("configuration key `l3.engine`: {e}"))?;
+        for (i, r) in self.replay.iter().enumerate() {
+            let key = format!("l3.replay[{i}]");
+            if r.name.is_empty() || r.name.contains([':', '@', ',', '/', ' ']) {
+                anyhow::bail!("configuration key `{key}.name`: {:?} must be non-empty and free of `:@,/ `", r.name);
+            }
+            if !(r.speed.is_finite() && r.speed >= 0.0) {
+                anyhow::bail!("configuration key `{key}.speed`: must be 0 (as fast as possible) or positive, got {}", r.speed);
+            }
+            if Price::parse(&r.tick).map_or(true, |t| t.raw() <= 0) {
+                anyhow::bail!("configuration key `{key}.tick`: {:?} is not a positive decimal", r.tick);
+            }
+            for (k, p) in [("orders", &r.orders), ("trades", &r.trades)] {
+                if !p.is_file() {
+                    anyhow::bail!("configuration key `{key}.{k}`: {} is not a file", p.display());
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for L3Config {
@@ -56,6 +106,7 @@ impl Default for L3Config {
             engine: EngineConfig { auto_balance: true, ..EngineConfig::default() },
             queue_batches: 4096,
             max_held_events: 2_000_000,
+            replay: Vec::new(),
         }
     }
 }
@@ -71,6 +122,8 @@ pub struct FeedCounters {
     pub recoveries: AtomicU64,
     pub recovery_failures: AtomicU64,
     pub held_dropped: AtomicU64,
+    /// A replay source has sent everything.
+    pub done: AtomicBool,
 }
 
 /// One tick-by-tick source.
@@ -80,8 +133,10 @@ pub struct L3Source {
     pub rest: Option<TbtRest>,
     pub counters: Arc<FeedCounters>,
     feed: Option<TbtFeed>,
-    /// Tells the feed thread to end (see [`L3Books::stop`]).
-    control: mpsc::UnboundedSender<Input>,
+    /// Tells a feed thread to end (see [`L3Books::stop`]).
+    control: Option<mpsc::UnboundedSender<Input>>,
+    /// Tells a replay thread to end.
+    stop: Arc<AtomicBool>,
 }
 
 /// The running tick-by-tick books.
@@ -116,7 +171,28 @@ impl L3Books {
             };
             let (thread, control) = ctx.spawn(feed_rx)?;
             threads.push(thread);
-            sources.push(L3Source { name: name.clone(), rest: Some(feed.rest().clone()), counters, feed: Some(feed), control });
+            sources.push(L3Source {
+                name: name.clone(),
+                rest: Some(feed.rest().clone()),
+                counters,
+                feed: Some(feed),
+                control: Some(control),
+                stop: Arc::default(),
+            });
+        }
+        for r in &config.replay {
+            let counters = Arc::new(FeedCounters::default());
+            let stop = Arc::new(AtomicBool::new(false));
+            let ctx = ReplayThread {
+                config: r.clone(),
+                engine: handle.clone(),
+                registry: registry.clone(),
+                tx: tx.clone(),
+                counters: counters.clone(),
+                stop: stop.clone(),
+            };
+            threads.push(std::thread::Builder::new().name(format!("l3-replay-{}", r.name)).spawn(move || ctx.run())?);
+            sources.push(L3Source { name: r.name.clone(), rest: None, counters, feed: None, control: None, stop });
         }
         Ok(Arc::new(Self { handle, engine: Mutex::new(Some(engine)), sources, threads: Mutex::new(threads) }))
     }
@@ -133,7 +209,10 @@ impl L3Books {
             if let Some(f) = &s.feed {
                 f.stop().await;
             }
-            let _ = s.control.send(Input::Stop);
+            if let Some(c) = &s.control {
+                let _ = c.send(Input::Stop);
+            }
+            s.stop.store(true, Relaxed);
         }
         let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -219,7 +298,7 @@ impl FeedThread {
                         let idx = match self.engine.symbol(&instrument) {
                             Some(idx) => idx,
                             None => {
-                                let output = L3Output::new(&self.registry, &instrument, s.venue, input_tx.clone());
+                                let output = L3Output::new(&self.registry, &instrument, s.venue, Some(input_tx.clone()));
                                 match self.engine.add_symbol(instrument.clone(), s.venue, SeqPolicy::Contiguous, Box::new(output)) {
                                     Ok(idx) => idx,
                                     Err(e) => {
@@ -251,7 +330,7 @@ impl FeedThread {
                             self.counters.unknown_symbol.fetch_add(1, Relaxed);
                             continue;
                         };
-                        let te = tick(k.engine_idx, e);
+                        let te = tick_event(k.engine_idx, e);
                         match holding.get_mut(&k.engine_idx) {
                             Some(held) => {
                                 if held.len() >= self.max_held {
@@ -317,7 +396,7 @@ impl FeedThread {
     }
 }
 
-fn tick(symbol: SymbolIdx, e: &FeedEvent) -> TickEvent {
+fn tick_event(symbol: SymbolIdx, e: &FeedEvent) -> TickEvent {
     TickEvent { symbol, channel: e.channel, seq: e.seq, msg: e.msg }
 }
 
@@ -326,11 +405,17 @@ fn tick(symbol: SymbolIdx, e: &FeedEvent) -> TickEvent {
 struct L3Output {
     publisher: BookPublisher,
     status: BookStatus,
-    gaps: mpsc::UnboundedSender<Input>,
+    /// The feed thread that recovers gaps (none for a replay: a file cannot be re-requested).
+    gaps: Option<mpsc::UnboundedSender<Input>>,
 }
 
 impl L3Output {
-    fn new(registry: &BookRegistry, instrument: &InstrumentId, venue: Venue, gaps: mpsc::UnboundedSender<Input>) -> Self {
+    fn new(
+        registry: &BookRegistry,
+        instrument: &InstrumentId,
+        venue: Venue,
+        gaps: Option<mpsc::UnboundedSender<Input>>,
+    ) -> Self {
         let source = match venue {
             Venue::Sse => "l3_sse",
             Venue::Szse => "l3_szse",
@@ -353,10 +438,57 @@ impl BookOutput for L3Output {
         self.status.gaps += 1;
         self.status.resyncs += 1;
         tracing::debug!(instrument = %self.publisher.instrument(), %gap, "tick-by-tick gap; recovering from a snapshot");
-        let _ = self.gaps.send(Input::Gap(symbol));
+        if let Some(g) = &self.gaps {
+            let _ = g.send(Input::Gap(symbol));
+        }
     }
 
     fn on_applied(&mut self, _book: &L3Book, applied: u32, _latency: Duration) {
         self.status.events += applied as u64;
+    }
+}
+
+/// Replays a recorded day into the engine (see [`ReplaySourceConfig`]).
+struct ReplayThread {
+    config: ReplaySourceConfig,
+    engine: EngineHandle,
+    registry: Arc<BookRegistry>,
+    tx: SyncSender<Vec<TickEvent>>,
+    counters: Arc<FeedCounters>,
+    stop: Arc<AtomicBool>,
+}
+
+impl ReplayThread {
+    fn run(self) {
+        let c = &self.config;
+        let tick = Price::parse(&c.tick).unwrap_or(Price::from_raw(1_000_000));
+        let replay = match crate::tbt::replay::SseReplay::load(&c.orders, &c.trades, tick) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(source = %c.name, error = format!("{e:#}"), "cannot load the tick-by-tick replay");
+                return;
+            }
+        };
+        let mut idx = Vec::with_capacity(replay.symbols().len());
+        for code in replay.symbols() {
+            let instrument = InstrumentId::new(c.name.clone(), Market::Stock, code.clone());
+            let output = L3Output::new(&self.registry, &instrument, Venue::Sse, None);
+            match self.engine.add_symbol(instrument.clone(), Venue::Sse, SeqPolicy::Increasing, Box::new(output)) {
+                Ok(i) => idx.push(i),
+                Err(e) => {
+                    tracing::error!(%instrument, error = %e, "cannot register a replayed book");
+                    return;
+                }
+            }
+            self.registry.set_always_on(&instrument);
+        }
+        tracing::info!(source = %c.name, symbols = idx.len(), events = replay.len(), speed = c.speed, "tick-by-tick replay started");
+        let sent = replay.run(c.speed, &self.stop, |batch| {
+            self.counters.events.fetch_add(batch.len() as u64, Relaxed);
+            let events = batch.iter().map(|e| tick_event(idx[e.symbol as usize], e)).collect();
+            self.tx.send(events).is_ok()
+        });
+        self.counters.done.store(sent == replay.len(), Relaxed);
+        tracing::info!(source = %c.name, sent, "tick-by-tick replay ended");
     }
 }

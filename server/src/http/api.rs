@@ -370,6 +370,8 @@ async fn ops_shards(State(state): State<AppState>) -> Response {
                 "recoveries": c.recoveries.load(Relaxed),
                 "recovery_failures": c.recovery_failures.load(Relaxed),
                 "held_dropped": c.held_dropped.load(Relaxed),
+                "kind": if s.rest.is_some() { "sim" } else { "replay" },
+                "replay_done": c.done.load(Relaxed),
             })
         })
         .collect();

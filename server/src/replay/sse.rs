@@ -408,6 +408,73 @@ struct SymState {
     seq_duplicates: u64,
 }
 
+/// One normalised row for a live replay ([`crate::tbt::replay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedEvent {
+    /// MDTime, milliseconds of the day.
+    pub time_ms: u32,
+    pub channel: u32,
+    pub seq: u64,
+    /// Index into [`Loaded::symbols`].
+    pub symbol: u32,
+    pub msg: Msg,
+}
+
+/// The files of a day, ready to be replayed live.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// SecurityIDs in order of first appearance.
+    pub symbols: Vec<String>,
+    /// Every row once: each channel in ApplSeqNum order (a number seen twice on a channel is
+    /// dropped, as `replay sse` does), channels merged by MDTime.
+    pub events: Vec<TimedEvent>,
+    /// Rows dropped as repeated channel sequence numbers.
+    pub duplicates: u64,
+    /// Rows read per SecurityID (orders + cancels + trades, before dropping repeats).
+    pub rows: Vec<u64>,
+}
+
+/// Reads an order file and a trade file for a live replay (see [`Loaded`]).
+pub fn load(orders: &Path, trades: &Path, tick: Price) -> anyhow::Result<Loaded> {
+    let mut symbols = Symbols::default();
+    let mut events = Vec::new();
+    read_orders(orders, tick, &mut symbols, &mut events).with_context(|| format!("reading orders {}", orders.display()))?;
+    read_trades(trades, tick, &mut symbols, &mut events).with_context(|| format!("reading trades {}", trades.display()))?;
+    let mut rows = vec![0u64; symbols.names.len()];
+    for e in &events {
+        rows[e.symbol as usize] += 1;
+    }
+    events.sort_by_key(|e| (e.channel, e.seq));
+    // per channel, in sequence order, without repeated numbers
+    let mut channels: Vec<Vec<TimedEvent>> = Vec::new();
+    let mut duplicates = 0u64;
+    for e in &events {
+        let t = TimedEvent { time_ms: e.time, channel: e.channel, seq: e.seq, symbol: e.symbol, msg: e.msg };
+        match channels.last_mut() {
+            Some(c) if c.last().is_some_and(|l| l.channel == e.channel) => {
+                if c.last().is_some_and(|l| l.seq == e.seq) {
+                    duplicates += 1;
+                } else {
+                    c.push(t);
+                }
+            }
+            _ => channels.push(vec![t]),
+        }
+    }
+    // merge the channels by time; each stays in sequence order
+    let mut heads = vec![0usize; channels.len()];
+    let mut merged = Vec::with_capacity(events.len());
+    loop {
+        let next = (0..channels.len())
+            .filter(|&c| heads[c] < channels[c].len())
+            .min_by_key(|&c| (channels[c][heads[c]].time_ms, c));
+        let Some(c) = next else { break };
+        merged.push(channels[c][heads[c]]);
+        heads[c] += 1;
+    }
+    Ok(Loaded { symbols: symbols.names, events: merged, duplicates, rows })
+}
+
 /// Replays the files and returns one report per symbol (sorted by symbol).
 pub fn replay(args: &Args) -> anyhow::Result<Vec<Report>> {
     let mut symbols = Symbols::default();
