@@ -204,10 +204,10 @@ async fn frame_over_64_kib_is_rejected() {
 async fn unknown_and_bad_streams_get_error_replies() {
     let app = spawn_app().await;
     let mut ws = connect(&app).await;
-    request(&mut ws, r#"{"method":"SUBSCRIBE","params":["depth@sim:spot:BTC/USDT,20"],"id":5}"#).await;
+    request(&mut ws, r#"{"method":"SUBSCRIBE","params":["depth@sim:spot:NOPE/USDT,20"],"id":5}"#).await;
     let err = reply(&mut ws, 5).await.error.unwrap();
     assert_eq!(err.code, ErrorCode::UnknownSeries);
-    assert!(err.msg.contains("depth@sim:spot:BTC/USDT,20"), "{}", err.msg);
+    assert!(err.msg.contains("depth@sim:spot:NOPE/USDT,20"), "{}", err.msg);
     request(&mut ws, r#"{"method":"SUBSCRIBE","params":["trades@BTC"],"id":6}"#).await;
     assert_eq!(reply(&mut ws, 6).await.error.unwrap().code, ErrorCode::BadStream);
 }
