@@ -183,6 +183,13 @@ impl Dispatcher {
         self.start_queued();
     }
 
+    /// Tells the shards to stop behind what is queued (as a `Shutdown` request does); idempotent.
+    pub fn stop(&mut self) {
+        if !self.stopped {
+            self.stop_shards();
+        }
+    }
+
     /// Whether a `Shutdown` was received (the shards were told to stop).
     pub fn is_stopped(&self) -> bool {
         self.stopped

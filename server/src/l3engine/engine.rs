@@ -16,6 +16,9 @@ use super::shard::SymbolState;
 use super::stats::{EngineStats, Registry, SymbolShared};
 use super::{BookOutput, EngineConfig, EngineError, L3Snapshot, SymbolIdx, Target, TickEvent};
 
+/// Most queued batches a stopping dispatcher thread still dispatches.
+const MAX_DRAIN_BATCHES: usize = 100_000;
+
 /// How often a dispatcher on its own thread drains control requests when no events arrive.
 const IDLE_POLL: Duration = Duration::from_millis(5);
 
@@ -91,7 +94,15 @@ impl Engine {
                         break;
                     }
                 }
+                // What producers queued before the stop is dispatched first (bounded, in case a
+                // producer keeps sending), then the shards are told to stop behind it: a shutdown
+                // loses nothing already accepted.
+                for _ in 0..MAX_DRAIN_BATCHES {
+                    let Ok(events) = rx.try_recv() else { break };
+                    d.dispatch(&events);
+                }
                 d.poll_control();
+                d.stop();
             })
             .map_err(|e| EngineError::Config(format!("cannot start the dispatcher thread: {e}")))?;
         self.dispatcher_thread = Some(t);
@@ -107,12 +118,14 @@ impl Engine {
 
     fn stop_all(&mut self) {
         self.stop.store(true, Relaxed);
-        let _ = self.handle.control.send(Control::Shutdown);
-        if let Some(mut d) = self.dispatcher.take() {
-            d.poll_control();
-        }
         if let Some(t) = self.dispatcher_thread.take() {
+            // the thread dispatches what is queued, then stops the shards
             let _ = t.join();
+        } else {
+            let _ = self.handle.control.send(Control::Shutdown);
+            if let Some(mut d) = self.dispatcher.take() {
+                d.poll_control();
+            }
         }
         if let Some(t) = self.balancer_thread.take() {
             let _ = t.join();
