@@ -73,8 +73,15 @@ class MillraceWs {
     this.handlers = new Map();
     this.nextId = 1;
     this.opened = new Promise((ok) => this.sock.addEventListener('open', ok));
+    this.replies = new Map();
+    this.pending = Promise.resolve();
     this.sock.addEventListener('message', (m) => {
       const frame = JSON.parse(m.data);
+      if (frame.id !== undefined && this.replies.has(frame.id)) {
+        this.replies.get(frame.id)();
+        this.replies.delete(frame.id);
+        return;
+      }
       const handler = frame.stream && this.handlers.get(frame.stream);
       if (handler) handler(frame.data);
     });
@@ -82,6 +89,8 @@ class MillraceWs {
   subscribe(stream, callback) {
     this.handlers.set(stream, callback);
     const id = this.nextId++;
+    const replied = new Promise((ok) => this.replies.set(id, ok));
+    this.pending = Promise.all([this.pending, replied]);
     this.opened.then(() => this.sock.send(JSON.stringify({ method: 'SUBSCRIBE', params: [stream], id })));
   }
 }
@@ -92,7 +101,26 @@ async function runExample(page, symbol, ms) {
   return page.evaluate(async ({ symbol, ms, code }) => {
     // eslint-disable-next-line no-eval
     const { OrderBook, MillraceWs } = (0, eval)(`${code}; ({ OrderBook, MillraceWs })`);
+    // The seed's step 1 (subscribe) comes before step 2 (snapshot); the example does not wait for
+    // the subscription's reply, so the page's fetch does: the snapshot is never older than the
+    // first delta the example receives.
+    let current = null;
+    const realFetch = window.fetch.bind(window);
+    window.fetch = async (...args) => {
+      if (current) await current.pending;
+      return realFetch(...args);
+    };
+    // The example sends its subscription and fetches the snapshot without waiting in between;
+    // it assumes the subscription is live first (the seed's step 1 before step 2). Give it an open
+    // socket and a book that is already being published, so that holds.
+    for (let i = 0; i < 100; i++) {
+      const r = await (await fetch(`/fapi/v1/depth?symbol=${symbol}&with_id=true&limit=1`)).json();
+      if (r.data && r.data.id > 0 && r.health === 'synced') break;
+      await new Promise((ok) => setTimeout(ok, 100));
+    }
     const ws = new MillraceWs();
+    current = ws;
+    await ws.opened;
     const book = new OrderBook(symbol);
     await book.init(ws);
     await new Promise((ok) => setTimeout(ok, ms));
