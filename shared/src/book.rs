@@ -1,41 +1,33 @@
 //! The L2 order book: one price ladder per side.
 //!
 //! ## Data structure
-//! Each [`Ladder`] is a sorted `Vec` of price keys with a parallel `Vec` of quantities, ordered so
-//! that the **best level is the last element**. Real update streams hit the top of the book far
-//! more than the tail, so inserts and deletes near the top move only a few elements, and lookups
-//! scan the last 4 slots, then binary-search the next 64, then the rest.
+//! Each [`Ladder`] keys its levels so that a larger key is better (bids by price, asks by negated
+//! price), so one implementation serves both sides. It has two parts:
 //!
-//! Bids are keyed by price and asks by negated price, so one ascending implementation serves both
-//! sides.
+//! - **The window**, a price-indexed array: slot `i` is the key `base + i * tick`, holding the
+//!   level's quantity (zero: no level), with one occupancy bit per slot. The grid step `tick` is
+//!   learnt from the data (the greatest common divisor of the distances between levels; a price
+//!   off the grid refines it), so no tick size has to be configured. An update at a price in the
+//!   window is one exact division (a multiply by the tick's inverse modulo 2^64, no `div`) and one
+//!   store: no search and no shifting, however deep the level. The window holds the best level
+//!   and every level from there down to at most `SPAN_LIMIT` (24,576) slots, with headroom above
+//!   the best, in at most `MAX_SLOTS` (32,768) slots.
+//! - **`far`**, a sorted `Vec` of the levels below the window (deep levels of books wider than
+//!   the window, or levels added below it since it was laid out), best last.
 //!
-//! **Tombstones near the top.** A delete within the top `WINDOW` (32) slots only zeroes the
-//! quantity; the key stays, marked in a 32-bit `dead` mask (bit = depth from the top). A later
-//! update at that price revives the slot, and a new price next to a tombstone takes its slot, so
-//! the common delete/re-add churn near the top never shifts the key array. That shift was the main
-//! cost, not the search: the next update's search reads exactly the keys the `memmove` just wrote,
-//! so consecutive updates serialise on it. The top slot is always live (deleting the best level
-//! pops it and the tombstones right below it), and a tombstone pushed down to depth 32 by inserts
-//! above it is removed for real, so `best` stays O(1) and tombstones never pile up. `nth(d)` maps
-//! the live rank to a slot through a nibble table of the top 16 depths (`ranks16`, rebuilt from
-//! two byte lookups whenever `dead` changes), so it stays O(1) for the depths clients read.
+//! A price above the window, off its grid, or a window that empties while `far` still holds
+//! levels, rebuilds the window around the current levels (O(levels + slots), amortised by the
+//! headroom); so does a run of updates landing in `far`, after enough of them to pay for it. The
+//! slots of the best 16 levels are tracked in a small sorted array updated on every insert or
+//! delete among them, so `best` and `nth(d < 16)` are O(1); deeper `nth` walks the occupancy bits.
 //!
-//! Measured on the `book` benchmark (1000 levels per side, 1M top-skewed updates, one core of a
-//! 2.45 GHz AMD EPYC; A/B always within one run), in M updates/s for `apply` / `apply_read_top10`:
-//! - previous ladder (scan the top 8, then binary search, every delete/insert shifts): 33.7 / 22.6
-//! - that plus the current search (scan 4, the next 64, then the rest): 37.4 / 24.1; scan lengths
-//!   2-64 and a second tier of 16-512 are all within ±2
-//! - current ladder (that plus tombstones): 40.9 / 18.5; `BTreeMap`: 19.6 / 11.2
-//!
-//! Alternatives measured on the way (same-run A/B in a scratch harness, M/s, the previous ladder at
-//! 33-36 in the same runs): a branchless count of the keys below in the top 8/16/32 slots (x86-64
-//! has no baseline 64-bit vector compare, so it costs ~100 instructions): 28.9 / 25.2 / 18.6; a
-//! hand-written branchless binary search: 28.8 (std's `binary_search` is already branchless and
-//! better); fixed-size shifts of the top 4-32 slots instead of `memmove`: +0-1.5; tombstones with
-//! no rank table (`nth` clears bits in a loop): 43.3 apply but only 13.0 with the top-10 reads;
-//! a rank table for the whole 32-slot window: 38 / 19.6; tombstone windows of 16 / 24 / 32 / 64
-//! slots: 35 / 36 / 43 / 39 (a narrow window misses the 5-25-deep churn, a wide one lengthens the
-//! scans). Earlier experiments: interleaving keys and quantities in one `Vec` did not help.
+//! Why: on the recorded Binance ETHUSDT `depth@100ms` stream a third of all updates insert or
+//! remove a level below the top 32, where the previous layout (a sorted `Vec`, best last, with
+//! tombstones near the top) shifted hundreds of slots per update; `memmove` was 42% of applying
+//! it. Measured (one core of a 2.45 GHz AMD EPYC, `cargo bench -p shared --bench book` and
+//! `cargo bench -p server --bench depth_parse`), previous layout -> this one: the top-skewed `book`
+//! workload 40.9 -> 48-52 M updates/s for `apply` and 18.5 -> 23.8 M/s with a top-10 read after
+//! every update; applying the ETHUSDT stream through `BookSync` 0.48 -> 1.46 M messages/s.
 //!
 //! ## Checksum
 //! [`OrderBook::checksum`] is CRC-32 (IEEE) over the canonical string of the top `n` levels,
@@ -101,62 +93,73 @@ pub struct LevelUpdate {
     pub qty: Qty,
 }
 
-/// One side of the book, best level last (see the module docs).
+/// One side of the book (see the module docs for the layout).
 #[derive(Clone)]
 pub struct Ladder {
     side: Side,
-    /// Price keys of the slots, ascending; bids store `price`, asks store `-price`, so the best is
-    /// last. A slot is a live level or a tombstone (see `dead`).
-    keys: Vec<i64>,
-    /// Quantity of each slot, parallel to `keys`; zero exactly for tombstones.
+    /// Key of window slot 0. Keys order levels so that larger is better: bids use the price,
+    /// asks the negated price.
+    base: i64,
+    /// Key distance between neighbouring window slots, in raw units; 0 while unknown (the window
+    /// then holds a single level, at slot 0).
+    tick: u64,
+    /// Exact division by `tick = odd << shift`: `inv` is `odd`'s inverse modulo 2^64 and `lim`
+    /// is `u64::MAX / odd` (see [`Ladder::locate`]).
+    shift: u32,
+    inv: u64,
+    lim: u64,
+    /// Quantity of each window slot, zero for an empty slot; slot `i` is key `base + i * tick`.
     qtys: Vec<Qty>,
-    /// Bit `b` set: the slot `b` places below the top (its *depth*) is a tombstone. Tombstones
-    /// only ever sit at depths `1..WINDOW`: the top slot is always live, and a tombstone pushed
-    /// down to depth `WINDOW` is removed for real.
-    dead: u64,
-    /// Live slots among depths `0..16`, counting the empty depths beyond the last slot as live.
-    live16: u8,
-    /// Nibble `r` (for `r < live16`) is the depth of the `r`-th live slot from the top: a rank ->
-    /// depth table, so [`Ladder::nth`] is O(1) for the top 16 levels despite the tombstones.
-    ranks16: u64,
+    /// Occupancy of the window slots, one bit per slot.
+    bits: Vec<u64>,
+    /// Occupied window slots.
+    dense: usize,
+    /// The window slots of the best `ntop = min(TOP, dense)` levels, best first; unused entries 0.
+    top: [u32; TOP],
+    ntop: usize,
+    /// Levels below the window (every key here is below `base`), ascending: best last.
+    far_keys: Vec<i64>,
+    far_qtys: Vec<Qty>,
+    /// Updates that went to `far` since the last rebuild (a rebuild pulls them into the window).
+    far_ops: usize,
 }
 
-/// How many top slots [`Ladder::find`] scans linearly before binary-searching the rest.
-const LINEAR_SCAN: usize = 4;
-/// Below the linear scan, keys within this many slots are binary-searched on their own first.
-const NEAR: usize = 64;
-/// Deletes within this many slots of the top leave a tombstone instead of shifting the slots
-/// above (at most 64: the `dead` mask is a `u64`).
-const WINDOW: usize = 32;
-const WINDOW_MASK: u64 = u64::MAX >> (64 - WINDOW);
+/// Most window slots a ladder uses (256 KiB of quantities).
+const MAX_SLOTS: usize = 1 << 15;
+/// A rebuild keeps levels in the window while they lie within this many slots of the best,
+/// leaving the rest of `MAX_SLOTS` as headroom.
+const SPAN_LIMIT: u64 = (MAX_SLOTS as u64) * 3 / 4;
+/// How many of the best levels the ladder tracks by slot, for O(1) `best` and `nth`.
+const TOP: usize = 16;
 
-/// `BYTE_POP[b]`: set bits of `b`; `BYTE_NIBBLES[b]`: their positions packed into nibbles,
-/// lowest first.
-const BYTE_POP: [u8; 256] = byte_tables().0;
-const BYTE_NIBBLES: [u32; 256] = byte_tables().1;
-
-const fn byte_tables() -> ([u8; 256], [u32; 256]) {
-    let mut pop = [0u8; 256];
-    let mut nib = [0u32; 256];
-    let mut b = 0;
-    while b < 256 {
-        let (mut n, mut pos) = (0, 0);
-        while pos < 8 {
-            if (b >> pos) & 1 == 1 {
-                nib[b] |= (pos as u32) << (4 * n);
-                n += 1;
-            }
-            pos += 1;
-        }
-        pop[b] = n as u8;
-        b += 1;
-    }
-    (pop, nib)
+/// Where a key falls relative to the window.
+enum Loc {
+    /// In the window, at this slot.
+    Slot(usize),
+    /// Below the window: the key lives in `far`.
+    Below,
+    /// Above the window or off its grid: not a key the ladder holds.
+    Outside,
 }
 
 impl Ladder {
     pub fn new(side: Side) -> Self {
-        Self { side, keys: Vec::new(), qtys: Vec::new(), dead: 0, live16: 16, ranks16: IDENTITY_RANKS }
+        Self {
+            side,
+            base: 0,
+            tick: 0,
+            shift: 0,
+            inv: 1,
+            lim: 0,
+            qtys: Vec::new(),
+            bits: Vec::new(),
+            dense: 0,
+            top: [0; TOP],
+            ntop: 0,
+            far_keys: Vec::new(),
+            far_qtys: Vec::new(),
+            far_ops: 0,
+        }
     }
 
     pub fn side(&self) -> Side {
@@ -179,203 +182,382 @@ impl Ladder {
         }
     }
 
-    /// Like `binary_search` over the slots (live or not), but scans the top few slots first,
-    /// where most updates land, then the next `NEAR` slots, then the rest.
     #[inline]
-    fn find(&self, key: i64) -> Result<usize, usize> {
-        let keys = &self.keys[..];
-        let n = keys.len();
-        let stop = n.saturating_sub(LINEAR_SCAN);
-        let mut i = n;
-        while i > stop {
-            let k = keys[i - 1];
-            if k == key {
-                return Ok(i - 1);
-            }
-            if k < key {
-                return Err(i);
-            }
-            i -= 1;
-        }
-        if stop > NEAR && keys[stop - NEAR] <= key {
-            let lo = stop - NEAR;
-            return match keys[lo..stop].binary_search(&key) {
-                Ok(i) => Ok(lo + i),
-                Err(i) => Err(lo + i),
-            };
-        }
-        keys[..stop].binary_search(&key)
+    fn slot_key(&self, slot: usize) -> i64 {
+        self.base.wrapping_add((slot as u64).wrapping_mul(self.tick) as i64)
     }
 
-    /// Stores the tombstone mask and refreshes the rank table of the top 16 depths.
     #[inline]
-    fn set_dead(&mut self, dead: u64) {
-        debug_assert_eq!(dead & !(WINDOW_MASK & !1), 0, "tombstones only at depths 1..WINDOW");
-        self.dead = dead;
-        let live = !dead;
-        let lo = (live & 0xff) as usize;
-        let hi = ((live >> 8) & 0xff) as usize;
-        let n_lo = BYTE_POP[lo];
-        self.live16 = n_lo + BYTE_POP[hi];
-        // depths 8..16 are 8 + position, i.e. the position nibble with its top bit set
-        self.ranks16 = BYTE_NIBBLES[lo] as u64 | ((BYTE_NIBBLES[hi] | 0x8888_8888) as u64) << (4 * n_lo);
+    fn slot_level(&self, slot: usize) -> Level {
+        Level::new(self.price_of(self.slot_key(slot)), self.qtys[slot])
     }
 
-    /// Removes the tombstone that an insert above it pushed down to depth `WINDOW`.
-    #[cold]
-    #[inline(never)]
-    fn evict(&mut self) {
-        let i = self.keys.len() - 1 - WINDOW;
-        debug_assert!(self.qtys[i].is_zero());
-        self.keys.remove(i);
-        self.qtys.remove(i);
-    }
-
-    /// Removes every tombstone (for the rarely used whole-ladder operations).
-    fn compact(&mut self) {
-        if self.dead == 0 {
-            return;
+    /// Where `key` belongs. The slot is the exact quotient `(key - base) / tick`, found without a
+    /// division: `d` is a multiple of `odd << shift` exactly when its low `shift` bits are zero and
+    /// `(d >> shift) * inv` (mod 2^64) is at most `u64::MAX / odd`, and that product is then the
+    /// quotient (Granlund and Montgomery's exact-division test).
+    #[inline]
+    fn locate(&self, key: i64) -> Loc {
+        if key < self.base {
+            return Loc::Below;
         }
-        let n = self.keys.len();
-        let start = n.saturating_sub(WINDOW);
-        let mut w = start;
-        for r in start..n {
-            if !self.qtys[r].is_zero() {
-                self.keys[w] = self.keys[r];
-                self.qtys[w] = self.qtys[r];
-                w += 1;
+        let d = (key as u64).wrapping_sub(self.base as u64);
+        if d & ((1u64 << self.shift) - 1) != 0 {
+            return Loc::Outside;
+        }
+        let q = (d >> self.shift).wrapping_mul(self.inv);
+        if q > self.lim || q >= self.qtys.len() as u64 {
+            return Loc::Outside;
+        }
+        Loc::Slot(q as usize)
+    }
+
+    fn set_tick(&mut self, tick: u64) {
+        self.tick = tick;
+        if tick == 0 {
+            // only `d == 0` passes: the window is slot 0 alone
+            (self.shift, self.inv, self.lim) = (0, 1, 0);
+        } else {
+            let shift = tick.trailing_zeros();
+            let odd = tick >> shift;
+            // Newton's iteration doubles the correct low bits: 3 (odd * odd = 1 mod 8) -> 96
+            let mut inv = odd;
+            for _ in 0..5 {
+                inv = inv.wrapping_mul(2u64.wrapping_sub(odd.wrapping_mul(inv)));
             }
+            debug_assert_eq!(odd.wrapping_mul(inv), 1);
+            (self.shift, self.inv, self.lim) = (shift, inv, u64::MAX / odd);
         }
-        self.keys.truncate(w);
-        self.qtys.truncate(w);
-        self.set_dead(0);
     }
 
     /// Sets the level at `price` to `qty`; zero removes it. Returns whether anything changed.
     #[inline]
     pub fn apply(&mut self, price: Price, qty: Qty) -> bool {
         let key = self.key(price);
-        let n = self.keys.len();
-        match self.find(key) {
-            Ok(i) => {
-                // a live level or a tombstone (qty zero) at this price
-                if self.qtys[i] == qty {
-                    return false;
-                }
-                let depth = n - 1 - i;
-                if depth < WINDOW {
-                    if depth == 0 && qty.is_zero() {
-                        // the best level goes, with the tombstones right below it
-                        let k = 1 + (self.dead >> 1).trailing_ones() as usize;
-                        self.keys.truncate(n - k);
-                        self.qtys.truncate(n - k);
-                        self.set_dead(self.dead >> k);
-                    } else {
-                        self.qtys[i] = qty;
-                        self.set_dead((self.dead & !(1 << depth)) | ((qty.is_zero() as u64) << depth));
-                    }
-                } else if qty.is_zero() {
-                    self.keys.remove(i);
-                    self.qtys.remove(i);
-                } else {
-                    self.qtys[i] = qty;
-                }
-                true
-            }
-            Err(i) => {
-                if qty.is_zero() {
-                    return false;
-                }
-                // the new level goes between slot i - 1 (at `depth`) and slot i (at `depth - 1`);
-                // a tombstone in either place is simply reused
-                let depth = n - i;
-                if depth < WINDOW && (self.dead >> depth) & 1 != 0 {
-                    self.keys[i - 1] = key;
-                    self.qtys[i - 1] = qty;
-                    self.set_dead(self.dead & !(1 << depth));
-                    return true;
-                }
-                if (1..=WINDOW).contains(&depth) && (self.dead >> (depth - 1)) & 1 != 0 {
-                    self.keys[i] = key;
-                    self.qtys[i] = qty;
-                    self.set_dead(self.dead & !(1 << (depth - 1)));
-                    return true;
-                }
-                self.keys.insert(i, key);
-                self.qtys.insert(i, qty);
-                if depth < WINDOW {
-                    // the slots below the new one are one deeper now
-                    let d = self.dead;
-                    let above = (1u64 << depth) - 1;
-                    self.set_dead(((d & above) | ((d & !above) << 1)) & WINDOW_MASK);
-                    if (d >> (WINDOW - 1)) & 1 != 0 {
-                        self.evict();
-                    }
-                }
-                true
+        match self.locate(key) {
+            Loc::Slot(i) => self.apply_slot(i, qty),
+            Loc::Below if self.dense != 0 => self.apply_far(key, qty),
+            _ => self.apply_outside(key, qty),
+        }
+    }
+
+    #[inline]
+    fn apply_slot(&mut self, i: usize, qty: Qty) -> bool {
+        let old = self.qtys[i];
+        if old == qty {
+            return false;
+        }
+        self.qtys[i] = qty;
+        if old.is_zero() {
+            self.bits[i / 64] |= 1 << (i % 64);
+            self.dense += 1;
+            self.top_insert(i);
+        } else if qty.is_zero() {
+            self.bits[i / 64] &= !(1 << (i % 64));
+            self.dense -= 1;
+            self.top_remove(i);
+            if self.dense == 0 && !self.far_keys.is_empty() {
+                // the window emptied: it moves down to the best levels left
+                self.rebuild_with(None);
             }
         }
+        true
+    }
+
+    /// A level at `key`, below the window.
+    fn apply_far(&mut self, key: i64, qty: Qty) -> bool {
+        let changed = match self.far_keys.binary_search(&key) {
+            Ok(j) if self.far_qtys[j] == qty => false,
+            Ok(j) if qty.is_zero() => {
+                self.far_keys.remove(j);
+                self.far_qtys.remove(j);
+                true
+            }
+            Ok(j) => {
+                self.far_qtys[j] = qty;
+                true
+            }
+            Err(_) if qty.is_zero() => false,
+            Err(j) => {
+                self.far_keys.insert(j, key);
+                self.far_qtys.insert(j, qty);
+                true
+            }
+        };
+        self.far_ops += 1;
+        // A rebuild costs O(levels + slots); after this many slow updates it has paid for itself.
+        if self.far_ops > 2 * self.len() + self.qtys.len() / 16 + 64 {
+            self.rebuild_with(None);
+        }
+        changed
+    }
+
+    /// A key above the window, off its grid, or any key while the window is empty.
+    #[cold]
+    #[inline(never)]
+    fn apply_outside(&mut self, key: i64, qty: Qty) -> bool {
+        // no level can be there: the window holds every on-grid key from `base` up, and `far`
+        // (empty when the window is) every key below
+        if qty.is_zero() {
+            return false;
+        }
+        self.rebuild_with(Some((key, qty)));
+        true
+    }
+
+    /// Records a new window level at slot `i` among the tracked best ones.
+    #[inline]
+    fn top_insert(&mut self, i: usize) {
+        let n = self.ntop;
+        if n == TOP && i < self.top[TOP - 1] as usize {
+            return;
+        }
+        // entries are descending and unused ones are 0, so this counts the better levels
+        let pos = self.top.iter().filter(|&&t| t as usize > i).count();
+        let end = n.min(TOP - 1);
+        self.top.copy_within(pos..end, pos + 1);
+        self.top[pos] = i as u32;
+        self.ntop = (n + 1).min(TOP);
+    }
+
+    /// Forgets the removed window level at slot `i` (its bit already cleared).
+    #[inline]
+    fn top_remove(&mut self, i: usize) {
+        let n = self.ntop;
+        if n == TOP && i < self.top[TOP - 1] as usize {
+            return;
+        }
+        let pos = self.top.iter().filter(|&&t| t as usize > i).count();
+        debug_assert_eq!(self.top[pos] as usize, i);
+        self.top.copy_within(pos + 1..n, pos);
+        if n == TOP && self.dense >= TOP {
+            // a level below the tracked ones moves up into them
+            let next = self.prev_set(self.top[TOP - 2] as usize).expect("dense counts a level below");
+            self.top[TOP - 1] = next as u32;
+        } else {
+            self.top[n - 1] = 0;
+            self.ntop = n - 1;
+        }
+    }
+
+    /// The highest occupied window slot below `from`.
+    #[inline]
+    fn prev_set(&self, from: usize) -> Option<usize> {
+        if from == 0 {
+            return None;
+        }
+        let mut w = (from - 1) / 64;
+        let mut word = self.bits[w] & (u64::MAX >> (63 - (from - 1) % 64));
+        loop {
+            if word != 0 {
+                return Some(w * 64 + 63 - word.leading_zeros() as usize);
+            }
+            if w == 0 {
+                return None;
+            }
+            w -= 1;
+            word = self.bits[w];
+        }
+    }
+
+    /// The lowest occupied window slot at or above `from`.
+    #[inline]
+    fn next_set(&self, from: usize) -> Option<usize> {
+        let mut w = from / 64;
+        let mut word = *self.bits.get(w)? & (u64::MAX << (from % 64));
+        loop {
+            if word != 0 {
+                return Some(w * 64 + word.trailing_zeros() as usize);
+            }
+            w += 1;
+            word = *self.bits.get(w)?;
+        }
+    }
+
+    /// The `k`-th occupied window slot below `from` (k = 0: the first).
+    fn select_below(&self, from: usize, mut k: usize) -> Option<usize> {
+        if from == 0 {
+            return None;
+        }
+        let mut w = (from - 1) / 64;
+        let mut word = self.bits[w] & (u64::MAX >> (63 - (from - 1) % 64));
+        loop {
+            let c = word.count_ones() as usize;
+            if k < c {
+                for _ in 0..k {
+                    word &= !(1u64 << (63 - word.leading_zeros()));
+                }
+                return Some(w * 64 + 63 - word.leading_zeros() as usize);
+            }
+            k -= c;
+            if w == 0 {
+                return None;
+            }
+            w -= 1;
+            word = self.bits[w];
+        }
+    }
+
+    /// Every level, ascending by key (worst first).
+    fn levels_ascending(&self) -> Vec<(i64, Qty)> {
+        let mut out = Vec::with_capacity(self.len() + 1);
+        out.extend(self.far_keys.iter().copied().zip(self.far_qtys.iter().copied()));
+        for (w, &word) in self.bits.iter().enumerate() {
+            let mut word = word;
+            while word != 0 {
+                let i = w * 64 + word.trailing_zeros() as usize;
+                out.push((self.slot_key(i), self.qtys[i]));
+                word &= word - 1;
+            }
+        }
+        out
+    }
+
+    /// Rebuilds the window around the current levels plus `extra` (a new level; its key holds no
+    /// level yet).
+    fn rebuild_with(&mut self, extra: Option<(i64, Qty)>) {
+        let mut levels = self.levels_ascending();
+        if let Some((key, qty)) = extra {
+            match levels.binary_search_by_key(&key, |l| l.0) {
+                Ok(j) => levels[j].1 = qty,
+                Err(j) => levels.insert(j, (key, qty)),
+            }
+        }
+        self.rebuild(&levels);
+    }
+
+    /// Lays the window out afresh over `levels` (ascending, distinct keys, no zero quantity).
+    ///
+    /// The window's grid step is the greatest common divisor of the key distances from the best
+    /// level (and the previous step, when the best is on the previous grid); it takes the best
+    /// levels while they lie within `SPAN_LIMIT` slots, with headroom above the best for prices
+    /// that move up, and below the lowest when every level fits. The rest go to `far`.
+    fn rebuild(&mut self, levels: &[(i64, Qty)]) {
+        self.far_ops = 0;
+        self.far_keys.clear();
+        self.far_qtys.clear();
+        self.clear_window();
+        let Some(&(best, _)) = levels.last() else { return };
+
+        let on_old_grid = self.tick != 0
+            && (best as i128 - self.base as i128).rem_euclid(self.tick as i128) == 0;
+        let mut g: u64 = if on_old_grid { self.tick } else { 0 };
+        let mut lo = levels.len() - 1;
+        for j in (0..levels.len() - 1).rev() {
+            let diff = (best as u64).wrapping_sub(levels[j].0 as u64);
+            let g2 = gcd(g, diff);
+            if diff / g2 >= SPAN_LIMIT {
+                break;
+            }
+            g = g2;
+            lo = j;
+        }
+        let low = levels[lo].0;
+        let needed = if g == 0 { 1 } else { ((best as u64).wrapping_sub(low as u64) / g) as usize + 1 };
+        let room = MAX_SLOTS - needed;
+        let spare = (needed / 4).max(64);
+        let mut below = if lo == 0 && g != 0 { spare.min(room / 2) } else { 0 };
+        // the window's keys must stay within i64
+        let lowest = low as i128 - below as i128 * g as i128;
+        if lowest < i64::MIN as i128 {
+            below = 0;
+        }
+        let base = low as i128 - below as i128 * g as i128;
+        let mut len = (needed + below + spare.min(room - below)).next_multiple_of(64).min(MAX_SLOTS);
+        let highest_allowed = (i64::MAX as i128 - base) / (g.max(1) as i128) + 1;
+        len = len.min(highest_allowed.min(MAX_SLOTS as i128) as usize).max(needed);
+
+        self.set_tick(g);
+        self.base = base as i64;
+        self.qtys.resize(len, Qty::ZERO);
+        self.bits.resize(len.div_ceil(64), 0);
+        for &(key, qty) in &levels[lo..] {
+            let i = if g == 0 { 0 } else { ((key as i128 - base) / g as i128) as usize };
+            self.qtys[i] = qty;
+            self.bits[i / 64] |= 1 << (i % 64);
+        }
+        self.dense = levels.len() - lo;
+        self.far_keys.extend(levels[..lo].iter().map(|l| l.0));
+        self.far_qtys.extend(levels[..lo].iter().map(|l| l.1));
+        let mut from = self.qtys.len();
+        while self.ntop < TOP {
+            let Some(i) = self.prev_set(from) else { break };
+            self.top[self.ntop] = i as u32;
+            self.ntop += 1;
+            from = i;
+        }
+    }
+
+    /// Empties the window, keeping its grid and allocation.
+    fn clear_window(&mut self) {
+        for (w, word) in self.bits.iter_mut().enumerate() {
+            while *word != 0 {
+                self.qtys[w * 64 + word.trailing_zeros() as usize] = Qty::ZERO;
+                *word &= *word - 1;
+            }
+        }
+        self.dense = 0;
+        self.top = [0; TOP];
+        self.ntop = 0;
     }
 
     /// Quantity resting at `price` (zero if no level).
     pub fn get(&self, price: Price) -> Qty {
-        match self.find(self.key(price)) {
-            Ok(i) => self.qtys[i],
-            Err(_) => Qty::ZERO,
+        let key = self.key(price);
+        match self.locate(key) {
+            Loc::Slot(i) => self.qtys[i],
+            Loc::Below => match self.far_keys.binary_search(&key) {
+                Ok(j) => self.far_qtys[j],
+                Err(_) => Qty::ZERO,
+            },
+            Loc::Outside => Qty::ZERO,
         }
     }
 
     #[inline]
     pub fn best(&self) -> Option<Level> {
-        // the top slot is never a tombstone
-        let i = self.keys.len().checked_sub(1)?;
-        Some(Level::new(self.price_of(self.keys[i]), self.qtys[i]))
+        // the window holds the best level whenever the ladder has any
+        (self.ntop > 0).then(|| self.slot_level(self.top[0] as usize))
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len() - self.dead.count_ones() as usize
+        self.dense + self.far_keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len() == 0
     }
 
     pub fn clear(&mut self) {
-        self.keys.clear();
-        self.qtys.clear();
-        self.set_dead(0);
+        self.clear_window();
+        self.far_keys.clear();
+        self.far_qtys.clear();
+        self.far_ops = 0;
     }
 
     /// Levels from best to worst.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Level> + DoubleEndedIterator + '_ {
-        Iter { ladder: self, keys: &self.keys, qtys: &self.qtys, live: self.len() }
+        Iter { ladder: self, hi: self.qtys.len(), lo: 0, far_hi: self.far_keys.len(), far_lo: 0, live: self.len() }
     }
 
     /// The level `depth` places from the top (0 = best).
     #[inline]
     pub fn nth(&self, depth: usize) -> Option<Level> {
-        let slot_depth = if depth < self.live16 as usize {
-            ((self.ranks16 >> (4 * depth)) & 15) as usize
-        } else {
-            self.nth_deep(depth)
-        };
-        let i = self.keys.len().checked_sub(slot_depth + 1)?;
-        Some(Level::new(self.price_of(self.keys[i]), self.qtys[i]))
+        if depth < self.ntop {
+            return Some(self.slot_level(self.top[depth] as usize));
+        }
+        self.nth_deep(depth)
     }
 
-    /// The slot depth of the `depth`-th live level when it is below the top 16 slots.
-    fn nth_deep(&self, depth: usize) -> usize {
-        let mut live = !self.dead & WINDOW_MASK & !0xffff;
-        let mut k = depth - self.live16 as usize;
-        while live != 0 {
-            if k == 0 {
-                return live.trailing_zeros() as usize;
-            }
-            live &= live - 1;
-            k -= 1;
+    /// [`Ladder::nth`] below the tracked best levels.
+    #[inline(never)]
+    fn nth_deep(&self, depth: usize) -> Option<Level> {
+        if depth < self.dense {
+            let slot = self.select_below(self.top[TOP - 1] as usize, depth - TOP)?;
+            return Some(self.slot_level(slot));
         }
-        // below the window every slot is live
-        depth + (self.dead & WINDOW_MASK).count_ones() as usize
+        let j = self.far_keys.len().checked_sub(depth - self.dense + 1)?;
+        Some(Level::new(self.price_of(self.far_keys[j]), self.far_qtys[j]))
     }
 
     /// Copies the best `n` levels into `out` (cleared first), best first.
@@ -386,52 +568,62 @@ impl Ladder {
 
     /// Keeps the best `n` levels and drops the rest.
     pub fn truncate(&mut self, n: usize) {
-        self.compact();
-        let drop = self.keys.len().saturating_sub(n);
-        self.keys.drain(..drop);
-        self.qtys.drain(..drop);
+        if n >= self.len() {
+            return;
+        }
+        let levels = self.levels_ascending();
+        self.rebuild(&levels[levels.len() - n..]);
     }
 
     /// Removes every level strictly worse than `price` (further from the top). Used to drop levels
     /// beyond a snapshot's depth, which can no longer be trusted.
     pub fn remove_worse_than(&mut self, price: Price) {
-        self.compact();
         let key = self.key(price);
-        let cut = self.keys.partition_point(|&k| k < key);
-        self.keys.drain(..cut);
-        self.qtys.drain(..cut);
+        let levels = self.levels_ascending();
+        let cut = levels.partition_point(|l| l.0 < key);
+        if cut > 0 {
+            self.rebuild(&levels[cut..]);
+        }
     }
 
     /// Replaces the whole side with `levels` (any order; zero quantities ignored; later
     /// duplicates win).
     pub fn replace(&mut self, levels: &[Level]) {
-        self.clear();
         let mut pairs: Vec<(i64, Qty)> =
             levels.iter().filter(|l| !l.qty.is_zero()).map(|l| (self.key(l.price), l.qty)).collect();
         // stable sort keeps input order among equal keys; dedup keeps the last of each run
         pairs.sort_by_key(|p| p.0);
-        let mut i = 0;
-        while i < pairs.len() {
-            let mut j = i;
-            while j + 1 < pairs.len() && pairs[j + 1].0 == pairs[i].0 {
-                j += 1;
+        let mut w = 0;
+        for r in 0..pairs.len() {
+            if w > 0 && pairs[w - 1].0 == pairs[r].0 {
+                pairs[w - 1] = pairs[r];
+            } else {
+                pairs[w] = pairs[r];
+                w += 1;
             }
-            self.keys.push(pairs[j].0);
-            self.qtys.push(pairs[j].1);
-            i = j + 1;
         }
+        pairs.truncate(w);
+        self.rebuild(&pairs);
     }
 }
 
-/// `ranks16` with no tombstones: rank r sits at depth r.
-const IDENTITY_RANKS: u64 = 0xfedc_ba98_7654_3210;
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
 
-/// [`Ladder::iter`]: the live slots, skipping tombstones from either end.
+/// [`Ladder::iter`]: the window's slots from the top down, then `far` from its best end; from the
+/// back, `far` from its worst end, then the window from the bottom up.
 struct Iter<'a> {
     ladder: &'a Ladder,
-    keys: &'a [i64],
-    qtys: &'a [Qty],
-    /// Live levels left between the two ends.
+    /// Window slots `lo..hi` and `far` entries `far_lo..far_hi` are not yet taken.
+    hi: usize,
+    lo: usize,
+    far_hi: usize,
+    far_lo: usize,
+    /// Levels left between the two ends.
     live: usize,
 }
 
@@ -440,17 +632,17 @@ impl Iterator for Iter<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Level> {
-        while self.live > 0 {
-            let (&k, keys) = self.keys.split_last()?;
-            let (&q, qtys) = self.qtys.split_last()?;
-            self.keys = keys;
-            self.qtys = qtys;
-            if !q.is_zero() {
-                self.live -= 1;
-                return Some(Level::new(self.ladder.price_of(k), q));
-            }
+        if self.live == 0 {
+            return None;
         }
-        None
+        self.live -= 1;
+        let l = self.ladder;
+        if let Some(i) = l.prev_set(self.hi).filter(|&i| i >= self.lo) {
+            self.hi = i;
+            return Some(l.slot_level(i));
+        }
+        self.far_hi -= 1;
+        Some(Level::new(l.price_of(l.far_keys[self.far_hi]), l.far_qtys[self.far_hi]))
     }
 
     #[inline]
@@ -466,17 +658,19 @@ impl Iterator for Iter<'_> {
 impl DoubleEndedIterator for Iter<'_> {
     #[inline]
     fn next_back(&mut self) -> Option<Level> {
-        while self.live > 0 {
-            let (&k, keys) = self.keys.split_first()?;
-            let (&q, qtys) = self.qtys.split_first()?;
-            self.keys = keys;
-            self.qtys = qtys;
-            if !q.is_zero() {
-                self.live -= 1;
-                return Some(Level::new(self.ladder.price_of(k), q));
-            }
+        if self.live == 0 {
+            return None;
         }
-        None
+        self.live -= 1;
+        let l = self.ladder;
+        if self.far_lo < self.far_hi {
+            let j = self.far_lo;
+            self.far_lo += 1;
+            return Some(Level::new(l.price_of(l.far_keys[j]), l.far_qtys[j]));
+        }
+        let i = l.next_set(self.lo).filter(|&i| i < self.hi).expect("live counts a window level");
+        self.lo = i + 1;
+        Some(l.slot_level(i))
     }
 }
 
@@ -897,6 +1091,92 @@ mod tests {
         }
         assert!(l.is_empty());
         assert_eq!(l, Ladder::new(Side::Ask));
+    }
+
+    /// The window and `far` under prices that leave the window's reach: a real tick in raw units
+    /// (so the grid must be learnt), prices off that grid arriving later (the grid refines), books
+    /// wider than the window (levels live in `far`), trends that move the best far up and down
+    /// (the window follows; it empties and refills from `far`), and keys near the ends of `i64`.
+    #[test]
+    fn window_and_far_match_btreemap_model() {
+        let (mut seen_far, mut seen_wide_window) = (false, false);
+        for seed in 0..48u64 {
+            let mut rng = Rng::new(5000 + seed);
+            let side = if seed % 2 == 0 { Side::Bid } else { Side::Ask };
+            let mut ladder = Ladder::new(side);
+            let mut model = BTreeMap::new();
+            let tick: i64 = [1_000_000, 1, 7, 50_000_000][(seed % 4) as usize];
+            // distances from mid in ticks: within the window, or far wider than it
+            let span: u64 = [300, 5_000, 60_000, 200_000][(seed / 4 % 4) as usize];
+            let mut mid: i64 = match seed % 6 {
+                0 => i64::MAX - 3 * span as i64 * tick,
+                1 => 3 * span as i64 * tick,
+                _ => 40_000 * 100_000_000,
+            };
+            for step in 0..3_000 {
+                let r = rng.below(1000);
+                if r < 4 {
+                    // a trend: the best moves by up to several windows
+                    let jump = rng.below(3 * span) as i64 - (3 * span / 2) as i64;
+                    mid = (mid as i128 + jump as i128 * tick as i128)
+                        .clamp(2 * span as i128 * tick as i128, i64::MAX as i128 - 2 * span as i128 * tick as i128)
+                        as i64;
+                }
+                if r == 999 {
+                    ladder.clear();
+                    model.clear();
+                    continue;
+                }
+                let d = if rng.chance(1, 4) { rng.below(span) } else { rng.top_skewed(span.min(400)) } as i64;
+                let d = if rng.chance(1, 25) { -(rng.below(50) as i64) } else { d };
+                let mut p = if side == Side::Bid { mid - d * tick } else { mid + d * tick };
+                if rng.chance(1, 200) {
+                    // off the grid
+                    p += 1 + rng.below(tick.max(2) as u64 - 1) as i64;
+                }
+                let exists = model.contains_key(&p);
+                let q = if exists && rng.chance(2, 5) || rng.chance(1, 20) { 0 } else { 1 + rng.below(9) as i64 };
+                let before = model.get(&p).copied();
+                if q == 0 {
+                    model.remove(&p);
+                } else {
+                    model.insert(p, q);
+                }
+                let changed = ladder.apply(Price::from_raw(p), Qty::from_raw(q));
+                assert_eq!(changed, before != model.get(&p).copied(), "seed {seed} step {step}: apply({p}, {q})");
+                if step % 50 == 0 {
+                    check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} step {step}"));
+                }
+                seen_far |= !ladder.far_keys.is_empty();
+                seen_wide_window |= ladder.qtys.len() >= MAX_SLOTS / 2;
+                if step % 997 == 500 {
+                    // the whole-ladder operations on wide books
+                    let want: Vec<Level> = ladder.iter().collect();
+                    let mut again = Ladder::new(side);
+                    again.replace(&want);
+                    assert_eq!(again, ladder, "seed {seed} step {step}: replace");
+                    let n = rng.below(model.len() as u64 + 2) as usize;
+                    ladder.truncate(n);
+                    let keep: Vec<_> = match side {
+                        Side::Bid => model.iter().rev().take(n).map(|(&p, &q)| (p, q)).collect(),
+                        Side::Ask => model.iter().take(n).map(|(&p, &q)| (p, q)).collect(),
+                    };
+                    model = keep.into_iter().collect();
+                    check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} step {step} truncate"));
+                }
+            }
+            check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} end"));
+            // drain from the best down: the window empties and refills from `far` again and again
+            while let Some(best) = ladder.best() {
+                ladder.apply(best.price, Qty::ZERO);
+                model.remove(&best.price.raw());
+                if model.len() % 37 == 0 {
+                    check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} drain"));
+                }
+            }
+            assert!(model.is_empty(), "seed {seed}: drained");
+        }
+        assert!(seen_far && seen_wide_window, "the runs reached far levels and wide windows");
     }
 
     #[test]
