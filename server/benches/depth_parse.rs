@@ -3,7 +3,9 @@
 //!
 //! - `serde_parse_frame`: the reference serde path (`wire::parse_frame_serde`);
 //! - `fast_parse`: `fastdepth::parse_depth_frame` into reused level buffers;
-//! - `fast_parse_apply`: fast parse + the real `BookSync` (REST snapshot at its recorded place);
+//! - `fast_parse_apply`: what a depth connection does per frame — `wire::parse_frame_into` (the
+//!   fast parser into the connection's reused buffers, then the owned `StreamEvent`) and the real
+//!   `BookSync`'s `handle_delta` (REST snapshot at its recorded place);
 //! - `apply_only`: the same `BookSync` fed pre-decoded deltas, to show which part costs what.
 //!
 //! Throughput is in depth messages (6470 frames, ~42 levels each). Each benchmark runs twice:
@@ -19,7 +21,7 @@ use std::path::PathBuf;
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use server::binance::fastdepth::{parse_depth_frame, DepthParse};
+use server::binance::fastdepth::parse_depth_frame;
 use server::binance::wire::{self, DepthBody, StreamEvent};
 use shared::book::Level;
 use shared::sync::{BookSync, ContinuityRule, DepthDelta, DepthSnapshot, SyncConfig};
@@ -123,8 +125,8 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             if i == cap.snapshot_at {
                 sync.handle_snapshot(cap.snapshot.clone(), 0);
             }
-            match parse_depth_frame(text, &mut bids, &mut asks) {
-                Ok(DepthParse::Depth(f)) => sync.handle_delta(f.to_delta(&bids, &asks), 0),
+            match wire::parse_frame_into(text, &mut bids, &mut asks) {
+                Ok(StreamEvent::DepthUpdate { update, .. }) => sync.handle_delta(update.delta, 0),
                 other => panic!("not a diff: {other:?}"),
             }
             while sync.poll_event().is_some() {}

@@ -234,34 +234,43 @@ impl Ladder {
     #[inline]
     pub fn apply(&mut self, price: Price, qty: Qty) -> bool {
         let key = self.key(price);
-        match self.locate(key) {
-            Loc::Slot(i) => self.apply_slot(i, qty),
-            Loc::Below if self.dense != 0 => self.apply_far(key, qty),
-            _ => self.apply_outside(key, qty),
-        }
-    }
-
-    #[inline]
-    fn apply_slot(&mut self, i: usize, qty: Qty) -> bool {
-        let old = self.qtys[i];
+        let Loc::Slot(i) = self.locate(key) else { return self.apply_off_window(key, qty) };
+        let Some(slot) = self.qtys.get_mut(i) else { return false };
+        let old = *slot;
         if old == qty {
             return false;
         }
-        self.qtys[i] = qty;
+        *slot = qty;
+        // a changed quantity (the common case) is done; a level that appears or goes is not
         if old.is_zero() {
-            self.bits[i / 64] |= 1 << (i % 64);
-            self.dense += 1;
-            self.top_insert(i);
+            self.slot_filled(i);
         } else if qty.is_zero() {
-            self.bits[i / 64] &= !(1 << (i % 64));
-            self.dense -= 1;
-            self.top_remove(i);
-            if self.dense == 0 && !self.far_keys.is_empty() {
-                // the window emptied: it moves down to the best levels left
-                self.rebuild_with(None);
-            }
+            self.slot_emptied(i);
         }
         true
+    }
+
+    #[inline(never)]
+    fn slot_filled(&mut self, i: usize) {
+        self.bits[i / 64] |= 1 << (i % 64);
+        self.dense += 1;
+        self.top_insert(i);
+    }
+
+    #[inline(never)]
+    fn slot_emptied(&mut self, i: usize) {
+        self.bits[i / 64] &= !(1 << (i % 64));
+        self.dense -= 1;
+        self.top_remove(i);
+    }
+
+    /// A key outside the window: in `far`, or one that makes the window move.
+    #[inline(never)]
+    fn apply_off_window(&mut self, key: i64, qty: Qty) -> bool {
+        match self.locate(key) {
+            Loc::Below if self.dense != 0 => self.apply_far(key, qty),
+            _ => self.apply_outside(key, qty),
+        }
     }
 
     /// A level at `key`, below the window.
@@ -312,8 +321,9 @@ impl Ladder {
         if n == TOP && i < self.top[TOP - 1] as usize {
             return;
         }
-        // entries are descending and unused ones are 0, so this counts the better levels
-        let pos = self.top.iter().filter(|&&t| t as usize > i).count();
+        // entries are descending and unused ones are 0, so this counts the better levels (slots
+        // are below 2^15: signed 32-bit compares, which vectorise)
+        let pos = self.top.iter().filter(|&&t| t as i32 > i as i32).count();
         let end = n.min(TOP - 1);
         self.top.copy_within(pos..end, pos + 1);
         self.top[pos] = i as u32;
@@ -327,7 +337,7 @@ impl Ladder {
         if n == TOP && i < self.top[TOP - 1] as usize {
             return;
         }
-        let pos = self.top.iter().filter(|&&t| t as usize > i).count();
+        let pos = self.top.iter().filter(|&&t| t as i32 > i as i32).count();
         debug_assert_eq!(self.top[pos] as usize, i);
         self.top.copy_within(pos + 1..n, pos);
         if n == TOP && self.dense >= TOP {
@@ -337,6 +347,10 @@ impl Ladder {
         } else {
             self.top[n - 1] = 0;
             self.ntop = n - 1;
+            if n == 1 && !self.far_keys.is_empty() {
+                // the window emptied: it moves down to the best levels left
+                self.rebuild_with(None);
+            }
         }
     }
 
@@ -415,6 +429,8 @@ impl Ladder {
 
     /// Rebuilds the window around the current levels plus `extra` (a new level; its key holds no
     /// level yet).
+    #[cold]
+    #[inline(never)]
     fn rebuild_with(&mut self, extra: Option<(i64, Qty)>) {
         let mut levels = self.levels_ascending();
         if let Some((key, qty)) = extra {

@@ -135,7 +135,7 @@ pub fn parse_depth_frame<'a>(
 pub fn scan_depth<'a>(text: &'a str, bids: &mut Vec<Level>, asks: &mut Vec<Level>) -> Option<DepthFrame<'a>> {
     bids.clear();
     asks.clear();
-    let mut s = Scanner { b: text.as_bytes(), pos: 0 };
+    let mut s = Scanner { text, b: text.as_bytes(), pos: 0 };
     let mut f = Fields::default();
     s.ws();
     s.expect(b'{')?;
@@ -150,8 +150,14 @@ pub fn scan_depth<'a>(text: &'a str, bids: &mut Vec<Level>, asks: &mut Vec<Level
                     // A depthUpdate on a partial-book stream is a partial book, not a diff (known
                     // here, before its levels are read); the kind is the text between the first
                     // and second '@', and "depth" is never partial.
-                    let kind = stream.split_once('@').map(|(_, rest)| rest.split('@').next().unwrap_or(rest));
-                    if kind != Some("depth") && wire::is_partial_depth_stream(stream) {
+                    let kind_is_depth = match stream.bytes().position(|c| c == b'@') {
+                        Some(at) => {
+                            let rest = &stream.as_bytes()[at + 1..];
+                            rest.starts_with(b"depth") && rest.get(5).is_none_or(|&c| c == b'@')
+                        }
+                        None => false,
+                    };
+                    if !kind_is_depth && wire::is_partial_depth_stream(stream) {
                         return None;
                     }
                     f.stream = Some(stream);
@@ -256,6 +262,8 @@ impl Fields<'_> {
 }
 
 struct Scanner<'a> {
+    text: &'a str,
+    /// `text`'s bytes.
     b: &'a [u8],
     pos: usize,
 }
@@ -294,6 +302,20 @@ impl<'a> Scanner<'a> {
     fn plain_bytes(&mut self) -> Option<&'a [u8]> {
         self.expect(b'"')?;
         let start = self.pos;
+        // a word at a time: the first quote, backslash or control character ends the run
+        while let Some(w) = load8(self.b, self.pos) {
+            let special = zero_bytes(w ^ 0x2222_2222_2222_2222) | zero_bytes(w ^ 0x5c5c_5c5c_5c5c_5c5c) | below_space(w);
+            if special == 0 {
+                self.pos += 8;
+                continue;
+            }
+            let at = self.pos + (special.trailing_zeros() / 8) as usize;
+            if self.b[at] != b'"' {
+                return None;
+            }
+            self.pos = at + 1;
+            return Some(&self.b[start..at]);
+        }
         loop {
             let c = self.next()?;
             if c == b'"' {
@@ -307,9 +329,10 @@ impl<'a> Scanner<'a> {
 
     #[inline]
     fn plain_str(&mut self) -> Option<&'a str> {
-        let bytes = self.plain_bytes()?;
-        // the quotes are ASCII, so the contents of a &str between them are valid UTF-8
-        std::str::from_utf8(bytes).ok()
+        let start = self.pos + 1;
+        self.plain_bytes()?;
+        // the quotes are ASCII, so the text between them is a `str` (no UTF-8 check needed)
+        self.text.get(start..self.pos - 1)
     }
 
     /// An object key and its colon.
@@ -398,7 +421,25 @@ impl<'a> Scanner<'a> {
     #[inline]
     fn id(&mut self) -> Option<u64> {
         let start = self.pos;
-        let mut v: u64 = 0;
+        // up to 16 digits in two word steps; the digit loop for the rest
+        let (mut v, mut n) = (0u64, 0usize);
+        if let (Some(w1), Some(w2)) = (load8(self.b, start), load8(self.b, start + 8)) {
+            let n1 = digit_run(w1);
+            if n1 < 8 {
+                if n1 > 0 {
+                    v = digits_value(w1.wrapping_sub(ZEROS) << (8 * (8 - n1)));
+                }
+                n = n1;
+            } else {
+                let n2 = digit_run(w2);
+                v = digits_value(w1.wrapping_sub(ZEROS));
+                if n2 > 0 {
+                    v = v * POW10[n2] as u64 + digits_value(w2.wrapping_sub(ZEROS) << (8 * (8 - n2)));
+                }
+                n = 8 + n2;
+            }
+        }
+        self.pos = start + n;
         while let Some(c) = self.peek() {
             let d = c.wrapping_sub(b'0');
             if d > 9 {
@@ -432,11 +473,19 @@ impl<'a> Scanner<'a> {
                 None => self.spaced_level()?,
             };
             out.push(level);
-            self.ws();
             match self.next()? {
                 b',' => self.ws(),
                 b']' => return Some(()),
-                _ => return None,
+                _ => {
+                    // whitespace before the separator
+                    self.pos -= 1;
+                    self.ws();
+                    match self.next()? {
+                        b',' => self.ws(),
+                        b']' => return Some(()),
+                        _ => return None,
+                    }
+                }
             }
         }
     }
@@ -445,29 +494,18 @@ impl<'a> Scanner<'a> {
     /// with the position unchanged otherwise.
     #[inline(always)]
     fn compact_level(&mut self) -> Option<Level> {
-        let b = self.b;
-        let start = self.pos;
-        if b.get(start..start + 2)? != b"[\"" {
-            return None;
-        }
-        self.pos = start + 2;
-        let level = (|| {
-            let price = self.decimal_swar()?;
-            if b.get(self.pos..self.pos + 2)? != b",\"" {
-                return None;
+        // Away from the end of the text, the level is read from a fixed-size window of it, which
+        // lets the compiler drop most bounds checks; the result is the same either way.
+        let found = match self.b.get(self.pos..self.pos + LEVEL_WINDOW) {
+            Some(window) => {
+                let window: &[u8; LEVEL_WINDOW] = window.try_into().ok()?;
+                compact_level_at(window, 0)
             }
-            self.pos += 2;
-            let qty = self.decimal_swar()?;
-            if *b.get(self.pos)? != b']' {
-                return None;
-            }
-            self.pos += 1;
-            Some(Level::new(Price::from_raw(price), Qty::from_raw(qty)))
-        })();
-        if level.is_none() {
-            self.pos = start;
-        }
-        level
+            None => compact_level_at(self.b, self.pos),
+        };
+        let (level, len) = found?;
+        self.pos += len;
+        Some(level)
     }
 
     /// `[ "price" , "qty" ]` with whitespace and any decimal form [`Self::decimal`] takes.
@@ -498,45 +536,13 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The common case in a few word operations: up to 8 integer digits, then `"` or a dot and
-    /// up to 8 fraction digits and `"`. `None` (position unchanged) for anything else.
+    /// The common case in a few word operations (see [`swar_decimal`]); `None` (position
+    /// unchanged) for anything else.
     #[inline(always)]
     fn decimal_swar(&mut self) -> Option<i64> {
-        let b = self.b;
-        let start = self.pos;
-        let word = load8(b, start)?;
-        let n = digit_run(word);
-        if n == 0 || n == 8 {
-            return None;
-        }
-        let int = digits_value((word.wrapping_sub(ZEROS)) << (8 * (8 - n))) as i64;
-        let after = start + n;
-        match b[after] {
-            b'"' => {
-                self.pos = after + 1;
-                Some(int * SCALE)
-            }
-            b'.' => {
-                let word = load8(b, after + 1)?;
-                let frac_digits = word.wrapping_sub(ZEROS);
-                // Spot's fixed 8 decimals first: the next position then depends only on the
-                // integer digits, not on this word (a shorter dependency chain per level).
-                if digit_run(word) == 8 && b.get(after + 9) == Some(&b'"') {
-                    self.pos = after + 10;
-                    return Some(int * SCALE + digits_value(frac_digits) as i64);
-                }
-                let k = digit_run(word);
-                let end = after + 1 + k;
-                if *b.get(end)? != b'"' {
-                    return None; // more than 8 decimals (maybe zeros), or junk
-                }
-                let keep = if k == 0 { 0 } else { u64::MAX >> (8 * (8 - k)) };
-                let frac = digits_value(frac_digits & keep) as i64;
-                self.pos = end + 1;
-                Some(int * SCALE + frac)
-            }
-            _ => None,
-        }
+        let (raw, end) = swar_decimal(self.b, self.pos)?;
+        self.pos = end;
+        Some(raw)
     }
 
     /// Byte by byte, for what [`Self::decimal_swar`] does not take.
@@ -697,6 +703,63 @@ const POW10: [i64; 9] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_0
 const ZEROS: u64 = 0x3030_3030_3030_3030;
 
 /// The 8 bytes at `at`, first byte lowest.
+/// Bytes enough for any level [`compact_level_at`] takes: `["` + 7 integer digits, a dot and 8
+/// decimals, `","`, the same again, `"]` (41), rounded up.
+const LEVEL_WINDOW: usize = 48;
+
+/// `["price","qty"]` at `start` of `b`, compact and plain; the level and the length it took.
+#[inline(always)]
+fn compact_level_at(b: &[u8], start: usize) -> Option<(Level, usize)> {
+    if b.get(start..start + 2)? != b"[\"" {
+        return None;
+    }
+    let (price, at) = swar_decimal(b, start + 2)?;
+    if b.get(at..at + 2)? != b",\"" {
+        return None;
+    }
+    let (qty, at) = swar_decimal(b, at + 2)?;
+    if *b.get(at)? != b']' {
+        return None;
+    }
+    Some((Level::new(Price::from_raw(price), Qty::from_raw(qty)), at + 1 - start))
+}
+
+/// The decimal at `start` of `b` (after its opening quote) in raw 10^-8 units, and the position
+/// after its closing quote: up to 7 integer digits, then `"` or a dot, up to 8 fraction digits
+/// and `"`. `None` for anything else.
+#[inline(always)]
+fn swar_decimal(b: &[u8], start: usize) -> Option<(i64, usize)> {
+    let word = load8(b, start)?;
+    let n = digit_run(word);
+    if n.wrapping_sub(1) >= 7 {
+        return None; // no digit, or 8 or more
+    }
+    let int = digits_value((word.wrapping_sub(ZEROS)) << (8 * (8 - n))) as i64;
+    let after = start + n;
+    match *b.get(after)? {
+        b'"' => Some((int * SCALE, after + 1)),
+        b'.' => {
+            let word = load8(b, after + 1)?;
+            let frac_digits = word.wrapping_sub(ZEROS);
+            let non_digits = non_digit_bytes(word);
+            // Spot's fixed 8 decimals first: the next position then depends only on the
+            // integer digits, not on this word (a shorter dependency chain per level).
+            if non_digits == 0 && b.get(after + 9) == Some(&b'"') {
+                return Some((int * SCALE + digits_value(frac_digits) as i64, after + 10));
+            }
+            let k = (non_digits.trailing_zeros() / 8) as usize;
+            let end = after + 1 + k;
+            if *b.get(end)? != b'"' {
+                return None; // more than 8 decimals (maybe zeros), or junk
+            }
+            let keep = if k == 0 { 0 } else { u64::MAX >> (8 * (8 - k)) };
+            let frac = digits_value(frac_digits & keep) as i64;
+            Some((int * SCALE + frac, end + 1))
+        }
+        _ => None,
+    }
+}
+
 #[inline(always)]
 fn load8(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
@@ -705,11 +768,29 @@ fn load8(b: &[u8], at: usize) -> Option<u64> {
 /// How many of the 8 bytes of `word` (first byte lowest) are ASCII digits before the first
 /// non-digit (8 if all are). A byte is a digit when `c ^ '0'` is below 10; the test's carries
 /// only run towards later bytes, so the first non-digit is always found exactly.
+/// The top bit of each zero byte of `w`, exact up to the first one (borrows only run upwards).
+#[inline(always)]
+fn zero_bytes(w: u64) -> u64 {
+    w.wrapping_sub(0x0101_0101_0101_0101) & !w & 0x8080_8080_8080_8080
+}
+
+/// The top bit of each byte of `w` below 0x20, exact up to the first one.
+#[inline(always)]
+fn below_space(w: u64) -> u64 {
+    w.wrapping_sub(0x2020_2020_2020_2020) & !w & 0x8080_8080_8080_8080
+}
+
 #[inline(always)]
 fn digit_run(word: u64) -> usize {
+    (non_digit_bytes(word).trailing_zeros() / 8) as usize
+}
+
+/// The top bit of each byte of `word` that is not an ASCII digit, exact up to the first such
+/// byte (see [`digit_run`]); zero when all 8 are digits.
+#[inline(always)]
+fn non_digit_bytes(word: u64) -> u64 {
     let t = word ^ ZEROS;
-    let non_digit = (t.wrapping_add(0x7676_7676_7676_7676) | t) & 0x8080_8080_8080_8080;
-    (non_digit.trailing_zeros() / 8) as usize
+    (t.wrapping_add(0x7676_7676_7676_7676) | t) & 0x8080_8080_8080_8080
 }
 
 /// The number written by 8 digit values (0..=9 per byte, the first byte most significant), in
@@ -903,7 +984,7 @@ mod tests {
         }
         for s in cases {
             let text = format!("[\"{s}\",\"1\"]");
-            let mut sc = Scanner { b: text.as_bytes(), pos: 1 };
+            let mut sc = Scanner { text: &text, b: text.as_bytes(), pos: 1 };
             if let Some(raw) = sc.decimal() {
                 assert_eq!(Price::parse(&s).map(|p| p.raw()), Ok(raw), "{s:?}");
                 assert_eq!(Qty::parse(&s).map(|q| q.raw()), Ok(raw), "{s:?}");

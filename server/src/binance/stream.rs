@@ -35,7 +35,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::wire::{parse_frame, StreamEvent, WireError, WsRequest};
+use super::wire::{parse_frame_into, StreamEvent, WireError, WsRequest};
 
 /// Default: no frame for this long means the connection is dead.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -163,7 +163,17 @@ pub async fn connect_with<S: AsRef<str>>(
     };
     let now = Instant::now();
     tracing::debug!(url, "Binance stream connected");
-    Ok(Connection { ws, config, url, opened_at: now, last_rx: now, last_ping: None, done: false, next_request_id: 1 })
+    Ok(Connection {
+        ws,
+        config,
+        url,
+        opened_at: now,
+        last_rx: now,
+        last_ping: None,
+        done: false,
+        next_request_id: 1,
+        scratch: (Vec::with_capacity(64), Vec::with_capacity(64)),
+    })
 }
 
 fn excerpt(s: &str) -> String {
@@ -193,6 +203,8 @@ pub struct Connection {
     done: bool,
     /// Id of the next request sent on this connection.
     next_request_id: u64,
+    /// Level buffers the depth parser reuses from frame to frame.
+    scratch: (Vec<shared::book::Level>, Vec<shared::book::Level>),
 }
 
 impl std::fmt::Debug for Connection {
@@ -228,7 +240,8 @@ impl Connection {
                     self.last_rx = Instant::now();
                     match msg {
                         Message::Text(text) => {
-                            return Some(parse_frame(text.as_str()).map_err(|error| StreamError::Malformed { error, frame: excerpt(text.as_str()) }));
+                            let parsed = parse_frame_into(text.as_str(), &mut self.scratch.0, &mut self.scratch.1);
+                            return Some(parsed.map_err(|error| StreamError::Malformed { error, frame: excerpt(text.as_str()) }));
                         }
                         Message::Binary(bytes) => {
                             // Binance sends text only; a binary frame is malformed, not fatal
