@@ -1,11 +1,14 @@
 //! Upstream depth throughput over the recorded Binance stream (11 minutes of ETHUSDT spot
 //! `depth@100ms` from ../shared/data/binance-ws/hftbacktest, raw JSON frames held in memory):
 //!
+//! - `serde_borrowed_anchor`: the issue's anchor, plain borrowed serde_json decoding of the
+//!   frame into `&str` fields and `[&str; 2]` levels (no fixed point, no validation beyond
+//!   JSON) — "~0.44 M/s here" in the issue; it shows how fast the machine of the run is;
 //! - `serde_parse_frame`: the reference serde path (`wire::parse_frame_serde`);
 //! - `fast_parse`: `fastdepth::parse_depth_frame` into reused level buffers;
-//! - `fast_parse_apply`: what a depth connection does per frame — `wire::parse_frame_into` (the
-//!   fast parser into the connection's reused buffers, then the owned `StreamEvent`) and the real
-//!   `BookSync`'s `handle_delta` (REST snapshot at its recorded place);
+//! - `fast_parse_apply`: what a depth job does per frame — the connection's `DepthDecoder` (the
+//!   fast parser into reused buffers), the symbol check, then the real `BookSync`'s
+//!   `handle_delta_ref` on the borrowed levels (REST snapshot at its recorded place);
 //! - `apply_only`: the same `BookSync` fed pre-decoded deltas, to show which part costs what.
 //!
 //! Throughput is in depth messages (6470 frames, ~42 levels each). Each benchmark runs twice:
@@ -21,9 +24,9 @@ use std::path::PathBuf;
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use server::binance::fastdepth::parse_depth_frame;
+use serde::Deserialize;
+use server::binance::fastdepth::{parse_depth_frame, Decoded, DepthDecoder};
 use server::binance::wire::{self, DepthBody, StreamEvent};
-use shared::book::Level;
 use shared::sync::{BookSync, ContinuityRule, DepthDelta, DepthSnapshot, SyncConfig};
 
 fn data() -> PathBuf {
@@ -60,6 +63,32 @@ fn capture() -> Capture {
     }
     let (snapshot_at, snapshot) = snapshot.expect("a snapshot in the capture");
     Capture { frames, snapshot_at, snapshot }
+}
+
+/// A combined-stream diff as a typical borrowed serde_json decoder would take it.
+#[derive(Deserialize)]
+struct AnchorFrame<'a> {
+    #[serde(borrow)]
+    #[allow(dead_code)]
+    stream: &'a str,
+    #[serde(borrow)]
+    data: AnchorDiff<'a>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct AnchorDiff<'a> {
+    e: &'a str,
+    #[serde(rename = "E")]
+    event_time: i64,
+    s: &'a str,
+    #[serde(rename = "U")]
+    first: u64,
+    u: u64,
+    #[serde(borrow)]
+    b: Vec<[&'a str; 2]>,
+    #[serde(borrow)]
+    a: Vec<[&'a str; 2]>,
 }
 
 fn config() -> SyncConfig {
@@ -120,14 +149,16 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     // fast parse + apply, the measured loop; also used once to check the outcome
     let parse_apply = |cap: &Capture| {
         let mut sync = BookSync::new(config());
-        let (mut bids, mut asks): (Vec<Level>, Vec<Level>) = (Vec::with_capacity(64), Vec::with_capacity(64));
+        let mut decoder = DepthDecoder::new();
         for (i, text) in cap.frames.iter().enumerate() {
             if i == cap.snapshot_at {
                 sync.handle_snapshot(cap.snapshot.clone(), 0);
             }
-            match wire::parse_frame_into(text, &mut bids, &mut asks) {
-                Ok(StreamEvent::DepthUpdate { update, .. }) => sync.handle_delta(update.delta, 0),
-                other => panic!("not a diff: {other:?}"),
+            match decoder.decode(text) {
+                Ok(Decoded::Depth) if decoder.symbol().eq_ignore_ascii_case("ethusdt") => {
+                    sync.handle_delta_ref(decoder.delta(), 0)
+                }
+                other => panic!("not our diff: {other:?}"),
             }
             while sync.poll_event().is_some() {}
         }
@@ -150,6 +181,14 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(n));
     g.sample_size(20);
+    g.bench_function("serde_borrowed_anchor", |b| {
+        b.iter(|| {
+            for text in &cap.frames {
+                let f: AnchorFrame<'_> = serde_json::from_str(text).expect("a diff");
+                black_box((f.data.u, &f.data.b, &f.data.a));
+            }
+        })
+    });
     g.bench_function("serde_parse_frame", |b| {
         b.iter(|| {
             for text in &cap.frames {

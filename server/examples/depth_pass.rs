@@ -6,7 +6,7 @@
 use std::io::BufRead;
 use std::path::PathBuf;
 
-use server::binance::fastdepth::parse_depth_frame;
+use server::binance::fastdepth::{parse_depth_frame, Decoded, DepthDecoder};
 use server::binance::wire::{self, DepthBody, StreamEvent};
 use shared::sync::{BookSync, ContinuityRule, SyncConfig};
 
@@ -41,6 +41,7 @@ fn main() {
         })
         .collect();
     let (mut bids, mut asks) = (Vec::with_capacity(64), Vec::with_capacity(64));
+    let mut decoder = DepthDecoder::new();
     let mut total = 0u64;
     for _ in 0..passes {
         let mut sync = BookSync::new(config.clone());
@@ -54,8 +55,10 @@ fn main() {
                     total += (bids.len() + asks.len()) as u64;
                 }
                 "apply" => sync.handle_delta(deltas[i].clone(), 0),
-                _ => match wire::parse_frame_into(text, &mut bids, &mut asks) {
-                    Ok(StreamEvent::DepthUpdate { update, .. }) => sync.handle_delta(update.delta, 0),
+                _ => match decoder.decode(text) {
+                    Ok(Decoded::Depth) if decoder.symbol().eq_ignore_ascii_case("ethusdt") => {
+                        sync.handle_delta_ref(decoder.delta(), 0)
+                    }
                     other => panic!("{other:?}"),
                 },
             }

@@ -58,6 +58,53 @@ pub struct DepthDelta {
     pub checksum: Option<u32>,
 }
 
+/// A delta whose levels are borrowed (from a parser's reused buffers, say): what
+/// [`BookSync::handle_delta_ref`] takes, so a synced book is updated without copying or
+/// allocating. The machine copies it only when it must keep it (buffering, verification).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaRef<'a> {
+    /// First update id in the event (`U`).
+    pub first_id: u64,
+    /// Last update id in the event (`u`).
+    pub last_id: u64,
+    /// Last update id of the previous event (`pu`), when the source publishes it.
+    pub prev_last_id: Option<u64>,
+    /// Changed bid levels, absolute quantities; zero removes the level.
+    pub bids: &'a [Level],
+    /// Changed ask levels.
+    pub asks: &'a [Level],
+    /// Checksum of the top levels after applying this event, when the source publishes one.
+    pub checksum: Option<u32>,
+}
+
+impl DepthDelta {
+    /// The same delta, borrowed.
+    pub fn as_ref(&self) -> DeltaRef<'_> {
+        DeltaRef {
+            first_id: self.first_id,
+            last_id: self.last_id,
+            prev_last_id: self.prev_last_id,
+            bids: &self.bids,
+            asks: &self.asks,
+            checksum: self.checksum,
+        }
+    }
+}
+
+impl DeltaRef<'_> {
+    /// An owned copy.
+    pub fn to_delta(&self) -> DepthDelta {
+        DepthDelta {
+            first_id: self.first_id,
+            last_id: self.last_id,
+            prev_last_id: self.prev_last_id,
+            bids: self.bids.to_vec(),
+            asks: self.asks.to_vec(),
+            checksum: self.checksum,
+        }
+    }
+}
+
 /// A full (possibly depth-limited) snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DepthSnapshot {
@@ -206,7 +253,7 @@ enum Verdict {
     Gap,
 }
 
-fn bridge_verdict(rule: ContinuityRule, snapshot_id: u64, d: &DepthDelta) -> Verdict {
+fn bridge_verdict(rule: ContinuityRule, snapshot_id: u64, d: DeltaRef<'_>) -> Verdict {
     match rule {
         ContinuityRule::Spot => {
             if d.last_id <= snapshot_id {
@@ -229,7 +276,7 @@ fn bridge_verdict(rule: ContinuityRule, snapshot_id: u64, d: &DepthDelta) -> Ver
     }
 }
 
-fn continue_verdict(rule: ContinuityRule, last: u64, d: &DepthDelta) -> Verdict {
+fn continue_verdict(rule: ContinuityRule, last: u64, d: DeltaRef<'_>) -> Verdict {
     if d.last_id <= last {
         return Verdict::Stale;
     }
@@ -251,11 +298,11 @@ fn continue_verdict(rule: ContinuityRule, last: u64, d: &DepthDelta) -> Verdict 
     }
 }
 
-fn apply_levels(book: &mut OrderBook, d: &DepthDelta) {
-    for l in &d.bids {
+fn apply_levels(book: &mut OrderBook, d: DeltaRef<'_>) {
+    for l in d.bids {
         book.bids.apply(l.price, l.qty);
     }
-    for l in &d.asks {
+    for l in d.asks {
         book.asks.apply(l.price, l.qty);
     }
 }
@@ -281,7 +328,7 @@ struct Shadow {
 
 impl Shadow {
     /// Feeds one delta; `Err(())` when the shadow cannot be synced from it.
-    fn feed(&mut self, rule: ContinuityRule, d: &DepthDelta) -> Result<(), ()> {
+    fn feed(&mut self, rule: ContinuityRule, d: DeltaRef<'_>) -> Result<(), ()> {
         let verdict =
             if self.bridged { continue_verdict(rule, self.last, d) } else { bridge_verdict(rule, self.last, d) };
         match verdict {
@@ -439,36 +486,61 @@ impl BookSync {
     pub fn handle_delta(&mut self, d: DepthDelta, now_ms: i64) {
         match self.state {
             SyncState::SnapshotMode => {}
-            SyncState::AwaitingSnapshot => {
-                if self.buffer.len() >= self.config.max_buffered {
-                    self.buffer.pop_front();
-                    self.stats.buffer_overflow_dropped += 1;
-                }
-                self.buffer.push_back(d);
-            }
+            SyncState::AwaitingSnapshot => self.buffer_delta(d),
             SyncState::Bridging => self.bridge(d, now_ms),
             SyncState::Synced => {
-                self.feed_verifier(&d);
-                match continue_verdict(self.config.rule, self.last_update_id, &d) {
-                    Verdict::Stale => self.drop_stale(&d),
-                    Verdict::Gap => {
-                        self.stats.gaps += 1;
-                        self.events.push_back(SyncEvent::GapDetected {
-                            last_update_id: self.last_update_id,
-                            first_id: d.first_id,
-                            prev_last_id: d.prev_last_id,
-                        });
-                        self.restart(ResyncReason::Gap);
-                        // The gapped delta is the newest data: the next snapshot may bridge it.
-                        self.buffer.push_back(d);
-                    }
-                    Verdict::Apply => {
-                        self.apply(&d);
-                        self.check_verifier();
-                    }
+                if self.synced_delta(d.as_ref()) {
+                    // The gapped delta is the newest data: the next snapshot may bridge it.
+                    self.buffer.push_back(d);
                 }
             }
         }
+    }
+
+    /// [`BookSync::handle_delta`] for a borrowed delta: while synced (the steady state) the book
+    /// is updated straight from `d`; the machine copies it only to keep it.
+    pub fn handle_delta_ref(&mut self, d: DeltaRef<'_>, now_ms: i64) {
+        match self.state {
+            SyncState::SnapshotMode => {}
+            SyncState::Synced => {
+                if self.synced_delta(d) {
+                    self.buffer.push_back(d.to_delta());
+                }
+            }
+            SyncState::AwaitingSnapshot | SyncState::Bridging => self.handle_delta(d.to_delta(), now_ms),
+        }
+    }
+
+    fn buffer_delta(&mut self, d: DepthDelta) {
+        if self.buffer.len() >= self.config.max_buffered {
+            self.buffer.pop_front();
+            self.stats.buffer_overflow_dropped += 1;
+        }
+        self.buffer.push_back(d);
+    }
+
+    /// Step 3 for one delta while synced; `true` when it showed a gap (the machine restarted and
+    /// the caller buffers the delta for the next snapshot).
+    fn synced_delta(&mut self, d: DeltaRef<'_>) -> bool {
+        self.feed_verifier(d);
+        match continue_verdict(self.config.rule, self.last_update_id, d) {
+            Verdict::Stale => self.drop_stale(d),
+            Verdict::Gap => {
+                self.stats.gaps += 1;
+                self.events.push_back(SyncEvent::GapDetected {
+                    last_update_id: self.last_update_id,
+                    first_id: d.first_id,
+                    prev_last_id: d.prev_last_id,
+                });
+                self.restart(ResyncReason::Gap);
+                return true;
+            }
+            Verdict::Apply => {
+                self.apply(d);
+                self.check_verifier();
+            }
+        }
+        false
     }
 
     /// A snapshot arrived (REST or the snapshot stream).
@@ -588,15 +660,15 @@ impl BookSync {
         self.events.push_back(SyncEvent::EnteredSnapshotMode);
     }
 
-    fn drop_stale(&mut self, d: &DepthDelta) {
+    fn drop_stale(&mut self, d: DeltaRef<'_>) {
         self.stats.stale_dropped += 1;
         self.events.push_back(SyncEvent::DroppedStale { first_id: d.first_id, last_id: d.last_id });
     }
 
     /// Step 5 of the algorithm: find the first delta that bridges the snapshot.
     fn bridge(&mut self, d: DepthDelta, now_ms: i64) {
-        match bridge_verdict(self.config.rule, self.last_update_id, &d) {
-            Verdict::Stale => self.drop_stale(&d),
+        match bridge_verdict(self.config.rule, self.last_update_id, d.as_ref()) {
+            Verdict::Stale => self.drop_stale(d.as_ref()),
             Verdict::Gap => {
                 self.state = SyncState::AwaitingSnapshot;
                 self.events.push_back(SyncEvent::NeedSnapshot { reason: ResyncReason::SnapshotTooOld });
@@ -607,12 +679,12 @@ impl BookSync {
                 self.was_synced = true;
                 self.next_verify_at = self.config.verify_interval_ms.map(|i| now_ms + i);
                 self.events.push_back(SyncEvent::Synced { last_update_id: d.last_id });
-                self.apply(&d);
+                self.apply(d.as_ref());
             }
         }
     }
 
-    fn apply(&mut self, d: &DepthDelta) {
+    fn apply(&mut self, d: DeltaRef<'_>) {
         apply_levels(&mut self.book, d);
         self.last_update_id = d.last_id;
         self.stats.deltas_applied += 1;
@@ -641,11 +713,11 @@ impl BookSync {
         }
     }
 
-    fn feed_verifier(&mut self, d: &DepthDelta) {
+    fn feed_verifier(&mut self, d: DeltaRef<'_>) {
         let rule = self.config.rule;
         let Some(v) = &mut self.verifier else { return };
         match &mut v.shadow {
-            None => v.buffer.push(d.clone()),
+            None => v.buffer.push(d.to_delta()),
             Some(shadow) => {
                 if shadow.feed(rule, d).is_err() {
                     self.verifier = None;
@@ -673,7 +745,7 @@ impl BookSync {
         };
         let mut ok = true;
         for d in v.buffer.drain(..) {
-            if shadow.feed(rule, &d).is_err() {
+            if shadow.feed(rule, d.as_ref()).is_err() {
                 ok = false;
                 break;
             }
@@ -1040,16 +1112,31 @@ mod tests {
     /// converge once the channel is clean again.
     #[test]
     fn converges_under_drops_duplicates_and_reordering() {
-        converge(ContinuityRule::Spot);
+        converge(ContinuityRule::Spot, false);
+    }
+
+    /// The same through `handle_delta_ref` (borrowed levels, as the server's depth connections
+    /// feed the machine).
+    #[test]
+    fn borrowed_deltas_converge_under_drops_duplicates_and_reordering() {
+        converge(ContinuityRule::Spot, true);
+        converge(ContinuityRule::Futures, true);
     }
 
     /// The same with Binance futures events, which carry `pu` and are checked by it.
     #[test]
     fn futures_rule_converges_under_drops_duplicates_and_reordering() {
-        converge(ContinuityRule::Futures);
+        converge(ContinuityRule::Futures, false);
     }
 
-    fn converge(rule: ContinuityRule) {
+    fn converge(rule: ContinuityRule, borrowed: bool) {
+        let feed = |s: &mut BookSync, d: DepthDelta, now: i64| {
+            if borrowed {
+                s.handle_delta_ref(d.as_ref(), now);
+            } else {
+                s.handle_delta(d, now);
+            }
+        };
         for seed in 0..40 {
             let mut rng = Rng::new(seed);
             let mut truth = OrderBook::new();
@@ -1119,7 +1206,7 @@ mod tests {
                 let keep = if noisy && !in_flight.is_empty() && rng.chance(1, 4) { 1 } else { 0 };
                 let deliver: Vec<_> = in_flight.drain(..in_flight.len() - keep).collect();
                 for d in deliver {
-                    s.handle_delta(d, step);
+                    feed(&mut s, d, step);
                     pump(&mut s, &mut pending_snapshot, &history);
                 }
                 if pending_snapshot && rng.chance(1, 3) {
@@ -1131,7 +1218,7 @@ mod tests {
             }
             // clean tail: flush whatever is in flight and let the machine settle
             for d in in_flight.drain(..) {
-                s.handle_delta(d, 10_000);
+                feed(&mut s, d, 10_000);
                 pump(&mut s, &mut pending_snapshot, &history);
             }
             for _ in 0..5 {

@@ -27,7 +27,7 @@ use std::borrow::Cow;
 
 use shared::book::Level;
 use shared::fixed::{Price, Qty, SCALE};
-use shared::sync::DepthDelta;
+use shared::sync::{DeltaRef, DepthDelta};
 
 use super::wire::{self, DepthUpdate, StreamEvent, WireError};
 
@@ -92,6 +92,92 @@ pub enum DepthParse<'a> {
     /// Any other frame (`SUBSCRIBE` reply, partial book, ticker, ...), decoded by
     /// [`wire::parse_frame_serde`].
     Other(StreamEvent),
+}
+
+/// What [`DepthDecoder::decode`] found in a frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// A diff of the book, held by the decoder until the next frame: read it with
+    /// [`DepthDecoder::delta`], [`DepthDecoder::symbol`] and [`DepthDecoder::event`].
+    Depth,
+    /// Any other frame, decoded by [`wire::parse_frame_serde`].
+    Other(StreamEvent),
+}
+
+/// A connection's frame decoder: the last diff-depth frame's header and levels, kept in
+/// buffers that are reused from frame to frame, so a stream of diffs is decoded and applied
+/// (through [`DeltaRef`] and `BookSync::handle_delta_ref`) without allocating.
+#[derive(Debug, Default)]
+pub struct DepthDecoder {
+    bids: Vec<Level>,
+    asks: Vec<Level>,
+    symbol: String,
+    stream: Option<String>,
+    event_time: i64,
+    transaction_time: Option<i64>,
+    first_id: u64,
+    last_id: u64,
+    prev_last_id: Option<u64>,
+}
+
+impl DepthDecoder {
+    pub fn new() -> Self {
+        Self { bids: Vec::with_capacity(64), asks: Vec::with_capacity(64), ..Self::default() }
+    }
+
+    /// Decodes one text frame of a stream connection; the result equals
+    /// [`wire::parse_frame`]'s for every input (see [`DepthDecoder::event`]).
+    pub fn decode(&mut self, text: &str) -> Result<Decoded, WireError> {
+        let f = match parse_depth_frame(text, &mut self.bids, &mut self.asks)? {
+            DepthParse::Depth(f) => f,
+            DepthParse::Other(event) => return Ok(Decoded::Other(event)),
+        };
+        self.symbol.clear();
+        self.symbol.push_str(&f.symbol);
+        match (&mut self.stream, f.stream) {
+            (Some(kept), Some(stream)) => {
+                kept.clear();
+                kept.push_str(&stream);
+            }
+            (kept, stream) => *kept = stream.map(Cow::into_owned),
+        }
+        self.event_time = f.event_time;
+        self.transaction_time = f.transaction_time;
+        self.first_id = f.first_id;
+        self.last_id = f.last_id;
+        self.prev_last_id = f.prev_last_id;
+        Ok(Decoded::Depth)
+    }
+
+    /// The last diff's delta, borrowing the decoder's level buffers.
+    pub fn delta(&self) -> DeltaRef<'_> {
+        DeltaRef {
+            first_id: self.first_id,
+            last_id: self.last_id,
+            prev_last_id: self.prev_last_id,
+            bids: &self.bids,
+            asks: &self.asks,
+            checksum: None,
+        }
+    }
+
+    /// The last diff's symbol (`"s"`).
+    pub fn symbol(&self) -> &str {
+        &self.symbol
+    }
+
+    /// The last diff as the owned event [`wire::parse_frame`] gives.
+    pub fn event(&self) -> StreamEvent {
+        StreamEvent::DepthUpdate {
+            stream: self.stream.clone(),
+            update: DepthUpdate {
+                symbol: self.symbol.clone(),
+                event_time: self.event_time,
+                transaction_time: self.transaction_time,
+                delta: self.delta().to_delta(),
+            },
+        }
+    }
 }
 
 /// Parses one text frame of a Binance stream connection, fast when it is a diff-depth event

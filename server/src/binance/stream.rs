@@ -35,7 +35,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::wire::{parse_frame_into, StreamEvent, WireError, WsRequest};
+use super::fastdepth::{Decoded, DepthDecoder};
+use super::wire::{StreamEvent, WireError, WsRequest};
 
 /// Default: no frame for this long means the connection is dead.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -172,7 +173,7 @@ pub async fn connect_with<S: AsRef<str>>(
         last_ping: None,
         done: false,
         next_request_id: 1,
-        scratch: (Vec::with_capacity(64), Vec::with_capacity(64)),
+        decoder: DepthDecoder::new(),
     })
 }
 
@@ -203,8 +204,8 @@ pub struct Connection {
     done: bool,
     /// Id of the next request sent on this connection.
     next_request_id: u64,
-    /// Level buffers the depth parser reuses from frame to frame.
-    scratch: (Vec<shared::book::Level>, Vec<shared::book::Level>),
+    /// Decodes frames; holds the last diff-depth frame in buffers reused from frame to frame.
+    decoder: DepthDecoder,
 }
 
 impl std::fmt::Debug for Connection {
@@ -223,6 +224,17 @@ impl Connection {
     ///
     /// Cancel-safe: dropping the future (e.g. in `select!`) loses no received event.
     pub async fn next(&mut self) -> Option<Result<StreamEvent, StreamError>> {
+        Some(match self.next_frame().await? {
+            Ok(Decoded::Depth) => Ok(self.decoder.event()),
+            Ok(Decoded::Other(event)) => Ok(event),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// [`Connection::next`] without copying diff-depth frames: for [`Decoded::Depth`] the diff
+    /// is in [`Connection::decoder`] until the next call (`decoder().delta()` feeds
+    /// `BookSync::handle_delta_ref`). Cancel-safe like `next`.
+    pub async fn next_frame(&mut self) -> Option<Result<Decoded, StreamError>> {
         if self.done {
             return None;
         }
@@ -240,7 +252,7 @@ impl Connection {
                     self.last_rx = Instant::now();
                     match msg {
                         Message::Text(text) => {
-                            let parsed = parse_frame_into(text.as_str(), &mut self.scratch.0, &mut self.scratch.1);
+                            let parsed = self.decoder.decode(text.as_str());
                             return Some(parsed.map_err(|error| StreamError::Malformed { error, frame: excerpt(text.as_str()) }));
                         }
                         Message::Binary(bytes) => {
@@ -296,7 +308,12 @@ impl Connection {
         }
     }
 
-    fn fail(&mut self, e: StreamError) -> Option<Result<StreamEvent, StreamError>> {
+    /// The decoder holding the last [`Decoded::Depth`] frame.
+    pub fn decoder(&self) -> &DepthDecoder {
+        &self.decoder
+    }
+
+    fn fail<T>(&mut self, e: StreamError) -> Option<Result<T, StreamError>> {
         self.done = true;
         Some(Err(e))
     }

@@ -893,23 +893,11 @@ fn decode<'a, T: Deserialize<'a>>(text: &'a str, combined: bool) -> Result<T, Wi
 /// [`super::fastdepth`]; everything it is not sure about (and every other frame) is decoded by
 /// [`parse_frame_serde`], so the result is the same either way.
 pub fn parse_frame(text: &str) -> Result<StreamEvent, WireError> {
-    parse_frame_into(text, &mut Vec::new(), &mut Vec::new())
-}
-
-/// [`parse_frame`] with scratch buffers for the fast depth path, which a connection keeps across
-/// frames: the levels are scanned into them, then copied into exactly sized vectors, so a diff
-/// costs two allocations however many levels it has.
-pub fn parse_frame_into(
-    text: &str,
-    bids: &mut Vec<shared::book::Level>,
-    asks: &mut Vec<shared::book::Level>,
-) -> Result<StreamEvent, WireError> {
-    if let Some(frame) = super::fastdepth::scan_depth(text, bids, asks) {
-        let stream = frame.stream.as_deref().map(str::to_string);
-        let update = frame.into_update(bids.as_slice().to_vec(), asks.as_slice().to_vec());
-        return Ok(StreamEvent::DepthUpdate { stream, update });
+    let mut decoder = super::fastdepth::DepthDecoder::default();
+    match decoder.decode(text)? {
+        super::fastdepth::Decoded::Depth => Ok(decoder.event()),
+        super::fastdepth::Decoded::Other(event) => Ok(event),
     }
-    parse_frame_serde(text)
 }
 
 /// [`parse_frame`] by serde alone: the reference the fast depth path is tested against, and

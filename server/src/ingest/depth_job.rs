@@ -46,6 +46,7 @@ use tokio::time::Instant;
 use super::kline_job::jitter_rng;
 use super::supervisor::{now_ms, JobContext, JobFuture, JobHealth, JobRunner, SupervisorSnapshot};
 use crate::binance::rest::{RestClient, RestError};
+use crate::binance::fastdepth::{Decoded, DepthDecoder};
 use crate::binance::stream::{connect_with, Backoff, StreamConfig, StreamError};
 use crate::binance::wire::{StreamEvent, StreamKind, StreamName};
 use crate::binance::Venue;
@@ -269,7 +270,7 @@ impl<'a> Job<'a> {
             let ended = loop {
                 let fetch_ready = self.want_snapshot && self.inflight.is_none() && !partial;
                 let ended = tokio::select! {
-                    ev = conn.next() => self.on_stream(ev, partial),
+                    ev = conn.next_frame() => self.on_stream(ev, conn.decoder(), partial),
                     res = join_inflight(&mut self.inflight) => {
                         self.inflight = None;
                         self.on_snapshot(res);
@@ -324,23 +325,29 @@ impl<'a> Job<'a> {
         }
     }
 
-    /// One stream item; `Some` when the connection is over.
-    fn on_stream(&mut self, ev: Option<Result<StreamEvent, StreamError>>, partial: bool) -> Option<Ended> {
+    /// One stream item; `Some` when the connection is over. A diff is read from `decoder`
+    /// (borrowed, no copy) and applied with `handle_delta_ref`.
+    fn on_stream(
+        &mut self,
+        ev: Option<Result<Decoded, StreamError>>,
+        decoder: &DepthDecoder,
+        partial: bool,
+    ) -> Option<Ended> {
         let now = now_ms();
         match ev {
-            Some(Ok(event)) => {
+            Some(Ok(frame)) => {
                 self.health.messages.fetch_add(1, Relaxed);
                 self.health.last_message_at_ms.store(now, Relaxed);
-                match event {
-                    StreamEvent::DepthUpdate { update, .. } if !partial && self.is_ours(&update.symbol) => {
-                        self.sync.handle_delta(update.delta, now);
+                match frame {
+                    Decoded::Depth if !partial && self.is_ours(decoder.symbol()) => {
+                        self.sync.handle_delta_ref(decoder.delta(), now);
                     }
-                    StreamEvent::PartialDepth { depth, .. }
+                    Decoded::Other(StreamEvent::PartialDepth { depth, .. })
                         if partial && depth.symbol.as_deref().is_none_or(|s| self.is_ours(s)) =>
                     {
                         self.sync.handle_snapshot(depth.snapshot, now);
                     }
-                    StreamEvent::Reply(_) => {}
+                    Decoded::Other(StreamEvent::Reply(_)) => {}
                     // another symbol's or another kind's event on our connection: not ours to apply
                     _ => {
                         self.health.malformed.fetch_add(1, Relaxed);
