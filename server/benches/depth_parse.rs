@@ -6,9 +6,10 @@
 //!   JSON) — "~0.44 M/s here" in the issue; it shows how fast the machine of the run is;
 //! - `serde_parse_frame`: the reference serde path (`wire::parse_frame_serde`);
 //! - `fast_parse`: `fastdepth::parse_depth_frame` into reused level buffers;
-//! - `fast_parse_apply`: what a depth job does per frame — the connection's `DepthDecoder` (the
-//!   fast parser into reused buffers), the symbol check, then the real `BookSync`'s
-//!   `handle_delta_ref` on the borrowed levels (REST snapshot at its recorded place);
+//! - `fast_parse_apply`: what a depth job does per frame — `DepthDecoder::decode_into`: a diff
+//!   that continues the synced book is parsed straight into the real `BookSync`'s book
+//!   (`direct_delta`), any other (before the snapshot) is decoded into reused buffers and
+//!   passed to `handle_delta_ref`; the REST snapshot is applied at its recorded place;
 //! - `apply_only`: the same `BookSync` fed pre-decoded deltas, to show which part costs what.
 //!
 //! Throughput is in depth messages (6470 frames, ~42 levels each). Each benchmark runs twice:
@@ -25,7 +26,7 @@ use std::path::PathBuf;
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use serde::Deserialize;
-use server::binance::fastdepth::{parse_depth_frame, Decoded, DepthDecoder};
+use server::binance::fastdepth::{parse_depth_frame, Decoded, DepthDecoder, Parsed};
 use server::binance::wire::{self, DepthBody, StreamEvent};
 use shared::sync::{BookSync, ContinuityRule, DepthDelta, DepthSnapshot, SyncConfig};
 
@@ -154,8 +155,9 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             if i == cap.snapshot_at {
                 sync.handle_snapshot(cap.snapshot.clone(), 0);
             }
-            match decoder.decode(text) {
-                Ok(Decoded::Depth) if decoder.symbol().eq_ignore_ascii_case("ethusdt") => {
+            match decoder.decode_into(text, &mut sync, |s| s.eq_ignore_ascii_case("ethusdt")) {
+                Ok(Parsed::Applied) => {}
+                Ok(Parsed::Decoded(Decoded::Depth)) if decoder.symbol().eq_ignore_ascii_case("ethusdt") => {
                     sync.handle_delta_ref(decoder.delta(), 0)
                 }
                 other => panic!("not our diff: {other:?}"),

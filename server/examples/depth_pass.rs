@@ -6,7 +6,7 @@
 use std::io::BufRead;
 use std::path::PathBuf;
 
-use server::binance::fastdepth::{parse_depth_frame, Decoded, DepthDecoder};
+use server::binance::fastdepth::{parse_depth_frame, Decoded, DepthDecoder, Parsed};
 use server::binance::wire::{self, DepthBody, StreamEvent};
 use shared::sync::{BookSync, ContinuityRule, SyncConfig};
 
@@ -55,8 +55,9 @@ fn main() {
                     total += (bids.len() + asks.len()) as u64;
                 }
                 "apply" => sync.handle_delta(deltas[i].clone(), 0),
-                _ => match decoder.decode(text) {
-                    Ok(Decoded::Depth) if decoder.symbol().eq_ignore_ascii_case("ethusdt") => {
+                _ => match decoder.decode_into(text, &mut sync, |s| s.eq_ignore_ascii_case("ethusdt")) {
+                    Ok(Parsed::Applied) => {}
+                    Ok(Parsed::Decoded(Decoded::Depth)) if decoder.symbol().eq_ignore_ascii_case("ethusdt") => {
                         sync.handle_delta_ref(decoder.delta(), 0)
                     }
                     other => panic!("{other:?}"),

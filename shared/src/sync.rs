@@ -105,6 +105,51 @@ impl DeltaRef<'_> {
     }
 }
 
+/// One delta being applied level by level; see [`BookSync::direct_delta`]. Dropping it without
+/// `commit` or `abandon` abandons it.
+#[derive(Debug)]
+pub struct DirectDelta<'a> {
+    sync: &'a mut BookSync,
+    last_id: u64,
+    levels: u64,
+    committed: bool,
+}
+
+impl DirectDelta<'_> {
+    /// Sets the level at `price` on `side` to `qty` (zero removes it).
+    #[inline]
+    pub fn level(&mut self, side: Side, level: Level) {
+        match side {
+            Side::Bid => self.sync.book.bids.apply(level.price, level.qty),
+            Side::Ask => self.sync.book.asks.apply(level.price, level.qty),
+        };
+        self.levels += 1;
+    }
+
+    /// The delta was read to its end: the book is at its last update id.
+    pub fn commit(mut self) {
+        let (last_id, levels) = (self.last_id, self.levels);
+        self.committed = true;
+        let sync = &mut *self.sync;
+        sync.last_update_id = last_id;
+        sync.stats.deltas_applied += 1;
+        sync.stats.levels_applied += levels;
+        sync.events.push_back(SyncEvent::BookChanged { last_update_id: last_id });
+        sync.note_crossed();
+    }
+
+    /// The delta could not be read to its end; the book holds part of it: resync.
+    pub fn abandon(self) {}
+}
+
+impl Drop for DirectDelta<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.sync.restart(ResyncReason::PartialDelta);
+        }
+    }
+}
+
 /// A full (possibly depth-limited) snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DepthSnapshot {
@@ -195,6 +240,9 @@ pub enum ResyncReason {
     SnapshotFailed,
     /// Leaving fallback snapshot mode to try delta mode again.
     RetryDeltaMode,
+    /// A delta applied level by level ([`BookSync::direct_delta`]) could not be read to its end:
+    /// the book holds part of it.
+    PartialDelta,
 }
 
 /// What the machine reports. Drain with [`BookSync::poll_event`].
@@ -509,6 +557,24 @@ impl BookSync {
             }
             SyncState::AwaitingSnapshot | SyncState::Bridging => self.handle_delta(d.to_delta(), now_ms),
         }
+    }
+
+    /// A delta whose levels the caller applies one by one as it reads them (a parser writing
+    /// straight into the book), for the steady state: `Some` only when a delta with these ids
+    /// would be applied as it is right now — synced, continuous by the rule, no verification
+    /// collecting deltas. Call [`DirectDelta::level`] for each level, then
+    /// [`DirectDelta::commit`]; [`DirectDelta::abandon`] if the delta cannot be read to its end
+    /// (the book then holds part of it, and the machine goes back to step 1). `None`: use
+    /// [`BookSync::handle_delta_ref`] with the whole delta.
+    pub fn direct_delta(&mut self, first_id: u64, last_id: u64, prev_last_id: Option<u64>) -> Option<DirectDelta<'_>> {
+        if self.state != SyncState::Synced || self.verifier.is_some() {
+            return None;
+        }
+        let head = DeltaRef { first_id, last_id, prev_last_id, bids: &[], asks: &[], checksum: None };
+        if first_id > last_id || continue_verdict(self.config.rule, self.last_update_id, head) != Verdict::Apply {
+            return None;
+        }
+        Some(DirectDelta { sync: self, last_id, levels: 0, committed: false })
     }
 
     fn buffer_delta(&mut self, d: DepthDelta) {
@@ -1112,29 +1178,68 @@ mod tests {
     /// converge once the channel is clean again.
     #[test]
     fn converges_under_drops_duplicates_and_reordering() {
-        converge(ContinuityRule::Spot, false);
+        converge(ContinuityRule::Spot, Feed::Owned);
     }
 
     /// The same through `handle_delta_ref` (borrowed levels, as the server's depth connections
     /// feed the machine).
     #[test]
     fn borrowed_deltas_converge_under_drops_duplicates_and_reordering() {
-        converge(ContinuityRule::Spot, true);
-        converge(ContinuityRule::Futures, true);
+        converge(ContinuityRule::Spot, Feed::Borrowed);
+        converge(ContinuityRule::Futures, Feed::Borrowed);
+    }
+
+    /// The same with levels applied one by one through `direct_delta` whenever the machine
+    /// takes them that way, and one delta in 40 abandoned half-way (a frame that turns out
+    /// malformed after some of its levels were applied), then handed over whole as the server
+    /// does when the frame decodes after all.
+    #[test]
+    fn direct_deltas_converge_and_abandoned_ones_resync() {
+        converge(ContinuityRule::Spot, Feed::Direct);
+        converge(ContinuityRule::Futures, Feed::Direct);
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Feed {
+        Owned,
+        Borrowed,
+        Direct,
     }
 
     /// The same with Binance futures events, which carry `pu` and are checked by it.
     #[test]
     fn futures_rule_converges_under_drops_duplicates_and_reordering() {
-        converge(ContinuityRule::Futures, false);
+        converge(ContinuityRule::Futures, Feed::Owned);
     }
 
-    fn converge(rule: ContinuityRule, borrowed: bool) {
-        let feed = |s: &mut BookSync, d: DepthDelta, now: i64| {
-            if borrowed {
+    fn converge(rule: ContinuityRule, how: Feed) {
+        let mut abandoned = 0;
+        let mut direct = 0;
+        let mut feed = |s: &mut BookSync, d: DepthDelta, now: i64| match how {
+            Feed::Owned => s.handle_delta(d, now),
+            Feed::Borrowed => s.handle_delta_ref(d.as_ref(), now),
+            Feed::Direct => {
+                let abandon = d.last_id % 40 == 7 && d.checksum.is_none();
+                if d.checksum.is_none() {
+                    if let Some(mut dd) = s.direct_delta(d.first_id, d.last_id, d.prev_last_id) {
+                        direct += 1;
+                        let levels = d.bids.iter().map(|l| (Side::Bid, *l)).chain(d.asks.iter().map(|l| (Side::Ask, *l)));
+                        let n = d.bids.len() + d.asks.len();
+                        for (i, (side, l)) in levels.enumerate() {
+                            if abandon && i == n / 2 {
+                                break;
+                            }
+                            dd.level(side, l);
+                        }
+                        if !abandon {
+                            dd.commit();
+                            return;
+                        }
+                        abandoned += 1;
+                        dd.abandon();
+                    }
+                }
                 s.handle_delta_ref(d.as_ref(), now);
-            } else {
-                s.handle_delta(d, now);
             }
         };
         for seed in 0..40 {
@@ -1237,6 +1342,9 @@ mod tests {
                 assert_eq!(s.state(), SyncState::Bridging, "seed {seed}");
             }
             assert!(s.stats().gaps > 0 || s.stats().checksum_mismatches > 0 || s.stats().stale_dropped > 0);
+        }
+        if how == Feed::Direct {
+            assert!(direct > 10_000 && abandoned > 100, "{direct} direct deltas, {abandoned} abandoned");
         }
     }
 }

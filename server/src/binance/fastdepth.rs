@@ -27,7 +27,8 @@ use std::borrow::Cow;
 
 use shared::book::Level;
 use shared::fixed::{Price, Qty, SCALE};
-use shared::sync::{DeltaRef, DepthDelta};
+use shared::book::Side;
+use shared::sync::{BookSync, DeltaRef, DepthDelta, DirectDelta};
 
 use super::wire::{self, DepthUpdate, StreamEvent, WireError};
 
@@ -104,6 +105,15 @@ pub enum Decoded {
     Other(StreamEvent),
 }
 
+/// What [`DepthDecoder::decode_into`] did with a frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// A diff applied to the book while it was read; the decoder holds no diff.
+    Applied,
+    /// Decoded as [`DepthDecoder::decode`] does, for the caller to handle.
+    Decoded(Decoded),
+}
+
 /// A connection's frame decoder: the last diff-depth frame's header and levels, kept in
 /// buffers that are reused from frame to frame, so a stream of diffs is decoded and applied
 /// (through [`DeltaRef`] and `BookSync::handle_delta_ref`) without allocating.
@@ -147,6 +157,34 @@ impl DepthDecoder {
         self.last_id = f.last_id;
         self.prev_last_id = f.prev_last_id;
         Ok(Decoded::Depth)
+    }
+
+    /// [`DepthDecoder::decode`] for a depth job, parsing straight into the book: a diff in
+    /// Binance spot's exact layout, for a symbol `accept`ed, that `sync` takes as it is right
+    /// now ([`BookSync::direct_delta`]: synced, continuous, no verification collecting deltas)
+    /// has its levels applied while they are read — [`Parsed::Applied`]. Everything else is
+    /// decoded by `decode`, and so is a frame that turns out malformed after some of its levels
+    /// were applied (the machine has then gone back to step 1, `ResyncReason::PartialDelta`,
+    /// and the caller handles the frame as it would have: applies it, or counts it malformed).
+    pub fn decode_into(
+        &mut self,
+        text: &str,
+        sync: &mut BookSync,
+        accept: impl FnOnce(&str) -> bool,
+    ) -> Result<Parsed, WireError> {
+        let mut s = Scanner { text, b: text.as_bytes(), pos: 0 };
+        if let Some(head) = spot_template_head(&mut s) {
+            if head.first_id <= head.last_id && accept(head.symbol) {
+                if let Some(mut direct) = sync.direct_delta(head.first_id, head.last_id, None) {
+                    if spot_template_levels_into(&mut s, &mut direct).is_some() {
+                        direct.commit();
+                        return Ok(Parsed::Applied);
+                    }
+                    direct.abandon();
+                }
+            }
+        }
+        self.decode(text).map(Parsed::Decoded)
     }
 
     /// The last diff's delta, borrowing the decoder's level buffers.
@@ -322,6 +360,37 @@ fn diff_stream(stream: &str) -> bool {
 #[inline]
 fn scan_spot_template<'a>(text: &'a str, bids: &mut Vec<Level>, asks: &mut Vec<Level>) -> Option<DepthFrame<'a>> {
     let mut s = Scanner { text, b: text.as_bytes(), pos: 0 };
+    let head = spot_template_head(&mut s)?;
+    s.levels(bids)?;
+    s.lit(b",\"a\":")?;
+    s.levels(asks)?;
+    s.lit(b"}}")?;
+    if s.pos != s.b.len() || head.first_id > head.last_id {
+        return None;
+    }
+    Some(DepthFrame {
+        stream: Some(Cow::Borrowed(head.stream)),
+        symbol: Cow::Borrowed(head.symbol),
+        event_time: head.event_time,
+        transaction_time: None,
+        first_id: head.first_id,
+        last_id: head.last_id,
+        prev_last_id: None,
+    })
+}
+
+/// The fields before the levels in Binance spot's layout.
+struct SpotHead<'a> {
+    stream: &'a str,
+    symbol: &'a str,
+    event_time: i64,
+    first_id: u64,
+    last_id: u64,
+}
+
+/// [`scan_spot_template`] up to and including `"b":`; the scanner is left at the bids.
+#[inline]
+fn spot_template_head<'a>(s: &mut Scanner<'a>) -> Option<SpotHead<'a>> {
     s.lit(b"{\"stream\":")?;
     let stream = s.plain_str()?;
     if !diff_stream(stream) {
@@ -336,22 +405,17 @@ fn scan_spot_template<'a>(text: &'a str, bids: &mut Vec<Level>, asks: &mut Vec<L
     s.lit(b",\"u\":")?;
     let last_id = s.id()?;
     s.lit(b",\"b\":")?;
-    s.levels(bids)?;
+    Some(SpotHead { stream, symbol, event_time, first_id, last_id })
+}
+
+/// The levels and the end of a [`spot_template_head`] frame, applied through `direct`.
+#[inline]
+fn spot_template_levels_into(s: &mut Scanner<'_>, direct: &mut DirectDelta<'_>) -> Option<()> {
+    s.levels_with(|l| direct.level(Side::Bid, l))?;
     s.lit(b",\"a\":")?;
-    s.levels(asks)?;
+    s.levels_with(|l| direct.level(Side::Ask, l))?;
     s.lit(b"}}")?;
-    if s.pos != s.b.len() || first_id > last_id {
-        return None;
-    }
-    Some(DepthFrame {
-        stream: Some(Cow::Borrowed(stream)),
-        symbol: Cow::Borrowed(symbol),
-        event_time,
-        transaction_time: None,
-        first_id,
-        last_id,
-        prev_last_id: None,
-    })
+    (s.pos == s.b.len()).then_some(())
 }
 
 // Bits of `Fields::seen`: a second occurrence of a known key is a serde error (duplicate field).
@@ -609,6 +673,12 @@ impl<'a> Scanner<'a> {
     /// `[["price","qty"],...]` into `out`.
     #[inline]
     fn levels(&mut self, out: &mut Vec<Level>) -> Option<()> {
+        self.levels_with(|l| out.push(l))
+    }
+
+    /// The same, each level handed to `out` as it is read.
+    #[inline(always)]
+    fn levels_with(&mut self, mut out: impl FnMut(Level)) -> Option<()> {
         self.expect(b'[')?;
         self.ws();
         if self.peek()? == b']' {
@@ -620,7 +690,7 @@ impl<'a> Scanner<'a> {
                 Some(level) => level,
                 None => self.spaced_level()?,
             };
-            out.push(level);
+            out(level);
             match self.next()? {
                 b',' => self.ws(),
                 b']' => return Some(()),
@@ -1029,7 +1099,66 @@ mod tests {
         let full = parse_depth_frame(text, &mut bids, &mut asks);
         assert_eq!(as_event(full, &bids, &asks), reference, "parse_depth_frame differs on {text:?}");
         assert_eq!(parse_frame(text), reference, "parse_frame differs on {text:?}");
+        check_direct(text, &reference);
         scanned.is_some()
+    }
+
+    /// `decode_into` on a machine synced just before the frame (as a depth job feeds it) against
+    /// serde's decode applied with `handle_delta`: a book it shows as synced is the same book at
+    /// the same id; the only other outcome is a resync after a frame abandoned half-way.
+    /// Returns whether the levels went straight into the book.
+    fn check_direct(text: &str, reference: &Result<StreamEvent, WireError>) -> bool {
+        use shared::sync::{ContinuityRule, DepthSnapshot, ResyncReason, SyncConfig, SyncEvent, SyncState};
+        let first = match reference {
+            Ok(StreamEvent::DepthUpdate { update, .. }) => update.delta.first_id,
+            // any id: the scanner may still read part of the frame before it fails
+            _ => peek_first_id(text).unwrap_or(100),
+        };
+        if first < 2 {
+            return false;
+        }
+        let mut config = SyncConfig::new(ContinuityRule::Spot);
+        config.verify_interval_ms = None;
+        let mut a = BookSync::new(config);
+        let lv = |p: i64| vec![Level::new(Price::from_units(p), Qty::from_units(1))];
+        a.handle_snapshot(DepthSnapshot { last_update_id: first - 2, bids: lv(1), asks: lv(1_000_000) }, 0);
+        let bridge = DepthDelta { first_id: first - 1, last_id: first - 1, prev_last_id: None, bids: lv(2), asks: vec![], checksum: None };
+        a.handle_delta(bridge, 0);
+        assert_eq!(a.state(), SyncState::Synced);
+        while a.poll_event().is_some() {}
+        let mut b = a.clone();
+        let mut decoder = DepthDecoder::new();
+        let applied = match decoder.decode_into(text, &mut a, |_| true) {
+            Ok(Parsed::Applied) => true,
+            Ok(Parsed::Decoded(Decoded::Depth)) => {
+                a.handle_delta_ref(decoder.delta(), 0);
+                false
+            }
+            _ => false,
+        };
+        if let Ok(StreamEvent::DepthUpdate { update, .. }) = reference {
+            b.handle_delta(update.delta.clone(), 0);
+        }
+        assert!(!applied || reference.as_ref().is_ok_and(|e| matches!(e, StreamEvent::DepthUpdate { .. })));
+        if a.state() == SyncState::Synced {
+            assert_eq!(a.last_update_id(), b.last_update_id(), "{text:?}");
+            assert_eq!(a.book(), b.book(), "decode_into's book differs on {text:?}");
+        } else {
+            let events: Vec<SyncEvent> = std::iter::from_fn(|| a.poll_event()).collect();
+            assert!(
+                events.contains(&SyncEvent::NeedSnapshot { reason: ResyncReason::PartialDelta }),
+                "{text:?}: {:?} {events:?}",
+                a.state()
+            );
+        }
+        applied
+    }
+
+    /// The `"U":` value of a frame by plain search (for frames serde rejects).
+    fn peek_first_id(text: &str) -> Option<u64> {
+        let at = text.find("\"U\":")? + 4;
+        let digits: String = text[at..].chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse().ok()
     }
 
     use super::wire::parse_frame;
@@ -1043,6 +1172,15 @@ mod tests {
                 let fast = check(&text);
                 assert_eq!(fast, is_depth, "fast path on {text}");
                 depth[i] += is_depth as usize;
+                // the depth job's path: every spot diff in Binance's own layout goes straight
+                // into a synced book (futures diffs carry `pu` and take the general scanner)
+                let direct = check_direct(&text, &wire::parse_frame_serde(&text));
+                if i < 2 {
+                    assert_eq!(direct, is_depth, "straight into the book: {text}");
+                }
+                if i == 3 {
+                    assert!(!direct);
+                }
             }
         }
         // the README's counts: 6468 diffs after the snapshot + the ones before it; 177 spot and

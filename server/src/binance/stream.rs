@@ -235,6 +235,18 @@ impl Connection {
     /// is in [`Connection::decoder`] until the next call (`decoder().delta()` feeds
     /// `BookSync::handle_delta_ref`). Cancel-safe like `next`.
     pub async fn next_frame(&mut self) -> Option<Result<Decoded, StreamError>> {
+        let text = match self.next_text().await? {
+            Ok(text) => text,
+            Err(e) => return Some(Err(e)),
+        };
+        let parsed = self.decoder.decode(text.as_str());
+        Some(parsed.map_err(|error| StreamError::Malformed { error, frame: excerpt(text.as_str()) }))
+    }
+
+    /// The next text frame, undecoded (for a caller with its own decoder, such as a depth job
+    /// that parses diffs straight into its book); like [`Connection::next`] otherwise. Decode
+    /// errors are the caller's: [`Connection::malformed`] makes the error `next` would give.
+    pub async fn next_text(&mut self) -> Option<Result<tungstenite::Utf8Bytes, StreamError>> {
         if self.done {
             return None;
         }
@@ -251,10 +263,7 @@ impl Connection {
                     };
                     self.last_rx = Instant::now();
                     match msg {
-                        Message::Text(text) => {
-                            let parsed = self.decoder.decode(text.as_str());
-                            return Some(parsed.map_err(|error| StreamError::Malformed { error, frame: excerpt(text.as_str()) }));
-                        }
+                        Message::Text(text) => return Some(Ok(text)),
                         Message::Binary(bytes) => {
                             // Binance sends text only; a binary frame is malformed, not fatal
                             let frame = excerpt(&String::from_utf8_lossy(&bytes));
@@ -306,6 +315,11 @@ impl Connection {
             Ok(Err(e)) => Err(map_ws_error(e)),
             Err(_) => Err(StreamError::Stalled { silent_for: self.last_rx.elapsed() }),
         }
+    }
+
+    /// The error for a text frame that did not decode.
+    pub fn malformed(error: WireError, text: &str) -> StreamError {
+        StreamError::Malformed { error, frame: excerpt(text) }
     }
 
     /// The decoder holding the last [`Decoded::Depth`] frame.

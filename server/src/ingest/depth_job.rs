@@ -46,8 +46,9 @@ use tokio::time::Instant;
 use super::kline_job::jitter_rng;
 use super::supervisor::{now_ms, JobContext, JobFuture, JobHealth, JobRunner, SupervisorSnapshot};
 use crate::binance::rest::{RestClient, RestError};
-use crate::binance::fastdepth::{Decoded, DepthDecoder};
-use crate::binance::stream::{connect_with, Backoff, StreamConfig, StreamError};
+use crate::binance::fastdepth::{Decoded, DepthDecoder, Parsed};
+use crate::binance::stream::{connect_with, Backoff, Connection, StreamConfig, StreamError};
+use tokio_tungstenite::tungstenite::Utf8Bytes;
 use crate::binance::wire::{StreamEvent, StreamKind, StreamName};
 use crate::binance::Venue;
 use crate::books::{BookHealth, BookPublisher, BookRegistry, BookStatus};
@@ -195,6 +196,8 @@ struct Job<'a> {
     view: OrderBook,
     /// Used weight after our last request, and the wall-clock minute it was seen in.
     weight_seen: Option<(u32, i64)>,
+    /// Decodes the stream's frames; diffs in the usual layout go straight into `sync`'s book.
+    decoder: DepthDecoder,
 }
 
 impl<'a> Job<'a> {
@@ -218,6 +221,7 @@ impl<'a> Job<'a> {
             verify_range: None,
             view: OrderBook::new(),
             weight_seen: None,
+            decoder: DepthDecoder::new(),
         }
     }
 
@@ -270,7 +274,7 @@ impl<'a> Job<'a> {
             let ended = loop {
                 let fetch_ready = self.want_snapshot && self.inflight.is_none() && !partial;
                 let ended = tokio::select! {
-                    ev = conn.next_frame() => self.on_stream(ev, conn.decoder(), partial),
+                    ev = conn.next_text() => self.on_stream(ev, partial),
                     res = join_inflight(&mut self.inflight) => {
                         self.inflight = None;
                         self.on_snapshot(res);
@@ -325,44 +329,52 @@ impl<'a> Job<'a> {
         }
     }
 
-    /// One stream item; `Some` when the connection is over. A diff is read from `decoder`
-    /// (borrowed, no copy) and applied with `handle_delta_ref`.
-    fn on_stream(
-        &mut self,
-        ev: Option<Result<Decoded, StreamError>>,
-        decoder: &DepthDecoder,
-        partial: bool,
-    ) -> Option<Ended> {
+    /// One stream item; `Some` when the connection is over. A diff in Binance's usual layout
+    /// that continues the synced book is parsed straight into it (`DepthDecoder::decode_into`);
+    /// any other diff is applied from the decoder's buffers with `handle_delta_ref`.
+    fn on_stream(&mut self, ev: Option<Result<Utf8Bytes, StreamError>>, partial: bool) -> Option<Ended> {
         let now = now_ms();
-        match ev {
-            Some(Ok(frame)) => {
+        let text = match ev {
+            Some(Ok(text)) => text,
+            Some(Err(e @ StreamError::Malformed { .. })) => {
+                // a binary frame: counted, not fatal
+                self.health.malformed.fetch_add(1, Relaxed);
+                tracing::warn!(symbol = %self.deps.symbol, "malformed depth frame from upstream: {e}");
+                return None;
+            }
+            Some(Err(e)) => return Some(Ended::Lost(format!("stream: {e}"))),
+            None => return Some(Ended::Lost("stream closed by the server".into())),
+        };
+        let symbol = &self.deps.symbol;
+        let accept = |s: &str| !partial && s.eq_ignore_ascii_case(symbol);
+        match self.decoder.decode_into(text.as_str(), &mut self.sync, accept) {
+            Ok(frame) => {
                 self.health.messages.fetch_add(1, Relaxed);
                 self.health.last_message_at_ms.store(now, Relaxed);
                 match frame {
-                    Decoded::Depth if !partial && self.is_ours(decoder.symbol()) => {
-                        self.sync.handle_delta_ref(decoder.delta(), now);
+                    Parsed::Applied => {}
+                    Parsed::Decoded(Decoded::Depth) if !partial && self.is_ours(self.decoder.symbol()) => {
+                        self.sync.handle_delta_ref(self.decoder.delta(), now);
                     }
-                    Decoded::Other(StreamEvent::PartialDepth { depth, .. })
+                    Parsed::Decoded(Decoded::Other(StreamEvent::PartialDepth { depth, .. }))
                         if partial && depth.symbol.as_deref().is_none_or(|s| self.is_ours(s)) =>
                     {
                         self.sync.handle_snapshot(depth.snapshot, now);
                     }
-                    Decoded::Other(StreamEvent::Reply(_)) => {}
+                    Parsed::Decoded(Decoded::Other(StreamEvent::Reply(_))) => {}
                     // another symbol's or another kind's event on our connection: not ours to apply
                     _ => {
                         self.health.malformed.fetch_add(1, Relaxed);
                     }
                 }
-                None
             }
-            Some(Err(e @ StreamError::Malformed { .. })) => {
+            Err(error) => {
                 self.health.malformed.fetch_add(1, Relaxed);
+                let e = Connection::malformed(error, text.as_str());
                 tracing::warn!(symbol = %self.deps.symbol, "malformed depth frame from upstream: {e}");
-                None
             }
-            Some(Err(e)) => Some(Ended::Lost(format!("stream: {e}"))),
-            None => Some(Ended::Lost("stream closed by the server".into())),
         }
+        None
     }
 
     fn is_ours(&self, symbol: &str) -> bool {
