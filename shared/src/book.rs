@@ -324,8 +324,15 @@ impl Ladder {
         // entries are descending and unused ones are 0, so this counts the better levels (slots
         // are below 2^15: signed 32-bit compares, which vectorise)
         let pos = self.top.iter().filter(|&&t| t as i32 > i as i32).count();
-        let end = n.min(TOP - 1);
-        self.top.copy_within(pos..end, pos + 1);
+        // shift the worse entries down by one over the whole fixed-size array (selects the
+        // compiler vectorises; a `copy_within` of a variable length is a call to `memmove`);
+        // unused entries are 0, so what moves into them is 0
+        let old = self.top;
+        let mut shifted = [0; TOP];
+        shifted[1..].copy_from_slice(&old[..TOP - 1]);
+        for j in 0..TOP {
+            self.top[j] = if j < pos { old[j] } else { shifted[j] };
+        }
         self.top[pos] = i as u32;
         self.ntop = (n + 1).min(TOP);
     }
@@ -339,7 +346,13 @@ impl Ladder {
         }
         let pos = self.top.iter().filter(|&&t| t as i32 > i as i32).count();
         debug_assert_eq!(self.top[pos] as usize, i);
-        self.top.copy_within(pos + 1..n, pos);
+        // shift the worse entries up by one (see `top_insert`); the last becomes 0
+        let old = self.top;
+        let mut shifted = [0; TOP];
+        shifted[..TOP - 1].copy_from_slice(&old[1..]);
+        for j in 0..TOP {
+            self.top[j] = if j < pos { old[j] } else { shifted[j] };
+        }
         if n == TOP && self.dense >= TOP {
             // a level below the tracked ones moves up into them
             let next = self.prev_set(self.top[TOP - 2] as usize).expect("dense counts a level below");
