@@ -8,11 +8,13 @@
 
 pub mod api;
 pub mod feed;
+pub mod ladder;
 
 use leptos::prelude::*;
 use shared::protocol::Heartbeat;
 
 pub use feed::{use_heartbeat_feed, HeartbeatFeed};
+pub use ladder::{bar_width, LadderTable};
 
 /// State of the dashboard's WebSocket to the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
