@@ -1,6 +1,7 @@
 //! The server's REST API, called with the browser's `fetch`.
 
 use serde::Deserialize;
+use shared::protocol::{InstrumentId, RestDepth, RestDepthResponse};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::Response;
@@ -17,6 +18,18 @@ pub async fn fetch_version() -> Result<String, String> {
     let info: VersionInfo =
         serde_json::from_str(&body).map_err(|e| format!("/api/v1/version: bad JSON: {e}"))?;
     Ok(info.version)
+}
+
+/// `GET /fapi/v1/depth?symbol=…&with_id=true&limit=…`: a book snapshot with its update id.
+pub async fn fetch_depth(instrument: &InstrumentId, limit: u16) -> Result<RestDepth, String> {
+    let symbol = String::from(js_sys::encode_uri_component(&instrument.to_string()));
+    let path = format!("/fapi/v1/depth?symbol={symbol}&with_id=true&limit={limit}");
+    let body = get_text(&path).await?;
+    let response: RestDepthResponse = serde_json::from_str(&body).map_err(|e| format!("{path}: bad JSON: {e}"))?;
+    if response.code != 0 {
+        return Err(format!("{path}: code {}", response.code));
+    }
+    Ok(response.data)
 }
 
 async fn get_text(path: &str) -> Result<String, String> {

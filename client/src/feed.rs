@@ -1,8 +1,12 @@
-//! The live connection to the server's `/ws`: a hook that keeps one WebSocket open, subscribes to
-//! `heartbeat`, and reconnects with back-off ([`crate::backoff_ms`] plus jitter) when it closes.
+//! The live connection to the server's `/ws`: one WebSocket per page, shared by every widget
+//! through [`Feed`]. Widgets subscribe to streams with handlers; the feed sends `SUBSCRIBE` for
+//! a stream when its first subscriber comes and `UNSUBSCRIBE` when its last one goes (so the
+//! server's job refcounts follow the page), re-subscribes everything after a reconnect, and
+//! reconnects with back-off ([`crate::backoff_ms`] plus jitter) when the socket closes.
 //! Everything is cleaned up (socket closed, timer cleared) when the owning component unmounts.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
@@ -15,8 +19,67 @@ use web_sys::{CloseEvent, Event, MessageEvent, WebSocket};
 
 use crate::{backoff_ms, ConnStatus};
 
-/// Id of our SUBSCRIBE request on each new socket.
-const SUBSCRIBE_ID: u64 = 1;
+/// What a subscriber is told about its stream.
+pub struct Handlers {
+    /// A message pushed on the stream (its `data`).
+    pub on_push: Box<dyn Fn(&serde_json::Value)>,
+    /// The server accepted the subscription (after every (re)connect): messages flow from now.
+    pub on_live: Box<dyn Fn()>,
+    /// The socket closed: nothing arrives until the next `on_live`.
+    pub on_lost: Box<dyn Fn()>,
+}
+
+/// The page's shared feed. Cheap to clone; use it on the browser's thread only.
+#[derive(Clone)]
+pub struct Feed(SendWrapper<Rc<Connection>>);
+
+impl Feed {
+    /// Opens a feed to the page's own server; it closes when the calling component is cleaned up.
+    pub fn open() -> Feed {
+        let (status, set_status) = signal(ConnStatus::Connecting);
+        let conn = Rc::new(Connection {
+            url: ws_url(),
+            socket: RefCell::new(None),
+            retry: Cell::new(None),
+            attempt: Cell::new(0),
+            stopped: Cell::new(false),
+            status,
+            set_status,
+            subs: RefCell::new(Vec::new()),
+            next_id: Cell::new(1),
+            pending: RefCell::new(HashMap::new()),
+        });
+        conn.open();
+        // Leptos cleanups must be `Send`; this one runs on the browser's only thread.
+        let guard = SendWrapper::new(conn.clone());
+        on_cleanup(move || guard.stop());
+        Feed(SendWrapper::new(conn))
+    }
+
+    /// The feed in context, or a new one put there.
+    pub fn use_or_open() -> Feed {
+        use_context::<Feed>().unwrap_or_else(|| {
+            let feed = Feed::open();
+            provide_context(feed.clone());
+            feed
+        })
+    }
+
+    pub fn status(&self) -> ReadSignal<ConnStatus> {
+        self.0.status
+    }
+
+    /// Subscribes to `stream` until the calling component is cleaned up.
+    pub fn subscribe(&self, stream: Stream, handlers: Handlers) {
+        let id = self.0.add(stream, Rc::new(handlers));
+        let weak = SendWrapper::new(Rc::downgrade(&self.0));
+        on_cleanup(move || {
+            if let Some(c) = weak.upgrade() {
+                c.remove(id);
+            }
+        });
+    }
+}
 
 /// What [`use_heartbeat_feed`] gives a component.
 #[derive(Clone, Copy)]
@@ -26,24 +89,26 @@ pub struct HeartbeatFeed {
     pub last: ReadSignal<Option<Heartbeat>>,
 }
 
-/// Opens the feed for the current component; it closes when the component is cleaned up.
+/// The connection status and the server's heartbeats, on the page's feed.
 pub fn use_heartbeat_feed() -> HeartbeatFeed {
-    let (status, set_status) = signal(ConnStatus::Connecting);
+    let feed = Feed::use_or_open();
     let (last, set_last) = signal(None);
-    let conn = Rc::new(Connection {
-        url: ws_url(),
-        socket: RefCell::new(None),
-        retry: Cell::new(None),
-        attempt: Cell::new(0),
-        stopped: Cell::new(false),
-        set_status,
-        set_last,
-    });
-    conn.open();
-    // Leptos cleanups must be `Send`; this one runs on the browser's only thread.
-    let guard = SendWrapper::new(conn);
-    on_cleanup(move || guard.stop());
-    HeartbeatFeed { status, last }
+    let status = feed.0.set_status;
+    feed.subscribe(
+        Stream::Heartbeat,
+        Handlers {
+            on_push: Box::new(move |data| match serde_json::from_value::<Heartbeat>(data.clone()) {
+                Ok(hb) => {
+                    status.set(ConnStatus::Live);
+                    set_last.set(Some(hb));
+                }
+                Err(e) => leptos::logging::warn!("bad heartbeat: {e}"),
+            }),
+            on_live: Box::new(|| {}),
+            on_lost: Box::new(|| {}),
+        },
+    );
+    HeartbeatFeed { status: feed.status(), last }
 }
 
 /// `ws://host/ws` (or `wss://` on https) for the page's own host.
@@ -69,6 +134,16 @@ impl Socket {
         self.ws.set_onclose(None);
         let _ = self.ws.close();
     }
+
+    fn is_open(&self) -> bool {
+        self.ws.ready_state() == WebSocket::OPEN
+    }
+}
+
+struct Sub {
+    id: u64,
+    stream: Stream,
+    handlers: Rc<Handlers>,
 }
 
 struct Connection {
@@ -81,11 +156,61 @@ struct Connection {
     attempt: Cell<u32>,
     /// Set on cleanup: never reconnect again.
     stopped: Cell<bool>,
+    status: ReadSignal<ConnStatus>,
     set_status: WriteSignal<ConnStatus>,
-    set_last: WriteSignal<Option<Heartbeat>>,
+    subs: RefCell<Vec<Sub>>,
+    /// Next id for subscriptions and requests.
+    next_id: Cell<u64>,
+    /// Requests sent on the current socket and not answered yet: the streams they subscribe.
+    pending: RefCell<HashMap<u64, Vec<Stream>>>,
 }
 
 impl Connection {
+    fn fresh_id(&self) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        id
+    }
+
+    fn add(self: &Rc<Self>, stream: Stream, handlers: Rc<Handlers>) -> u64 {
+        let id = self.fresh_id();
+        let first = !self.subs.borrow().iter().any(|s| s.stream == stream);
+        self.subs.borrow_mut().push(Sub { id, stream: stream.clone(), handlers: handlers.clone() });
+        if first {
+            self.request(Method::Subscribe, vec![stream]);
+        } else if self.status.get_untracked() == ConnStatus::Live
+            && !self.pending.borrow().values().any(|streams| streams.contains(&stream))
+        {
+            // already flowing for another subscriber: this one is live once it is set up
+            queue_microtask(move || (handlers.on_live)());
+        }
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        let stream = {
+            let mut subs = self.subs.borrow_mut();
+            let Some(at) = subs.iter().position(|s| s.id == id) else { return };
+            subs.remove(at).stream
+        };
+        if !self.subs.borrow().iter().any(|s| s.stream == stream) {
+            self.request(Method::Unsubscribe, vec![stream]);
+        }
+    }
+
+    /// Sends a request on the open socket (a closed one re-subscribes everything when it opens).
+    fn request(&self, method: Method, streams: Vec<Stream>) {
+        let socket = self.socket.borrow();
+        let Some(socket) = socket.as_ref().filter(|s| s.is_open()) else { return };
+        let id = self.fresh_id();
+        let request = ClientRequest { method, params: streams.iter().map(Stream::to_string).collect(), id };
+        let text = serde_json::to_string(&request).expect("a request always serializes");
+        if method == Method::Subscribe {
+            self.pending.borrow_mut().insert(id, streams);
+        }
+        let _ = socket.ws.send_with_str(&text);
+    }
+
     fn open(self: &Rc<Self>) {
         if self.stopped.get() {
             return;
@@ -120,36 +245,47 @@ impl Connection {
     }
 
     fn on_open(&self) {
-        let request = ClientRequest {
-            method: Method::Subscribe,
-            params: vec![Stream::Heartbeat.to_string()],
-            id: SUBSCRIBE_ID,
-        };
-        let text = serde_json::to_string(&request).expect("a request always serializes");
-        if let Some(socket) = self.socket.borrow().as_ref() {
-            let _ = socket.ws.send_with_str(&text);
+        self.pending.borrow_mut().clear();
+        let mut streams: Vec<Stream> = self.subs.borrow().iter().map(|s| s.stream.clone()).collect();
+        streams.sort();
+        streams.dedup();
+        if streams.is_empty() {
+            self.attempt.set(0);
+            self.set_status.set(ConnStatus::Live);
+        } else {
+            self.request(Method::Subscribe, streams);
         }
     }
 
     fn on_text(&self, text: &str) {
         match serde_json::from_str::<ServerFrame>(text) {
-            Ok(ServerFrame::Reply(reply)) if reply.is_ok() => {
-                if reply.id == SUBSCRIBE_ID {
-                    self.attempt.set(0);
-                    self.set_status.set(ConnStatus::Live);
+            Ok(ServerFrame::Reply(reply)) => {
+                let streams = self.pending.borrow_mut().remove(&reply.id);
+                if !reply.is_ok() {
+                    leptos::logging::warn!("server refused request: {reply:?}");
+                    return;
+                }
+                self.attempt.set(0);
+                self.set_status.set(ConnStatus::Live);
+                let Some(streams) = streams else { return };
+                let live: Vec<Rc<Handlers>> = self
+                    .subs
+                    .borrow()
+                    .iter()
+                    .filter(|s| streams.contains(&s.stream))
+                    .map(|s| s.handlers.clone())
+                    .collect();
+                for h in live {
+                    (h.on_live)();
                 }
             }
-            Ok(ServerFrame::Reply(reply)) => leptos::logging::warn!("server refused request: {reply:?}"),
-            Ok(ServerFrame::Push(push)) if push.stream == Stream::Heartbeat => {
-                match serde_json::from_value::<Heartbeat>(push.data) {
-                    Ok(hb) => {
-                        self.set_status.set(ConnStatus::Live);
-                        self.set_last.set(Some(hb));
-                    }
-                    Err(e) => leptos::logging::warn!("bad heartbeat: {e}"),
+            Ok(ServerFrame::Push(push)) => {
+                let to: Vec<Rc<Handlers>> =
+                    self.subs.borrow().iter().filter(|s| s.stream == push.stream).map(|s| s.handlers.clone()).collect();
+                for h in to {
+                    (h.on_push)(&push.data);
                 }
             }
-            Ok(ServerFrame::Push(_)) => {}
             Err(e) => leptos::logging::warn!("unreadable frame from server: {e}"),
         }
     }
@@ -157,6 +293,11 @@ impl Connection {
     fn on_close(self: &Rc<Self>) {
         if let Some(old) = self.socket.take() {
             old.shut();
+        }
+        self.pending.borrow_mut().clear();
+        let all: Vec<Rc<Handlers>> = self.subs.borrow().iter().map(|s| s.handlers.clone()).collect();
+        for h in all {
+            (h.on_lost)();
         }
         self.schedule_reconnect();
     }

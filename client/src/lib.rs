@@ -4,16 +4,21 @@
 //! live here; `main.rs` only mounts [`App`]. Browser IO lives in [`api`] (REST) and [`feed`] (the
 //! `/ws` WebSocket); the wire types come from `shared::protocol`.
 //!
-//! Stable DOM ids used by tests: `#version`, `#conn-status`, `#heartbeat-seq`, `#heartbeat-time`.
+//! Stable DOM ids used by tests: `#version`, `#conn-status`, `#heartbeat-seq`, `#heartbeat-time`;
+//! each order book is a `.book-card` with `data-instrument` and `data-update-id` (the update id
+//! of the book shown), a `.badge` (`synced` / `resyncing` / `snapshot mode`) with `.gaps`,
+//! `.resyncs` and `.mismatches`, and a `.ladder` (see [`ladder`]).
 
 pub mod api;
+pub mod depth;
 pub mod feed;
 pub mod ladder;
 
 use leptos::prelude::*;
-use shared::protocol::Heartbeat;
+use shared::protocol::{Heartbeat, InstrumentId};
 
-pub use feed::{use_heartbeat_feed, HeartbeatFeed};
+pub use depth::{use_depth_book, BadgeState, BookBadge, DepthBook};
+pub use feed::{use_heartbeat_feed, Feed, HeartbeatFeed};
 pub use ladder::{bar_width, LadderTable};
 
 /// State of the dashboard's WebSocket to the server.
@@ -60,7 +65,9 @@ pub fn App() -> impl IntoView {
     leptos::task::spawn_local(async move {
         fetched.set(Some(api::fetch_version().await));
     });
+    provide_context(Feed::open());
     let feed = use_heartbeat_feed();
+    let books = books_from_query();
     // The heartbeat carries the version too: use it if the REST call failed.
     let version = Signal::derive(move || match fetched.get() {
         Some(Ok(v)) => Some(v),
@@ -82,6 +89,9 @@ pub fn App() -> impl IntoView {
                 </span>
             </header>
             <HeartbeatPanel status=feed.status heartbeat=feed.last />
+            <section class="books">
+                {books.into_iter().map(|instrument| view! { <BookCard instrument=instrument /> }).collect_view()}
+            </section>
         </main>
     }
 }
@@ -119,6 +129,51 @@ pub fn HeartbeatPanel(
                 <dt>"server time"</dt>
                 <dd id="heartbeat-time" class="mono">{time}</dd>
             </dl>
+        </section>
+    }
+}
+
+/// The books to open: `?books=a,b` in the page's URL, else the simulator's BTC/USDT.
+fn books_from_query() -> Vec<InstrumentId> {
+    let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
+    let wanted = search
+        .trim_start_matches('?')
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("books="))
+        .map(|v| String::from(js_sys::decode_uri_component(v).unwrap_or_else(|_| v.into())));
+    let names = wanted.unwrap_or_else(|| "sim:spot:BTC/USDT".to_string());
+    names
+        .split(',')
+        .filter_map(|n| match n.trim().parse::<InstrumentId>() {
+            Ok(i) => Some(i),
+            Err(e) => {
+                leptos::logging::warn!("?books: {n}: {e}");
+                None
+            }
+        })
+        .collect()
+}
+
+/// One locally synced order book: its status badge and its ladder.
+#[component]
+pub fn BookCard(instrument: InstrumentId) -> impl IntoView {
+    let name = instrument.to_string();
+    let book = use_depth_book(instrument);
+    let badge = book.badge;
+    let state = move || badge.get().state.label();
+    let title = name.clone();
+    view! {
+        <section class="card book-card" data-instrument=name data-update-id=move || badge.get().update_id.to_string()>
+            <h2>{title}</h2>
+            <div class="badge-line">
+                <span class=move || format!("pill badge {}", state().replace(' ', "-"))>{state}</span>
+                <span class="muted detail">
+                    "gaps " <span class="gaps mono">{move || badge.get().gaps}</span>
+                    " · resyncs " <span class="resyncs mono">{move || badge.get().resyncs}</span>
+                    " · checksum mismatches " <span class="mismatches mono">{move || badge.get().checksum_mismatches}</span>
+                </span>
+            </div>
+            <LadderTable ladder=book.ladder />
         </section>
     }
 }

@@ -1,0 +1,130 @@
+// The dashboard's order books against a real `millrace serve` in Debian's Chromium: each book
+// card syncs by itself (the shared sync machine compiled to wasm: REST snapshot + depth_update@
+// deltas with checksums), says "synced", and its ladder's top 10 equal the server's REST book at
+// the same update id.
+//
+// Run alone: MILLRACE_BIN=target/debug/millrace node --test tests/browser/ladder.test.mjs
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { freePort, launchBrowser, outDir, startServer, stopServer } from './harness.mjs';
+
+const BOOKS = ['sim:spot:BTC/USDT', 'sim:stock:600000'];
+
+/** Samples the page's ladders for `ms`: [{instrument, id, bids, asks}], top 10, best first. */
+function samplePage(page, ms) {
+  return page.evaluate(async (ms) => {
+    const rows = (card, cls) => [...card.querySelectorAll(`.ladder .${cls}`)]
+      .map((r) => [r.querySelector('.price').textContent, r.querySelector('.qty').textContent]);
+    const out = [];
+    const end = performance.now() + ms;
+    while (performance.now() < end) {
+      for (const card of document.querySelectorAll('.book-card')) {
+        out.push({
+          instrument: card.dataset.instrument,
+          id: Number(card.dataset.updateId),
+          badge: card.querySelector('.badge').textContent,
+          bids: rows(card, 'bid-row').slice(0, 10),
+          asks: rows(card, 'ask-row').reverse().slice(0, 10),
+        });
+      }
+      await new Promise((ok) => setTimeout(ok, 5));
+    }
+    return out;
+  }, ms);
+}
+
+/** Samples the server's REST books for `ms` alongside. */
+async function sampleRest(base, ms) {
+  const out = [];
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    for (const instrument of BOOKS) {
+      const url = `${base}/fapi/v1/depth?symbol=${encodeURIComponent(instrument)}&with_id=true&limit=10`;
+      const { data } = await (await fetch(url)).json();
+      out.push({ instrument, id: data.id, bids: data.bids, asks: data.asks });
+    }
+  }
+  return out;
+}
+
+/** Asserts that each book's ladder equals the REST book wherever both saw the same update id. */
+async function assertLaddersEqualRest(page, base) {
+  const [pageSamples, restSamples] = await Promise.all([samplePage(page, 4_000), sampleRest(base, 4_000)]);
+  for (const instrument of BOOKS) {
+    const shown = pageSamples.filter((s) => s.instrument === instrument);
+    const rest = new Map(restSamples.filter((s) => s.instrument === instrument).map((s) => [s.id, s]));
+    assert.ok(shown.every((s) => s.badge === 'synced'), `${instrument} stayed synced`);
+    const ids = new Set(shown.map((s) => s.id));
+    assert.ok(ids.size >= 5, `${instrument}: the page's book moved (${ids.size} update ids in 4 s)`);
+    const common = shown.filter((s) => rest.has(s.id));
+    assert.ok(common.length > 0, `${instrument}: no update id seen by both the page and REST`);
+    for (const s of common) {
+      const r = rest.get(s.id);
+      assert.deepEqual(s.bids, r.bids, `${instrument} bids at ${s.id}`);
+      assert.deepEqual(s.asks, r.asks, `${instrument} asks at ${s.id}`);
+    }
+    const checked = new Set(common.map((s) => s.id)).size;
+    console.log(`${instrument}: ${ids.size} update ids shown, ${checked} compared with REST, all equal`);
+  }
+}
+
+const card = (page, instrument) => page.locator(`.book-card[data-instrument="${instrument}"]`);
+
+async function waitSynced(page) {
+  for (const instrument of BOOKS) {
+    await card(page, instrument).locator('.badge').filter({ hasText: /^synced$/ }).waitFor({ timeout: 30_000 });
+    await card(page, instrument).locator('.ladder .bid-row').first().waitFor({ timeout: 10_000 });
+  }
+}
+
+test('book cards sync and their ladders equal the server book at the same update id', { timeout: 90_000 }, async (t) => {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const server = await startServer(port);
+  t.after(() => stopServer(server));
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+
+  try {
+    await page.goto(`${base}/?books=${encodeURIComponent(BOOKS.join(','))}`);
+    await waitSynced(page);
+    await assertLaddersEqualRest(page, base);
+    for (const instrument of BOOKS) {
+      const mismatches = await card(page, instrument).locator('.mismatches').textContent();
+      assert.equal(mismatches.trim(), '0', `${instrument}: no checksum mismatch`);
+    }
+    assert.deepEqual(errors, [], 'no page errors');
+  } finally {
+    mkdirSync(outDir, { recursive: true });
+    await page.screenshot({ path: join(outDir, 'books.png') }).catch(() => {});
+  }
+});
+
+test('after the server restarts, the books show the resync and sync again by themselves', { timeout: 90_000 }, async (t) => {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  let server = await startServer(port);
+  t.after(() => stopServer(server));
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const page = await browser.newPage();
+  await page.goto(`${base}/?books=${encodeURIComponent(BOOKS.join(','))}`);
+  await waitSynced(page);
+
+  await stopServer(server);
+  for (const instrument of BOOKS) {
+    await card(page, instrument).locator('.badge').filter({ hasText: 'resyncing' }).waitFor({ timeout: 10_000 });
+  }
+  server = await startServer(port);
+  await waitSynced(page);
+  for (const instrument of BOOKS) {
+    const resyncs = Number((await card(page, instrument).locator('.resyncs').textContent()).trim());
+    assert.ok(resyncs >= 1, `${instrument}: the badge counts the resync (${resyncs})`);
+  }
+  await assertLaddersEqualRest(page, base);
+});
