@@ -88,6 +88,9 @@ pub fn use_depth_book(instrument: InstrumentId) -> DepthBook {
     let (badge, set_badge) = signal(BookBadge::default());
     let mut config = SyncConfig::new(ContinuityRule::Spot);
     config.verify_interval_ms = None;
+    // Snapshot mode needs the `depth@…,20` stream, which this page does not subscribe yet: keep
+    // retrying the REST snapshot (with back-off) instead of falling back to a mode it cannot leave.
+    config.snapshot_failures_before_fallback = u32::MAX;
     let state = Rc::new(State {
         instrument: instrument.clone(),
         sync: RefCell::new(BookSync::new(config)),
