@@ -128,14 +128,8 @@ impl DirectDelta<'_> {
 
     /// The delta was read to its end: the book is at its last update id.
     pub fn commit(mut self) {
-        let (last_id, levels) = (self.last_id, self.levels);
         self.committed = true;
-        let sync = &mut *self.sync;
-        sync.last_update_id = last_id;
-        sync.stats.deltas_applied += 1;
-        sync.stats.levels_applied += levels;
-        sync.events.push_back(SyncEvent::BookChanged { last_update_id: last_id });
-        sync.note_crossed();
+        self.sync.applied(self.last_id, self.levels, None);
     }
 
     /// The delta could not be read to its end; the book holds part of it: resync.
@@ -752,23 +746,25 @@ impl BookSync {
 
     fn apply(&mut self, d: DeltaRef<'_>) {
         apply_levels(&mut self.book, d);
-        self.last_update_id = d.last_id;
+        self.applied(d.last_id, (d.bids.len() + d.asks.len()) as u64, d.checksum);
+    }
+
+    /// Bookkeeping once a delta's levels are in the book (by [`BookSync::apply`] or a committed
+    /// [`DirectDelta`]): the new update id, the counts, the checksum check, the event.
+    fn applied(&mut self, last_id: u64, levels: u64, checksum: Option<u32>) {
+        self.last_update_id = last_id;
         self.stats.deltas_applied += 1;
-        self.stats.levels_applied += (d.bids.len() + d.asks.len()) as u64;
-        if let Some(expected) = d.checksum {
+        self.stats.levels_applied += levels;
+        if let Some(expected) = checksum {
             let computed = self.book.checksum(self.config.checksum_levels);
             if computed != expected {
                 self.stats.checksum_mismatches += 1;
-                self.events.push_back(SyncEvent::ChecksumMismatch {
-                    last_update_id: d.last_id,
-                    expected,
-                    computed,
-                });
+                self.events.push_back(SyncEvent::ChecksumMismatch { last_update_id: last_id, expected, computed });
                 self.restart(ResyncReason::ChecksumMismatch);
                 return;
             }
         }
-        self.events.push_back(SyncEvent::BookChanged { last_update_id: d.last_id });
+        self.events.push_back(SyncEvent::BookChanged { last_update_id: last_id });
         self.note_crossed();
     }
 

@@ -117,28 +117,39 @@ pub enum Parsed {
 /// A connection's frame decoder: the last diff-depth frame's header and levels, kept in
 /// buffers that are reused from frame to frame, so a stream of diffs is decoded and applied
 /// (through [`DeltaRef`] and `BookSync::handle_delta_ref`) without allocating.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DepthDecoder {
-    bids: Vec<Level>,
-    asks: Vec<Level>,
+    /// The last diff (no checksum: Binance sends none); its level vectors are reused.
+    delta: DepthDelta,
     symbol: String,
     stream: Option<String>,
     event_time: i64,
     transaction_time: Option<i64>,
-    first_id: u64,
-    last_id: u64,
-    prev_last_id: Option<u64>,
+}
+
+impl Default for DepthDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl DepthDecoder {
     pub fn new() -> Self {
-        Self { bids: Vec::with_capacity(64), asks: Vec::with_capacity(64), ..Self::default() }
+        let delta = DepthDelta {
+            first_id: 0,
+            last_id: 0,
+            prev_last_id: None,
+            bids: Vec::with_capacity(64),
+            asks: Vec::with_capacity(64),
+            checksum: None,
+        };
+        Self { delta, symbol: String::new(), stream: None, event_time: 0, transaction_time: None }
     }
 
     /// Decodes one text frame of a stream connection; the result equals
     /// [`wire::parse_frame`]'s for every input (see [`DepthDecoder::event`]).
     pub fn decode(&mut self, text: &str) -> Result<Decoded, WireError> {
-        let f = match parse_depth_frame(text, &mut self.bids, &mut self.asks)? {
+        let f = match parse_depth_frame(text, &mut self.delta.bids, &mut self.delta.asks)? {
             DepthParse::Depth(f) => f,
             DepthParse::Other(event) => return Ok(Decoded::Other(event)),
         };
@@ -153,9 +164,9 @@ impl DepthDecoder {
         }
         self.event_time = f.event_time;
         self.transaction_time = f.transaction_time;
-        self.first_id = f.first_id;
-        self.last_id = f.last_id;
-        self.prev_last_id = f.prev_last_id;
+        self.delta.first_id = f.first_id;
+        self.delta.last_id = f.last_id;
+        self.delta.prev_last_id = f.prev_last_id;
         Ok(Decoded::Depth)
     }
 
@@ -174,7 +185,7 @@ impl DepthDecoder {
     ) -> Result<Parsed, WireError> {
         let mut s = Scanner { text, b: text.as_bytes(), pos: 0 };
         if let Some(head) = spot_template_head(&mut s) {
-            if head.first_id <= head.last_id && accept(head.symbol) {
+            if accept(head.symbol) {
                 if let Some(mut direct) = sync.direct_delta(head.first_id, head.last_id, None) {
                     if spot_template_levels_into(&mut s, &mut direct).is_some() {
                         direct.commit();
@@ -189,14 +200,7 @@ impl DepthDecoder {
 
     /// The last diff's delta, borrowing the decoder's level buffers.
     pub fn delta(&self) -> DeltaRef<'_> {
-        DeltaRef {
-            first_id: self.first_id,
-            last_id: self.last_id,
-            prev_last_id: self.prev_last_id,
-            bids: &self.bids,
-            asks: &self.asks,
-            checksum: None,
-        }
+        self.delta.as_ref()
     }
 
     /// The last diff's symbol (`"s"`).
@@ -212,7 +216,7 @@ impl DepthDecoder {
                 symbol: self.symbol.clone(),
                 event_time: self.event_time,
                 transaction_time: self.transaction_time,
-                delta: self.delta().to_delta(),
+                delta: self.delta.clone(),
             },
         }
     }
