@@ -138,10 +138,11 @@ impl State {
         {
             let mut sync = self.sync.borrow_mut();
             while let Some(ev) = sync.poll_event() {
+                // only a book the machine vouches for is drawn: after a gap or a checksum
+                // mismatch the last good ladder stays, under a "resyncing" badge
                 match ev {
-                    SyncEvent::NeedSnapshot { .. } | SyncEvent::VerifyDue => self.want_snapshot.set(true),
+                    SyncEvent::NeedSnapshot { .. } => self.want_snapshot.set(true),
                     SyncEvent::BookChanged { .. } => changed = true,
-                    SyncEvent::GapDetected { .. } | SyncEvent::ChecksumMismatch { .. } => changed = true,
                     _ => {}
                 }
             }
