@@ -1,7 +1,9 @@
 //! The server's REST API, called with the browser's `fetch`.
 
 use serde::Deserialize;
-use shared::protocol::{InstrumentId, RestDepth, RestDepthResponse};
+use shared::candle::Candle;
+use shared::protocol::{InstrumentId, RestDepth, RestDepthResponse, SeriesId};
+use shared::{Price, Volume};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{Headers, RequestInit, Response};
@@ -30,6 +32,24 @@ pub async fn fetch_depth(instrument: &InstrumentId, limit: u16) -> Result<RestDe
         return Err(format!("{path}: code {}", response.code));
     }
     Ok(response.data)
+}
+
+/// `GET /api/v1/klines`: stored closed candles of `series`, oldest first; with `start`, the
+/// oldest `limit` from it, else the newest `limit`.
+pub async fn fetch_klines(series: &SeriesId, start: Option<i64>, limit: u32) -> Result<Vec<Candle>, String> {
+    let name = String::from(js_sys::encode_uri_component(&series.to_string()));
+    let mut path = format!("/api/v1/klines?series={name}&limit={limit}");
+    if let Some(t) = start {
+        path += &format!("&startTime={t}");
+    }
+    let rows: Vec<(i64, String, String, String, String, String, i64, serde_json::Value, u64)> = get_json(&path).await?;
+    rows.into_iter()
+        .map(|(t, o, h, l, c, v, _, _, n)| {
+            let p = |s: &str| Price::parse(s).map_err(|e| format!("{path}: bad price {s:?}: {e}"));
+            let volume = Volume::parse(&v).map_err(|e| format!("{path}: bad volume {v:?}: {e}"))?;
+            Ok(Candle::one_minute(t, p(&o)?, p(&h)?, p(&l)?, p(&c)?, volume, n))
+        })
+        .collect()
 }
 
 /// `GET path` decoded as JSON into `T`.

@@ -36,9 +36,14 @@ pub struct Feed(SendWrapper<Rc<Connection>>);
 impl Feed {
     /// Opens a feed to the page's own server; it closes when the calling component is cleaned up.
     pub fn open() -> Feed {
+        Feed::open_url(ws_url())
+    }
+
+    /// Opens a feed to `url` (`ws://host/ws`); it closes when the calling component is cleaned up.
+    pub fn open_url(url: impl Into<String>) -> Feed {
         let (status, set_status) = signal(ConnStatus::Connecting);
         let conn = Rc::new(Connection {
-            url: ws_url(),
+            url: url.into(),
             socket: RefCell::new(None),
             retry: Cell::new(None),
             attempt: Cell::new(0),
@@ -71,13 +76,34 @@ impl Feed {
 
     /// Subscribes to `stream` until the calling component is cleaned up.
     pub fn subscribe(&self, stream: Stream, handlers: Handlers) {
+        let sub = SendWrapper::new(self.subscription(stream, handlers));
+        on_cleanup(move || drop(sub));
+    }
+
+    /// Subscribes to `stream` until the returned handle is dropped.
+    pub fn subscription(&self, stream: Stream, handlers: Handlers) -> Subscription {
         let id = self.0.add(stream, Rc::new(handlers));
-        let weak = SendWrapper::new(Rc::downgrade(&self.0));
-        on_cleanup(move || {
-            if let Some(c) = weak.upgrade() {
-                c.remove(id);
-            }
-        });
+        Subscription { conn: Rc::downgrade(&self.0), id }
+    }
+
+    /// How many widgets subscribe to `stream` on this page.
+    pub fn subscribers(&self, stream: &Stream) -> usize {
+        self.0.subs.borrow().iter().filter(|s| &s.stream == stream).count()
+    }
+}
+
+/// A subscription held by its owner: dropping it unsubscribes (the last one of a stream sends
+/// `UNSUBSCRIBE`).
+pub struct Subscription {
+    conn: Weak<Connection>,
+    id: u64,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.upgrade() {
+            c.remove(self.id);
+        }
     }
 }
 
@@ -87,12 +113,15 @@ pub struct HeartbeatFeed {
     pub status: ReadSignal<ConnStatus>,
     /// The most recent heartbeat; kept across reconnects.
     pub last: ReadSignal<Option<Heartbeat>>,
+    /// When it arrived (`Date.now()`), 0 before the first.
+    pub received: ReadSignal<f64>,
 }
 
 /// The connection status and the server's heartbeats, on the page's feed.
 pub fn use_heartbeat_feed() -> HeartbeatFeed {
     let feed = Feed::use_or_open();
     let (last, set_last) = signal(None);
+    let (received, set_received) = signal(0.0);
     let status = feed.0.set_status;
     feed.subscribe(
         Stream::Heartbeat,
@@ -101,6 +130,7 @@ pub fn use_heartbeat_feed() -> HeartbeatFeed {
                 Ok(hb) => {
                     status.set(ConnStatus::Live);
                     set_last.set(Some(hb));
+                    set_received.set(js_sys::Date::now());
                 }
                 Err(e) => leptos::logging::warn!("bad heartbeat: {e}"),
             }),
@@ -108,7 +138,7 @@ pub fn use_heartbeat_feed() -> HeartbeatFeed {
             on_lost: Box::new(|| {}),
         },
     );
-    HeartbeatFeed { status: feed.status(), last }
+    HeartbeatFeed { status: feed.status(), last, received }
 }
 
 /// `ws://host/ws` (or `wss://` on https) for the page's own host.

@@ -1,25 +1,34 @@
 //! # millrace dashboard
 //!
-//! A Leptos CSR app compiled to WebAssembly and served by `millrace serve` from `dist/`. Components
-//! live here; `main.rs` only mounts [`App`]. Browser IO lives in [`api`] (REST) and [`feed`] (the
-//! `/ws` WebSocket); the wire types come from `shared::protocol`.
+//! A Leptos CSR app compiled to WebAssembly and served by `millrace serve` from `dist/`. `main.rs`
+//! only mounts [`App`]. Views: [`market::MarketView`] (picker, charts, books) and the operations
+//! view (`#ops`). Browser IO lives in [`api`] (REST) and [`feed`] (the `/ws` WebSocket, shared by
+//! every widget); streaming widgets draw on animation frames through [`paint`].
 //!
-//! Stable DOM ids used by tests: `#version`, `#conn-status`, `#heartbeat-seq`, `#heartbeat-time`;
-//! each order book is a `.book-card` with `data-instrument` and `data-update-id` (the update id
-//! of the book shown), a `.badge` (`synced` / `resyncing` / `snapshot mode`) with `.gaps`,
-//! `.resyncs` and `.mismatches`, and a `.ladder` (see [`ladder`]).
+//! Stable DOM hooks used by tests: `#version`, `#conn-status`, `#heartbeat-seq`, `#heartbeat-time`,
+//! `#feed-stale`; the picker `#instrument-search` with `.picker-item[data-instrument]` and its
+//! `.open-chart` / `.open-book` buttons; each chart is a `.chart-panel` (`data-series`,
+//! `data-bars`, `data-last-time`, `data-last-close`, `data-status`, timeframe buttons
+//! `button.tf[data-tf]`, `.close`); each order book is a `.book-card` with `data-instrument`,
+//! `data-update-id` (the update id of the book shown) and `data-state`, a `.badge`
+//! (`synced` / `resyncing` / `snapshot mode`) with `.gaps`, `.resyncs` and `.mismatches`, a
+//! `.stale-flag`, a `.mode-switch`, a `.close` and a `.ladder` (`.ask-row` / `.bid-row`, empty
+//! rows have `.empty`; cells `.price`, `.qty`, `.cum`, `.bar`; `.spread`, `.mid`).
 
 pub mod api;
+pub mod chart;
 pub mod depth;
 pub mod feed;
-pub mod ladder;
+pub mod market;
+pub mod paint;
+
+use std::time::Duration;
 
 use leptos::prelude::*;
-use shared::protocol::{Heartbeat, InstrumentId};
+use shared::protocol::Heartbeat;
 
-pub use depth::{use_depth_book, BadgeState, BookBadge, DepthBook};
+pub use depth::{bar_width, book_text, BadgeState, BookBadge, BookCard, BookWidget};
 pub use feed::{use_heartbeat_feed, Feed, HeartbeatFeed};
-pub use ladder::{bar_width, LadderTable};
 
 /// State of the dashboard's WebSocket to the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,18 +76,25 @@ pub fn App() -> impl IntoView {
     });
     provide_context(Feed::open());
     let feed = use_heartbeat_feed();
-    let books = books_from_query();
     // The heartbeat carries the version too: use it if the REST call failed.
     let version = Signal::derive(move || match fetched.get() {
         Some(Ok(v)) => Some(v),
         _ => feed.last.with(|hb| hb.as_ref().map(|hb| hb.version.clone())),
     });
     let version_error = move || matches!(fetched.get(), Some(Err(_))) && version.with(Option::is_none);
+    let tab = RwSignal::new(current_tab());
+    let on_hash = window_event_listener(leptos::ev::hashchange, move |_| tab.set(current_tab()));
+    on_cleanup(move || on_hash.remove());
 
     view! {
         <main class="shell">
             <header class="top">
                 <h1>"millrace"</h1>
+                <nav class="tabs">
+                    <a href="#market" class:active=move || tab.get() == Tab::Market>"Market"</a>
+                    <a href="#ops" id="ops-tab" class:active=move || tab.get() == Tab::Ops>"Operations"</a>
+                </nav>
+                <HeartbeatPanel status=feed.status heartbeat=feed.last received=feed.received />
                 <span class="muted">"server "</span>
                 <span id="version" class="mono" class:error=version_error>
                     {move || match version.get() {
@@ -88,15 +104,37 @@ pub fn App() -> impl IntoView {
                     }}
                 </span>
             </header>
-            <HeartbeatPanel status=feed.status heartbeat=feed.last />
-            <section class="books">
-                {books.into_iter().map(|instrument| view! { <BookCard instrument=instrument /> }).collect_view()}
-            </section>
+            {move || match tab.get() {
+                Tab::Market => view! { <market::MarketView /> }.into_any(),
+                Tab::Ops => ops_view().into_any(),
+            }}
         </main>
     }
 }
 
-/// Connection status and the last heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tab {
+    Market,
+    Ops,
+}
+
+fn current_tab() -> Tab {
+    let hash = web_sys::window().and_then(|w| w.location().hash().ok()).unwrap_or_default();
+    if hash == "#ops" {
+        Tab::Ops
+    } else {
+        Tab::Market
+    }
+}
+
+fn ops_view() -> impl IntoView {
+    view! { <p class="muted">"The operations view is being merged."</p> }
+}
+
+/// Heartbeats older than this (by the browser's clock) flag the feed stale.
+pub const FEED_STALE_AFTER_MS: f64 = 3_000.0;
+
+/// Connection status, the last heartbeat, and a stale flag when heartbeats stop arriving.
 #[component]
 pub fn HeartbeatPanel(
     /// Connection state shown in `#conn-status`.
@@ -105,6 +143,9 @@ pub fn HeartbeatPanel(
     /// The most recent heartbeat, if any arrived.
     #[prop(into)]
     heartbeat: Signal<Option<Heartbeat>>,
+    /// When it arrived (`Date.now()`); without it the stale flag is never shown.
+    #[prop(optional, into)]
+    received: Option<Signal<f64>>,
 ) -> impl IntoView {
     let label = move || status.get().label();
     let detail = move || match status.get() {
@@ -115,65 +156,27 @@ pub fn HeartbeatPanel(
     let time = move || {
         heartbeat.with(|hb| hb.as_ref().map_or("—".to_string(), |hb| format_utc_time(hb.server_time_ms) + " UTC"))
     };
-    view! {
-        <section class="card">
-            <h2>"Server heartbeat"</h2>
-            <dl>
-                <dt>"connection"</dt>
-                <dd>
-                    <span id="conn-status" class=move || format!("pill {}", label())>{label}</span>
-                    <span class="muted detail">{detail}</span>
-                </dd>
-                <dt>"last seq"</dt>
-                <dd id="heartbeat-seq" class="mono">{seq}</dd>
-                <dt>"server time"</dt>
-                <dd id="heartbeat-time" class="mono">{time}</dd>
-            </dl>
-        </section>
+    // re-evaluated every second: a socket that stays open but goes quiet is stale, not live
+    let now = RwSignal::new(js_sys::Date::now());
+    if received.is_some() {
+        if let Ok(h) = set_interval_with_handle(move || now.set(js_sys::Date::now()), Duration::from_millis(1000)) {
+            on_cleanup(move || h.clear());
+        }
     }
-}
-
-/// The books to open: `?books=a,b` in the page's URL, else the simulator's BTC/USDT.
-fn books_from_query() -> Vec<InstrumentId> {
-    let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
-    let wanted = search
-        .trim_start_matches('?')
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("books="))
-        .map(|v| String::from(js_sys::decode_uri_component(v).unwrap_or_else(|_| v.into())));
-    let names = wanted.unwrap_or_else(|| "sim:spot:BTC/USDT".to_string());
-    names
-        .split(',')
-        .filter_map(|n| match n.trim().parse::<InstrumentId>() {
-            Ok(i) => Some(i),
-            Err(e) => {
-                leptos::logging::warn!("?books: {n}: {e}");
-                None
-            }
-        })
-        .collect()
-}
-
-/// One locally synced order book: its status badge and its ladder.
-#[component]
-pub fn BookCard(instrument: InstrumentId) -> impl IntoView {
-    let name = instrument.to_string();
-    let book = use_depth_book(instrument);
-    let badge = book.badge;
-    let state = move || badge.get().state.label();
-    let title = name.clone();
+    let stale = move || {
+        let r = received?.get();
+        let age = now.get() - r;
+        (r > 0.0 && age >= FEED_STALE_AFTER_MS).then(|| format!("no data for {}s", (age / 1000.0) as u64))
+    };
     view! {
-        <section class="card book-card" data-instrument=name data-update-id=move || badge.get().update_id.to_string()>
-            <h2>{title}</h2>
-            <div class="badge-line">
-                <span class=move || format!("pill badge {}", state().replace(' ', "-"))>{state}</span>
-                <span class="muted detail">
-                    "gaps " <span class="gaps mono">{move || badge.get().gaps}</span>
-                    " · resyncs " <span class="resyncs mono">{move || badge.get().resyncs}</span>
-                    " · checksum mismatches " <span class="mismatches mono">{move || badge.get().checksum_mismatches}</span>
-                </span>
-            </div>
-            <LadderTable ladder=book.ladder />
+        <section class="heartbeat">
+            <span id="conn-status" class=move || format!("pill {}", label())>{label}</span>
+            <span class="muted detail">{detail}</span>
+            <span id="feed-stale" class="pill stale" class:hidden=move || stale().is_none()>{move || stale().unwrap_or_default()}</span>
+            <span class="muted">" seq "</span>
+            <span id="heartbeat-seq" class="mono">{seq}</span>
+            <span class="muted">" · "</span>
+            <span id="heartbeat-time" class="mono">{time}</span>
         </section>
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod book;
 pub mod candle;
+pub mod chart;
 pub mod fixed;
 pub mod l3;
 pub mod protocol;

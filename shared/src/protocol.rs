@@ -405,6 +405,12 @@ pub struct RestDepth {
     pub asks: Vec<Level>,
 }
 
+impl From<&KlinePayload> for crate::candle::Candle {
+    fn from(k: &KlinePayload) -> Self {
+        crate::candle::Candle::one_minute(k.t, k.o, k.h, k.l, k.c, k.v, k.n)
+    }
+}
+
 impl From<&DepthUpdateEvent> for crate::sync::DepthDelta {
     fn from(e: &DepthUpdateEvent) -> Self {
         crate::sync::DepthDelta {

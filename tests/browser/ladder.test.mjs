@@ -1,7 +1,8 @@
 // The dashboard's order books against a real `millrace serve` in Debian's Chromium: each book
 // card syncs by itself (the shared sync machine compiled to wasm: REST snapshot + depth_update@
 // deltas with checksums), says "synced", and its ladder's top 10 equal the server's REST book at
-// the same update id.
+// the same update id, also after faults injected on the page's WebSocket (a dropped delta, a
+// dropped connection) and after a server restart.
 //
 // Run alone: MILLRACE_BIN=target/debug/millrace node --test tests/browser/ladder.test.mjs
 import { test } from 'node:test';
@@ -25,8 +26,8 @@ function samplePage(page, ms) {
           instrument: card.dataset.instrument,
           id: Number(card.dataset.updateId),
           badge: card.querySelector('.badge').textContent,
-          bids: rows(card, 'bid-row').slice(0, 10),
-          asks: rows(card, 'ask-row').reverse().slice(0, 10),
+          bids: rows(card, 'bid-row:not(.empty)').slice(0, 10),
+          asks: rows(card, 'ask-row:not(.empty)').reverse().slice(0, 10),
         });
       }
       await new Promise((ok) => setTimeout(ok, 5));
@@ -75,7 +76,7 @@ const card = (page, instrument) => page.locator(`.book-card[data-instrument="${i
 async function waitSynced(page) {
   for (const instrument of BOOKS) {
     await card(page, instrument).locator('.badge').filter({ hasText: /^synced$/ }).waitFor({ timeout: 30_000 });
-    await card(page, instrument).locator('.ladder .bid-row').first().waitFor({ timeout: 10_000 });
+    await card(page, instrument).locator('.ladder .bid-row:not(.empty)').first().waitFor({ timeout: 10_000 });
   }
 }
 
@@ -127,4 +128,58 @@ test('after the server restarts, the books show the resync and sync again by the
     assert.ok(resyncs >= 1, `${instrument}: the badge counts the resync (${resyncs})`);
   }
   await assertLaddersEqualRest(page, base);
+});
+
+const counter = async (page, instrument, cls) => Number((await card(page, instrument).locator(`.${cls}`).textContent()).trim());
+
+test('after faults on the socket (a lost delta, a dropped connection) the badge shows the resync and the ladders equal the server book again', { timeout: 120_000 }, async (t) => {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const server = await startServer(port);
+  t.after(() => stopServer(server));
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+
+  // Every /ws socket of the page goes through this proxy: the test can drop one server frame of
+  // a stream (a gap for the page) or close the page's side (a disconnect).
+  const faults = { dropNext: null, dropped: [], sockets: [] };
+  await page.routeWebSocket(/\/ws$/, (ws) => {
+    const upstream = ws.connectToServer();
+    faults.sockets.push(ws);
+    upstream.onMessage((m) => {
+      if (faults.dropNext && typeof m === 'string' && m.includes(`"stream":"${faults.dropNext}"`)) {
+        faults.dropped.push(JSON.parse(m).data.u);
+        faults.dropNext = null;
+        return;
+      }
+      ws.send(m);
+    });
+  });
+  await page.goto(`${base}/?books=${encodeURIComponent(BOOKS.join(','))}`);
+  await waitSynced(page);
+  const [btc, stock] = BOOKS;
+
+  // 1. a lost delta: the page sees U > last + 1
+  const gapsBefore = await counter(page, btc, 'gaps');
+  faults.dropNext = `depth_update@${btc}`;
+  await card(page, btc).locator('.gaps').filter({ hasText: String(gapsBefore + 1) }).waitFor({ timeout: 10_000 });
+  assert.equal(faults.dropped.length, 1, 'one delta was dropped');
+  await waitSynced(page);
+  assert.ok(await counter(page, btc, 'resyncs') >= 1, 'the gap led to a resync, counted on the badge');
+  await assertLaddersEqualRest(page, base);
+
+  // 2. a dropped connection: every book resyncs on the new socket
+  const resyncsBefore = await Promise.all(BOOKS.map((i) => counter(page, i, 'resyncs')));
+  const open = faults.sockets.length;
+  await faults.sockets[open - 1].close({ code: 1012, reason: 'test: disconnect' });
+  for (const instrument of BOOKS) {
+    await card(page, instrument).locator('.badge').filter({ hasText: 'resyncing' }).waitFor({ timeout: 10_000 });
+  }
+  await waitSynced(page);
+  assert.ok(faults.sockets.length > open, 'the page reconnected by itself');
+  const resyncsAfter = await Promise.all(BOOKS.map((i) => counter(page, i, 'resyncs')));
+  BOOKS.forEach((i, k) => assert.ok(resyncsAfter[k] > resyncsBefore[k], `${i}: resync counted (${resyncsBefore[k]} -> ${resyncsAfter[k]})`));
+  await assertLaddersEqualRest(page, base);
+  assert.equal(await counter(page, stock, 'mismatches'), 0);
 });
