@@ -20,6 +20,7 @@ pub mod chart;
 pub mod depth;
 pub mod feed;
 pub mod market;
+pub mod ops;
 pub mod paint;
 
 use std::time::Duration;
@@ -106,7 +107,7 @@ pub fn App() -> impl IntoView {
             </header>
             {move || match tab.get() {
                 Tab::Market => view! { <market::MarketView /> }.into_any(),
-                Tab::Ops => ops_view().into_any(),
+                Tab::Ops => view! { <ops::OpsView /> }.into_any(),
             }}
         </main>
     }
@@ -125,10 +126,6 @@ fn current_tab() -> Tab {
     } else {
         Tab::Market
     }
-}
-
-fn ops_view() -> impl IntoView {
-    view! { <p class="muted">"The operations view is being merged."</p> }
 }
 
 /// Heartbeats older than this (by the browser's clock) flag the feed stale.

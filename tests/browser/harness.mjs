@@ -31,13 +31,13 @@ export function freePort() {
 }
 
 /** Starts `millrace serve` and resolves once /healthz answers. */
-export async function startServer(port, extraArgs = []) {
+export async function startServer(port, extraArgs = [], extraEnv = {}) {
   // A fresh data directory per server: the default (`data/` in the working directory) is for users.
   const dataDir = mkdtempSync(join(tmpdir(), 'millrace-smoke-'));
   const child = spawn(bin, ['serve', '--addr', `127.0.0.1:${port}`, '--static-dir', staticDir, '--data-dir', dataDir, ...extraArgs], {
     cwd: root,
     stdio: ['ignore', 'inherit', 'pipe'],
-    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'info' },
+    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'info', ...extraEnv },
   });
   let log = '';
   child.stderr.on('data', (d) => { log += d; process.stderr.write(d); });

@@ -1,0 +1,439 @@
+//! The operations view (`#ops`): ingest jobs, the tick-by-tick book shards, backfill tasks, and
+//! the admin actions on them. Polls `GET /api/v1/ops/{jobs,shards,backfill}` once a second while
+//! open (the last good data stays, with the error, when a poll fails).
+//!
+//! Admin actions (`POST /api/v1/admin/…`) need the server's token: the first action asks for it
+//! in `form#token-form` and keeps it in `sessionStorage` (`millrace.admin_token`) for the tab's
+//! life; a 401/403 forgets it and asks again with the server's message. Results and errors show
+//! in `#ops-status`.
+//!
+//! DOM hooks for tests: `tr.job-row[data-instrument][data-kind]` with `td.refcount`;
+//! `.shard-bar[data-shard]`; `tr.symbol-row[data-symbol]` with `td.shard`, `select.migrate-target`
+//! (shard ids, `-1` = a new shard), `button.migrate`, `button.hotspot`; `#auto-balance`;
+//! `.backfill-row[data-series]` with `progress`, `button.backfill-start` / `.backfill-stop`.
+
+use std::time::Duration;
+
+use leptos::prelude::*;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{self, AdminError};
+
+const TOKEN_KEY: &str = "millrace.admin_token";
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+pub struct Capacity {
+    pub pinned_jobs: u64,
+    pub ondemand_jobs: u64,
+    pub ondemand_max_jobs: u64,
+    pub ondemand_idle_ttl_s: u64,
+    pub evictions: u64,
+    pub refusals: u64,
+    pub reaped: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+pub struct Job {
+    pub instrument: String,
+    pub kind: String,
+    pub series_id: String,
+    pub pinned: bool,
+    /// -1 for pinned jobs.
+    pub refcount: i64,
+    pub idle_since_ms: Option<i64>,
+    pub crashes: u64,
+    pub last_error: Option<String>,
+    pub connected: bool,
+    pub messages: u64,
+    pub malformed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+struct JobGroup {
+    capacity: Capacity,
+    jobs: Vec<Job>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+struct JobsSnapshot {
+    capacity: Capacity,
+    jobs: Vec<Job>,
+    depth: JobGroup,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+pub struct Shard {
+    pub id: i64,
+    pub pending: u64,
+    pub processed_per_s: u64,
+    pub lag_ms: u64,
+    pub symbols: u64,
+    pub top_pending: Vec<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+pub struct L3Symbol {
+    pub instrument: String,
+    pub venue: String,
+    pub shard: i64,
+    pub pending: u64,
+    pub lag_ms: u64,
+    pub processed_per_s: u64,
+    pub health: String,
+    pub gaps: u64,
+    pub migrating: bool,
+    pub migrations: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+struct Engine {
+    auto_balance: bool,
+    max_shards: u64,
+    shards: Vec<Shard>,
+    symbols: Vec<L3Symbol>,
+    migrations: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+struct ShardsSnapshot {
+    engine: Engine,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+pub struct BackfillTask {
+    pub series: String,
+    pub state: String,
+    pub running: bool,
+    pub progress: f64,
+    pub candles_written: u64,
+    pub stop_reason: Option<String>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default)]
+struct BackfillSnapshot {
+    tasks: Vec<BackfillTask>,
+}
+
+/// `name pending` of a `top_pending` entry, whatever its shape (`[name, n]` or an object).
+fn top_pending_label(v: &Value) -> String {
+    match v {
+        Value::Array(a) if a.len() == 2 => format!("{} {}", a[0].as_str().unwrap_or_default(), a[1]),
+        Value::Object(o) => {
+            let name = o.get("instrument").or_else(|| o.get("symbol")).map(|n| n.as_str().map_or(n.to_string(), str::to_string));
+            format!("{} {}", name.unwrap_or_default(), o.get("pending").cloned().unwrap_or(Value::Null))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// "12s ago" from a server time in ms and the server's clock (heartbeats) or the browser's.
+fn ago(ms: Option<i64>) -> String {
+    match ms {
+        None => "—".into(),
+        Some(t) => {
+            let secs = ((js_sys::Date::now() as i64 - t) / 1000).max(0);
+            format!("{secs}s ago")
+        }
+    }
+}
+
+/// A value polled from `path` every second while the view is open.
+fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(path: &'static str, errors: RwSignal<Vec<(String, String)>>, tick: ReadSignal<u64>) -> RwSignal<Option<T>> {
+    let data = RwSignal::new(None::<T>);
+    Effect::new(move |_| {
+        tick.track();
+        leptos::task::spawn_local(async move {
+            let result = api::get_json::<T>(path).await;
+            errors.update(|e| e.retain(|(p, _)| p != path));
+            match result {
+                Ok(v) => {
+                    if data.with_untracked(|d| d.as_ref() != Some(&v)) {
+                        data.set(Some(v));
+                    }
+                }
+                Err(e) => errors.update(|list| list.push((path.to_string(), e))),
+            }
+        });
+    });
+    data
+}
+
+/// Admin actions: the token, the action waiting for it, the status line.
+#[derive(Clone, Copy)]
+struct Admin {
+    token: RwSignal<Option<String>>,
+    waiting: RwSignal<Option<(String, Value, String)>>,
+    status: RwSignal<(bool, String)>,
+    refresh: WriteSignal<u64>,
+}
+
+impl Admin {
+    fn storage() -> Option<web_sys::Storage> {
+        web_sys::window()?.session_storage().ok()?
+    }
+
+    fn new(refresh: WriteSignal<u64>) -> Admin {
+        let stored = Self::storage().and_then(|s| s.get_item(TOKEN_KEY).ok().flatten()).filter(|t| !t.is_empty());
+        Admin { token: RwSignal::new(stored), waiting: RwSignal::new(None), status: RwSignal::new((true, String::new())), refresh }
+    }
+
+    fn set_token(self, token: Option<String>) {
+        if let Some(s) = Self::storage() {
+            let _ = match &token {
+                Some(t) => s.set_item(TOKEN_KEY, t),
+                None => s.remove_item(TOKEN_KEY),
+            };
+        }
+        self.token.set(token);
+    }
+
+    /// Runs `POST path body`, asking for the token first if there is none.
+    fn run(self, path: &str, body: Value, label: String) {
+        let Some(token) = self.token.get_untracked() else {
+            self.waiting.set(Some((path.to_string(), body, label)));
+            self.status.set((true, "admin token needed".into()));
+            return;
+        };
+        let path = path.to_string();
+        self.status.set((true, format!("{label}…")));
+        leptos::task::spawn_local(async move {
+            match api::admin_post(&path, &body, &token).await {
+                Ok(reply) => {
+                    self.status.set((true, format!("{label}: {}", reply.get("result").and_then(Value::as_str).unwrap_or("ok"))));
+                    self.refresh.update(|t| *t += 1);
+                }
+                Err(AdminError::Unauthorized(msg)) => {
+                    self.set_token(None);
+                    self.waiting.set(Some((path, body, label)));
+                    self.status.set((false, format!("token refused: {msg}")));
+                }
+                Err(AdminError::Failed(msg)) => self.status.set((false, format!("{label} failed: {msg}"))),
+            }
+        });
+    }
+}
+
+/// The operations view.
+#[component]
+pub fn OpsView() -> impl IntoView {
+    let (tick, set_tick) = signal(0u64);
+    if let Ok(h) = set_interval_with_handle(move || set_tick.update(|t| *t += 1), Duration::from_millis(1000)) {
+        on_cleanup(move || h.clear());
+    }
+    let errors = RwSignal::new(Vec::<(String, String)>::new());
+    let jobs = poll::<JobsSnapshot>("/api/v1/ops/jobs", errors, tick);
+    let shards = poll::<ShardsSnapshot>("/api/v1/ops/shards", errors, tick);
+    let backfill = poll::<BackfillSnapshot>("/api/v1/ops/backfill", errors, tick);
+    let admin = Admin::new(set_tick);
+
+    view! {
+        <div class="ops">
+            <p id="ops-errors" class="error" class:hidden=move || errors.with(Vec::is_empty)>
+                {move || errors.with(|e| e.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>().join(" · "))}
+                " (showing the last data received)"
+            </p>
+            <TokenForm admin=admin />
+            <p id="ops-status" class:error=move || !admin.status.get().0>{move || admin.status.get().1}</p>
+            <JobsCard jobs=jobs />
+            <ShardsCard shards=shards admin=admin />
+            <BackfillCard backfill=backfill admin=admin />
+        </div>
+    }
+}
+
+#[component]
+fn TokenForm(admin: Admin) -> impl IntoView {
+    let input = NodeRef::<leptos::html::Input>::new();
+    let submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        let value = input.get().map(|i| i.value()).unwrap_or_default();
+        if value.is_empty() {
+            return;
+        }
+        admin.set_token(Some(value));
+        if let Some((path, body, label)) = admin.waiting.get_untracked() {
+            admin.waiting.set(None);
+            admin.run(&path, body, label);
+        }
+    };
+    view! {
+        <form id="token-form" class="card token-form" class:hidden=move || admin.waiting.with(Option::is_none) on:submit=submit>
+            <label for="admin-token">"Admin token for "<b>{move || admin.waiting.with(|w| w.as_ref().map(|(_, _, l)| l.clone()).unwrap_or_default())}</b></label>
+            <input id="admin-token" type="password" autocomplete="off" node_ref=input />
+            <button type="submit">"Run"</button>
+            <button type="button" on:click=move |_| admin.waiting.set(None)>"Cancel"</button>
+            <span class="muted detail">"kept for this tab only (sessionStorage)"</span>
+        </form>
+    }
+}
+
+fn capacity_line(label: &'static str, c: &Capacity) -> String {
+    format!(
+        "{label}: {} pinned, {} / {} on demand (idle jobs stop after {} s), {} evicted, {} refused",
+        c.pinned_jobs, c.ondemand_jobs, c.ondemand_max_jobs, c.ondemand_idle_ttl_s, c.evictions, c.refusals
+    )
+}
+
+#[component]
+fn JobsCard(jobs: RwSignal<Option<JobsSnapshot>>) -> impl IntoView {
+    let all = Memo::new(move |_| {
+        jobs.with(|j| j.as_ref().map(|j| j.jobs.iter().chain(&j.depth.jobs).cloned().collect::<Vec<_>>()).unwrap_or_default())
+    });
+    let row = move |key: (String, String)| {
+        let job = Memo::new(move |_| all.with(|a| a.iter().find(|j| j.instrument == key.0 && j.kind == key.1).cloned().unwrap_or_default()));
+        let f = move |g: fn(&Job) -> String| move || job.with(g);
+        view! {
+            <tr class="job-row" data-instrument=move || job.with(|j| j.instrument.clone()) data-kind=move || job.with(|j| j.kind.clone())>
+                <td class="mono">{f(|j| j.instrument.clone())}</td>
+                <td>{f(|j| j.kind.clone())}</td>
+                <td>{f(|j| if j.pinned { "pinned".into() } else { "on demand".into() })}</td>
+                <td class="refcount mono num">{f(|j| if j.refcount < 0 { "—".into() } else { j.refcount.to_string() })}</td>
+                <td class="mono">{f(|j| if j.refcount == 0 { ago(j.idle_since_ms) } else { "—".into() })}</td>
+                <td class="mono num">{f(|j| j.crashes.to_string())}</td>
+                <td class="mono num">{f(|j| j.messages.to_string())}</td>
+                <td>{f(|j| if j.connected { "connected".into() } else { "down".into() })}</td>
+                <td class="last-error">{f(|j| j.last_error.clone().unwrap_or_default())}</td>
+            </tr>
+        }
+    };
+    view! {
+        <section class="card ops-card">
+            <h2>"Ingest jobs"</h2>
+            <p class="muted detail">{move || jobs.with(|j| j.as_ref().map(|j| capacity_line("candles", &j.capacity)).unwrap_or_default())}</p>
+            <p class="muted detail">{move || jobs.with(|j| j.as_ref().map(|j| capacity_line("books", &j.depth.capacity)).unwrap_or_default())}</p>
+            <div class="table-scroll">
+                <table>
+                    <thead><tr><th>"instrument"</th><th>"kind"</th><th>"mode"</th><th>"refcount"</th><th>"idle since"</th><th>"crashes"</th><th>"messages"</th><th>"feed"</th><th>"last error"</th></tr></thead>
+                    <tbody>
+                        <For each=move || all.with(|a| a.iter().map(|j| (j.instrument.clone(), j.kind.clone())).collect::<Vec<_>>()) key=|k| k.clone() children=row />
+                    </tbody>
+                </table>
+            </div>
+        </section>
+    }
+}
+
+#[component]
+fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl IntoView {
+    let engine = Memo::new(move |_| shards.with(|s| s.as_ref().map(|s| s.engine.clone()).unwrap_or_default()));
+    let shard_ids = Memo::new(move |_| engine.with(|e| e.shards.iter().map(|s| s.id).collect::<Vec<_>>()));
+    let bar = move |id: i64| {
+        let shard = Memo::new(move |_| engine.with(|e| e.shards.iter().find(|s| s.id == id).cloned().unwrap_or_default()));
+        let max = Memo::new(move |_| engine.with(|e| e.shards.iter().map(|s| s.pending).max().unwrap_or(0)).max(1));
+        view! {
+            <div class="shard-bar" data-shard=id>
+                <span class="mono">"shard "{id}</span>
+                <span class="track"><span class="fill" style=move || format!("width:{:.1}%", shard.with(|s| s.pending) as f64 * 100.0 / max.get() as f64)></span></span>
+                <span class="mono num">{move || shard.with(|s| s.pending)}" pending"</span>
+                <span class="muted mono">{move || shard.with(|s| format!("{} sym · {}/s · lag {} ms", s.symbols, s.processed_per_s, s.lag_ms))}</span>
+                <span class="muted top-pending">{move || shard.with(|s| s.top_pending.iter().map(top_pending_label).collect::<Vec<_>>().join(", "))}</span>
+            </div>
+        }
+    };
+    let hot = RwSignal::new(std::collections::HashSet::<String>::new());
+    let row = move |instrument: String| {
+        let key = instrument.clone();
+        let sym = Memo::new(move |_| engine.with(|e| e.symbols.iter().find(|s| s.instrument == key).cloned().unwrap_or_default()));
+        let target = RwSignal::new(None::<i64>);
+        let (migrate_name, hot_name, hot_name2) = (instrument.clone(), instrument.clone(), instrument.clone());
+        view! {
+            <tr class="symbol-row" data-symbol=instrument.clone()>
+                <td class="mono">{instrument.clone()}</td>
+                <td>{move || sym.with(|s| s.venue.clone())}</td>
+                <td class="shard mono num">{move || sym.with(|s| s.shard)}</td>
+                <td class="mono num">{move || sym.with(|s| s.pending)}</td>
+                <td class="mono num">{move || sym.with(|s| s.lag_ms)}</td>
+                <td class="mono num">{move || sym.with(|s| s.processed_per_s)}</td>
+                <td>{move || sym.with(|s| if s.migrating { "migrating".to_string() } else { s.health.clone() })}</td>
+                <td class="actions">
+                    <select class="migrate-target" on:change=move |ev| target.set(event_target_value(&ev).parse().ok())>
+                        <option value="" selected=move || target.get().is_none()>"move to…"</option>
+                        {move || shard_ids.get().into_iter().map(|id| view! { <option value=id.to_string() selected=move || target.get() == Some(id)>"shard "{id}</option> }).collect_view()}
+                        <option value="-1" selected=move || target.get() == Some(-1)>"a new shard"</option>
+                    </select>
+                    <button class="migrate" disabled=move || target.get().is_none() on:click=move |_| {
+                        if let Some(t) = target.get_untracked() {
+                            let where_ = if t < 0 { "a new shard".to_string() } else { format!("shard {t}") };
+                            admin.run("/api/v1/admin/shards/migrate", json!({"symbol": migrate_name, "target": t}), format!("migrate {migrate_name} to {where_}"));
+                        }
+                    }>"migrate"</button>
+                    <button class="hotspot" class:active=move || hot.with(|h| h.contains(&hot_name)) on:click=move |_| {
+                        let on = !hot.with_untracked(|h| h.contains(&hot_name2));
+                        hot.update(|h| { if on { h.insert(hot_name2.clone()); } else { h.remove(&hot_name2); } });
+                        admin.run("/api/v1/admin/sim/hotspot", json!({"symbol": hot_name2, "hot": on}), format!("hot spot {} {hot_name2}", if on { "on" } else { "off" }));
+                    }>{
+                        let n = instrument.clone();
+                        move || if hot.with(|h| h.contains(&n)) { "hot ✓" } else { "hot" }
+                    }</button>
+                </td>
+            </tr>
+        }
+    };
+    view! {
+        <section class="card ops-card">
+            <h2>"Book shards"</h2>
+            <div class="shard-head">
+                <label><input id="auto-balance" type="checkbox" prop:checked=move || engine.with(|e| e.auto_balance)
+                    on:change=move |ev| {
+                        let on = event_target_checked(&ev);
+                        admin.run("/api/v1/admin/shards/auto_balance", json!({"on": on}), format!("auto-balance {}", if on { "on" } else { "off" }));
+                    } />" auto-balance"</label>
+                <span class="muted detail">{move || engine.with(|e| format!("{} shards (max {}) · migrations: {}", e.shards.len(), e.max_shards, e.migrations.get("completed").map_or("0".into(), |c| c.to_string())))}</span>
+            </div>
+            <div class="shard-bars">
+                <For each=move || shard_ids.get() key=|id| *id children=bar />
+            </div>
+            <div class="table-scroll">
+                <table>
+                    <thead><tr><th>"symbol"</th><th>"venue"</th><th>"shard"</th><th>"pending"</th><th>"lag ms"</th><th>"events/s"</th><th>"health"</th><th>"actions"</th></tr></thead>
+                    <tbody>
+                        <For each=move || engine.with(|e| e.symbols.iter().map(|s| s.instrument.clone()).collect::<Vec<_>>()) key=|k| k.clone() children=row />
+                    </tbody>
+                </table>
+            </div>
+        </section>
+    }
+}
+
+#[component]
+fn BackfillCard(backfill: RwSignal<Option<BackfillSnapshot>>, admin: Admin) -> impl IntoView {
+    let tasks = Memo::new(move |_| backfill.with(|b| b.as_ref().map(|b| b.tasks.clone()).unwrap_or_default()));
+    let row = move |series: String| {
+        let key = series.clone();
+        let task = Memo::new(move |_| tasks.with(|t| t.iter().find(|x| x.series == key).cloned().unwrap_or_default()));
+        let (start, stop) = (series.clone(), series.clone());
+        view! {
+            <div class="backfill-row" data-series=series.clone()>
+                <span class="mono">{series.clone()}</span>
+                <progress max="1" value=move || task.with(|t| t.progress)></progress>
+                <span class="mono num">{move || task.with(|t| format!("{:.0}%", t.progress * 100.0))}</span>
+                <span>{move || task.with(|t| t.state.clone())}</span>
+                <span class="mono muted">{move || task.with(|t| format!("{} candles", t.candles_written))}</span>
+                <span class="muted">{move || task.with(|t| t.last_error.clone().or_else(|| t.stop_reason.clone()).unwrap_or_default())}</span>
+                <button class="backfill-start" disabled=move || task.with(|t| t.running)
+                    on:click=move |_| admin.run("/api/v1/admin/backfill/start", json!({"series": start}), format!("start backfill {start}"))>"start"</button>
+                <button class="backfill-stop" disabled=move || task.with(|t| !t.running)
+                    on:click=move |_| admin.run("/api/v1/admin/backfill/stop", json!({"series": stop}), format!("stop backfill {stop}"))>"stop"</button>
+            </div>
+        }
+    };
+    view! {
+        <section class="card ops-card">
+            <h2>"Backfill"</h2>
+            <For each=move || tasks.with(|t| t.iter().map(|x| x.series.clone()).collect::<Vec<_>>()) key=|k| k.clone() children=row />
+        </section>
+    }
+}
