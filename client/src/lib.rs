@@ -140,7 +140,7 @@ pub fn HeartbeatPanel(
     /// The most recent heartbeat, if any arrived.
     #[prop(into)]
     heartbeat: Signal<Option<Heartbeat>>,
-    /// When it arrived (`Date.now()`); without it the stale flag is never shown.
+    /// When it arrived (`Date.now()`, 0 before the first); without it the stale flag is never shown.
     #[prop(optional, into)]
     received: Option<Signal<f64>>,
 ) -> impl IntoView {
@@ -160,10 +160,12 @@ pub fn HeartbeatPanel(
             on_cleanup(move || h.clear());
         }
     }
+    // a page that never got a heartbeat counts from when it opened
+    let opened = js_sys::Date::now();
     let stale = move || {
-        let r = received?.get();
-        let age = now.get() - r;
-        (r > 0.0 && age >= FEED_STALE_AFTER_MS).then(|| format!("no data for {}s", (age / 1000.0) as u64))
+        let last = received?.get().max(opened);
+        let age = now.get() - last;
+        (age >= FEED_STALE_AFTER_MS).then(|| format!("no data for {}s", (age / 1000.0) as u64))
     };
     view! {
         <section class="heartbeat">

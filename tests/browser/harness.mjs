@@ -75,3 +75,17 @@ export async function stopServer(server) {
   clearTimeout(timer);
 }
 
+
+/**
+ * Starts a server (stopped after the test) and a browser (closed after the test) for test `t`:
+ * `{ base, port, server, browser }`.
+ */
+export async function serverAndBrowser(t, extraArgs = [], extraEnv = {}) {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const server = await startServer(port, extraArgs, extraEnv);
+  t.after(() => stopServer(server));
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  return { base, port, server, browser };
+}

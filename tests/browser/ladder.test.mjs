@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort, launchBrowser, outDir, startServer, stopServer } from './harness.mjs';
+import { freePort, launchBrowser, outDir, serverAndBrowser, startServer, stopServer } from './harness.mjs';
 
 const BOOKS = ['sim:spot:BTC/USDT', 'sim:stock:600000'];
 
@@ -81,12 +81,7 @@ async function waitSynced(page) {
 }
 
 test('book cards sync and their ladders equal the server book at the same update id', { timeout: 90_000 }, async (t) => {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const server = await startServer(port);
-  t.after(() => stopServer(server));
-  const browser = await launchBrowser();
-  t.after(() => browser.close());
+  const { base, browser } = await serverAndBrowser(t);
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
@@ -133,12 +128,7 @@ test('after the server restarts, the books show the resync and sync again by the
 const counter = async (page, instrument, cls) => Number((await card(page, instrument).locator(`.${cls}`).textContent()).trim());
 
 test('after faults on the socket (a lost delta, a dropped connection) the badge shows the resync and the ladders equal the server book again', { timeout: 120_000 }, async (t) => {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const server = await startServer(port);
-  t.after(() => stopServer(server));
-  const browser = await launchBrowser();
-  t.after(() => browser.close());
+  const { base, browser } = await serverAndBrowser(t);
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
 
   // Every /ws socket of the page goes through this proxy: the test can drop one server frame of
@@ -163,7 +153,8 @@ test('after faults on the socket (a lost delta, a dropped connection) the badge 
   // 1. a lost delta: the page sees U > last + 1
   const gapsBefore = await counter(page, btc, 'gaps');
   faults.dropNext = `depth_update@${btc}`;
-  await card(page, btc).locator('.gaps').filter({ hasText: String(gapsBefore + 1) }).waitFor({ timeout: 10_000 });
+  await page.waitForFunction(([sel, before]) => Number(document.querySelector(sel)?.textContent) > before,
+    [`.book-card[data-instrument="${btc}"] .gaps`, gapsBefore], { timeout: 10_000 });
   assert.equal(faults.dropped.length, 1, 'one delta was dropped');
   await waitSynced(page);
   assert.ok(await counter(page, btc, 'resyncs') >= 1, 'the gap led to a resync, counted on the badge');
@@ -182,4 +173,43 @@ test('after faults on the socket (a lost delta, a dropped connection) the badge 
   BOOKS.forEach((i, k) => assert.ok(resyncsAfter[k] > resyncsBefore[k], `${i}: resync counted (${resyncsBefore[k]} -> ${resyncsAfter[k]})`));
   await assertLaddersEqualRest(page, base);
   assert.equal(await counter(page, stock, 'mismatches'), 0);
+});
+
+test('the snapshot-mode switch shows the depth@…,20 stream, and a silent feed is flagged stale', { timeout: 120_000 }, async (t) => {
+  const { base, browser } = await serverAndBrowser(t);
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  const silence = { on: false };
+  await page.routeWebSocket(/\/ws$/, (ws) => {
+    const upstream = ws.connectToServer();
+    upstream.onMessage((m) => { if (!silence.on) ws.send(m); });
+  });
+  const [btc] = BOOKS;
+  await page.goto(`${base}/?books=${encodeURIComponent(btc)}`);
+  await card(page, btc).locator('.badge').filter({ hasText: /^synced$/ }).waitFor({ timeout: 30_000 });
+  // the feed's staleness is judged from heartbeats: wait for the first one
+  await page.locator('#heartbeat-seq').filter({ hasText: /^\d+$/ }).waitFor({ timeout: 10_000 });
+
+  // snapshot mode: the badge says so, and the book keeps moving from the snapshot stream
+  await card(page, btc).locator('button.mode-switch').click();
+  await card(page, btc).locator('.badge').filter({ hasText: 'snapshot mode' }).waitFor({ timeout: 10_000 });
+  assert.equal(await card(page, btc).getAttribute('data-mode'), 'snapshot');
+  const first = Number(await card(page, btc).getAttribute('data-update-id'));
+  await page.waitForFunction(([sel, first]) => Number(document.querySelector(sel)?.dataset.updateId) > first,
+    [`.book-card[data-instrument="${btc}"]`, first], { timeout: 10_000 });
+  assert.equal(await card(page, btc).locator('.ladder .bid-row:not(.empty)').count(), 20, '20 bid levels from depth@…,20');
+  const jobs = await (await fetch(`${base}/api/v1/ops/jobs`)).json();
+  assert.ok(jobs.depth.jobs.some((j) => j.instrument === btc), 'the depth job serves the snapshot stream');
+
+  // back to diffs: synced again
+  await card(page, btc).locator('button.mode-switch').click();
+  await card(page, btc).locator('.badge').filter({ hasText: /^synced$/ }).waitFor({ timeout: 30_000 });
+
+  // the socket stays open but nothing arrives: the page says so instead of freezing silently
+  silence.on = true;
+  await page.locator('#feed-stale').filter({ hasText: /no data for \d+s/ }).waitFor({ timeout: 10_000 });
+  await card(page, btc).locator('.stale-flag').filter({ hasText: /stale \d+s/ }).waitFor({ timeout: 10_000 });
+  assert.ok(await card(page, btc).evaluate((el) => el.classList.contains('stale')));
+  silence.on = false;
+  await page.locator('#feed-stale').waitFor({ state: 'hidden', timeout: 10_000 });
+  await card(page, btc).locator('.stale-flag').filter({ hasText: /^$/ }).waitFor({ state: 'attached', timeout: 10_000 });
 });

@@ -12,7 +12,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort, launchBrowser, outDir, startServer, stopServer } from './harness.mjs';
+import { outDir, serverAndBrowser } from './harness.mjs';
 
 const BTC_1M = 'sim:spot:BTC/USDT:1m';
 
@@ -32,18 +32,8 @@ async function waitChartLive(page, series, minBars) {
   }, [series, minBars], { timeout: 30_000 });
 }
 
-async function setup(t, extraArgs = []) {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const server = await startServer(port, extraArgs);
-  t.after(() => stopServer(server));
-  const browser = await launchBrowser();
-  t.after(() => browser.close());
-  return { base, browser };
-}
-
 test('the chart shows the stored candles, its forming candle moves, and timeframes switch', { timeout: 120_000 }, async (t) => {
-  const { base, browser } = await setup(t);
+  const { base, browser } = await serverAndBrowser(t);
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
@@ -84,7 +74,7 @@ test('the chart shows the stored candles, its forming candle moves, and timefram
 });
 
 test('opening two charts and closing one changes the job refcount in the operations view', { timeout: 120_000 }, async (t) => {
-  const { base, browser } = await setup(t);
+  const { base, browser } = await serverAndBrowser(t);
   const market = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   await market.goto(`${base}/?charts=&books=`);
   const ops = await browser.newPage({ viewport: { width: 1280, height: 800 } });
@@ -121,7 +111,7 @@ const TEN_BOOKS = ['BTC', 'ETH', 'SOL', 'BNB', 'XRP', 'ADA', 'DOGE', 'LTC'].map(
   .concat(['sim:stock:600000', 'sim:stock:000001']);
 
 test('10 books and a chart stream with at most one JS crossing per widget per frame; screenshots', { timeout: 150_000 }, async (t) => {
-  const { base, browser } = await setup(t);
+  const { base, browser } = await serverAndBrowser(t);
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));

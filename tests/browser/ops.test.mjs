@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort, launchBrowser, outDir, startServer, stopServer } from './harness.mjs';
+import { outDir, serverAndBrowser } from './harness.mjs';
 
 const TOKEN = 'browser-test-admin-token';
 
@@ -19,12 +19,7 @@ async function shardOf(base, symbol) {
 }
 
 test('migrating a symbol from the operations view moves it to the chosen shard; the token is asked once', { timeout: 120_000 }, async (t) => {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const server = await startServer(port, [], { MILLRACE_ADMIN_TOKEN: TOKEN });
-  t.after(() => stopServer(server));
-  const browser = await launchBrowser();
-  t.after(() => browser.close());
+  const { base, browser } = await serverAndBrowser(t, [], { MILLRACE_ADMIN_TOKEN: TOKEN });
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
