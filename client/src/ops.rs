@@ -356,7 +356,7 @@ fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl In
                 <td class="shard mono num">{move || sym.with(|s| s.shard)}</td>
                 <td class="mono num">{move || sym.with(|s| s.pending)}</td>
                 <td class="mono num">{move || sym.with(|s| s.lag_ms)}</td>
-                <td class="mono num">{move || sym.with(|s| s.processed_per_s)}</td>
+                <td class="rate mono num">{move || sym.with(|s| s.processed_per_s)}</td>
                 <td>{move || sym.with(|s| if s.migrating { "migrating".to_string() } else { s.health.clone() })}</td>
                 <td class="actions">
                     <select class="migrate-target" on:change=move |ev| target.set(event_target_value(&ev).parse().ok())>

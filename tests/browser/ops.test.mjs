@@ -1,7 +1,8 @@
 // The dashboard's operations view against a real `millrace serve` (admin token set) in Debian's
 // Chromium: jobs, shards and backfill show live; migrating a symbol from the view moves it to the
 // chosen shard (checked in the page and through the REST API); the admin token is asked once, a
-// wrong one is refused with the server's message and asked again. Screenshot written to
+// wrong one is refused with the server's message and asked again; the hot-spot toggle speeds the
+// simulator's symbol up; the auto-balance switch follows the server. Screenshot written to
 // tests/browser/out/ops-1280x800.png.
 //
 // Run alone: MILLRACE_BIN=target/debug/millrace node --test tests/browser/ops.test.mjs
@@ -71,8 +72,25 @@ test('migrating a symbol from the operations view moves it to the chosen shard; 
     const { engine } = await (await fetch(`${base}/api/v1/ops/shards`)).json();
     return engine.auto_balance === want;
   }, [base, !wasOn], { timeout: 10_000 });
-  assert.deepEqual(errors, [], 'no page errors');
 
+  // a hot spot from the view: the simulator sends that symbol's orders much faster
+  const hotSymbol = 'sim:stock:000001';
+  const rate = async () => (await shardOf(base, hotSymbol)).symbol.processed_per_s;
+  const calm = await rate();
+  const hotRow = page.locator(`tr.symbol-row[data-symbol="${hotSymbol}"]`);
+  await hotRow.locator('button.hotspot').click();
+  await page.locator('#ops-status').filter({ hasText: `hot spot on ${hotSymbol}: ok` }).waitFor({ timeout: 10_000 });
+  await page.waitForFunction(async ([base, sym, calm]) => {
+    const { engine } = await (await fetch(`${base}/api/v1/ops/shards`)).json();
+    return engine.symbols.find((s) => s.instrument === sym).processed_per_s > 10 * Math.max(calm, 1);
+  }, [base, hotSymbol, calm], { timeout: 15_000, polling: 500 });
+  assert.match(await hotRow.locator('button.hotspot').textContent(), /✓/);
+  // and the page shows it live
+  await page.waitForFunction(([sel, calm]) => Number(document.querySelector(sel)?.textContent) > 10 * Math.max(calm, 1),
+    [`tr.symbol-row[data-symbol="${hotSymbol}"] td.rate`, calm], { timeout: 10_000 });
   mkdirSync(outDir, { recursive: true });
   await page.screenshot({ path: join(outDir, 'ops-1280x800.png') });
+  await hotRow.locator('button.hotspot').click();
+  await page.locator('#ops-status').filter({ hasText: `hot spot off ${hotSymbol}: ok` }).waitFor({ timeout: 10_000 });
+  assert.deepEqual(errors, [], 'no page errors');
 });
