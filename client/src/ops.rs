@@ -9,7 +9,8 @@
 //!
 //! DOM hooks for tests: `tr.job-row[data-instrument][data-kind]` with `td.refcount`;
 //! `.shard-bar[data-shard]`; `tr.symbol-row[data-symbol]` with `td.shard`, `select.migrate-target`
-//! (shard ids, `-1` = a new shard), `button.migrate`, `button.hotspot`; `#auto-balance`;
+//! (shard ids, `-1` = a new shard), `button.migrate`, `button.hotspot` (simulated symbols, `.active`
+//! while the simulator reports it hot); `#auto-balance`;
 //! `.backfill-row[data-series]` with `progress`, `button.backfill-start` / `.backfill-stop`.
 
 use std::time::Duration;
@@ -91,6 +92,8 @@ pub struct L3Symbol {
     pub gaps: u64,
     pub migrating: bool,
     pub migrations: u64,
+    /// A simulator's hot spot; `None` for symbols of other sources.
+    pub hot: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Default)]
@@ -343,12 +346,11 @@ fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl In
             </div>
         }
     };
-    let hot = RwSignal::new(std::collections::HashSet::<String>::new());
     let row = move |instrument: String| {
         let key = instrument.clone();
         let sym = Memo::new(move |_| engine.with(|e| e.symbols.iter().find(|s| s.instrument == key).cloned().unwrap_or_default()));
         let target = RwSignal::new(None::<i64>);
-        let (migrate_name, hot_name, hot_name2) = (instrument.clone(), instrument.clone(), instrument.clone());
+        let (migrate_name, hot_name) = (instrument.clone(), instrument.clone());
         view! {
             <tr class="symbol-row" data-symbol=instrument.clone()>
                 <td class="mono">{instrument.clone()}</td>
@@ -370,14 +372,14 @@ fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl In
                             admin.run("/api/v1/admin/shards/migrate", json!({"symbol": migrate_name, "target": t}), format!("migrate {migrate_name} to {where_}"));
                         }
                     }>"migrate"</button>
-                    <button class="hotspot" class:active=move || hot.with(|h| h.contains(&hot_name)) on:click=move |_| {
-                        let on = !hot.with_untracked(|h| h.contains(&hot_name2));
-                        hot.update(|h| { if on { h.insert(hot_name2.clone()); } else { h.remove(&hot_name2); } });
-                        admin.run("/api/v1/admin/sim/hotspot", json!({"symbol": hot_name2, "hot": on}), format!("hot spot {} {hot_name2}", if on { "on" } else { "off" }));
-                    }>{
-                        let n = instrument.clone();
-                        move || if hot.with(|h| h.contains(&n)) { "hot ✓" } else { "hot" }
-                    }</button>
+                    {move || sym.with(|s| s.hot).map(|on| {
+                        let name = hot_name.clone();
+                        view! {
+                            <button class="hotspot" class:active=on title="simulator hot spot: this symbol's order rate x2000" on:click=move |_| {
+                                admin.run("/api/v1/admin/sim/hotspot", json!({"symbol": name, "hot": !on}), format!("hot spot {} {name}", if on { "off" } else { "on" }));
+                            }>{if on { "hot ✓" } else { "hot" }}</button>
+                        }
+                    })}
                 </td>
             </tr>
         }

@@ -147,6 +147,17 @@ async fn books_equal_the_simulators_through_hot_spots_migrations_and_gaps() {
         assert_eq!(status, 200, "{body}");
     }
     client.pump(1500).await;
+    // the operations API reports the simulator's hot spots (the dashboard's toggles show them)
+    let shards = server.get_json("/api/v1/ops/shards").await;
+    let hot: Vec<(String, bool)> = shards["engine"]["symbols"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["instrument"].as_str().unwrap().to_string(), s["hot"].as_bool().expect("every simulated symbol says whether it is hot")))
+        .collect();
+    assert_eq!(hot.len(), 40);
+    let hot_ones: Vec<&str> = hot.iter().filter(|(_, h)| *h).map(|(i, _)| i.as_str()).collect();
+    assert_eq!(hot_ones, ["sim:stock:600002", "sim:stock:000003"]);
     let shard_of = |symbol: &str| {
         let symbol = format!("sim:stock:{symbol}");
         let stats = server.app.l3.handle.stats();

@@ -84,7 +84,8 @@ test('migrating a symbol from the operations view moves it to the chosen shard; 
     const { engine } = await (await fetch(`${base}/api/v1/ops/shards`)).json();
     return engine.symbols.find((s) => s.instrument === sym).processed_per_s > 10 * Math.max(calm, 1);
   }, [base, hotSymbol, calm], { timeout: 15_000, polling: 500 });
-  assert.match(await hotRow.locator('button.hotspot').textContent(), /✓/);
+  // the toggle shows the simulator's state, as the server reports it
+  await hotRow.locator('button.hotspot.active').filter({ hasText: '✓' }).waitFor({ timeout: 10_000 });
   // and the page shows it live
   await page.waitForFunction(([sel, calm]) => Number(document.querySelector(sel)?.textContent) > 10 * Math.max(calm, 1),
     [`tr.symbol-row[data-symbol="${hotSymbol}"] td.rate`, calm], { timeout: 10_000 });
@@ -92,5 +93,7 @@ test('migrating a symbol from the operations view moves it to the chosen shard; 
   await page.screenshot({ path: join(outDir, 'ops-1280x800.png') });
   await hotRow.locator('button.hotspot').click();
   await page.locator('#ops-status').filter({ hasText: `hot spot off ${hotSymbol}: ok` }).waitFor({ timeout: 10_000 });
+  await hotRow.locator('button.hotspot:not(.active)').waitFor({ timeout: 10_000 });
+  assert.equal(await page.locator('button.hotspot.active').count(), 0, 'no hot spot left');
   assert.deepEqual(errors, [], 'no page errors');
 });

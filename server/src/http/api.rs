@@ -24,8 +24,9 @@
 //! - `GET /api/v1/ops/books` — every published book: source, health, gaps, resyncs, drift, id,
 //!   checksum, levels.
 //! - `GET /api/v1/ops/shards` — the tick-by-tick engine: per shard pending, processed/s, lag,
-//!   top pending symbols; per symbol shard, pending, lag, health, gaps, resets; migrations;
-//!   the tick-by-tick sources' counters.
+//!   top pending symbols; per symbol shard, pending, lag, health, gaps, resets, and `hot` (a
+//!   simulator's hot spot; absent for symbols of other sources); migrations; the tick-by-tick
+//!   sources' counters.
 //! - `GET /api/v1/ops/sources` — each source with its REST and WebSocket base URLs.
 //! - `GET /metrics` — Prometheus text format.
 //!
@@ -375,8 +376,31 @@ async fn ops_shards(State(state): State<AppState>) -> Response {
             })
         })
         .collect();
-    Json(serde_json::json!({ "engine": l3.handle.stats(), "sources": sources })).into_response()
+    let mut engine = serde_json::to_value(l3.handle.stats()).unwrap_or_default();
+    // Hot spots are the simulator's state: ask it (briefly) and mark its symbols.
+    let mut hot: std::collections::HashMap<(String, String), bool> = std::collections::HashMap::new();
+    for s in &l3.sources {
+        let Some(rest) = &s.rest else { continue };
+        match tokio::time::timeout(SIM_STATUS_WAIT, rest.status()).await {
+            Ok(Ok(status)) => hot.extend(status.symbols.into_iter().map(|sym| ((s.name.clone(), sym.symbol), sym.hot))),
+            Ok(Err(e)) => tracing::debug!(source = %s.name, "simulator status: {e}"),
+            Err(_) => tracing::debug!(source = %s.name, "simulator status: no answer in {SIM_STATUS_WAIT:?}"),
+        }
+    }
+    if let Some(symbols) = engine.get_mut("symbols").and_then(|v| v.as_array_mut()) {
+        for sym in symbols {
+            let id = sym.get("instrument").and_then(|i| i.as_str()).and_then(|i| i.parse::<InstrumentId>().ok());
+            let known = id.and_then(|id| hot.get(&(id.exchange, id.symbol)).copied());
+            if let (Some(h), Some(o)) = (known, sym.as_object_mut()) {
+                o.insert("hot".into(), h.into());
+            }
+        }
+    }
+    Json(serde_json::json!({ "engine": engine, "sources": sources })).into_response()
 }
+
+/// How long `GET /api/v1/ops/shards` waits for a simulator's hot-spot state.
+const SIM_STATUS_WAIT: Duration = Duration::from_millis(300);
 
 /// A tick-by-tick book named by instrument id (`sim:stock:600000`) or, when unambiguous, by its
 /// code alone (`600000`).
