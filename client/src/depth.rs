@@ -87,9 +87,11 @@ impl BookBadge {
     }
 }
 
-/// `permille` thousandths as a CSS percentage, exactly (`1000` → `100.0%`).
-pub fn bar_width(permille: u16) -> String {
-    format!("{}.{}%", permille / 10, permille % 10)
+/// `permille` thousandths as a CSS scale factor, exactly (`166` → `0.166`, `1000` → `1.000`).
+/// Depth bars are full-width and scaled (`transform: scaleX(…)`), so a moving bar never shifts
+/// layout.
+pub fn bar_scale(permille: u16) -> String {
+    format!("{}.{:03}", permille / 1000, permille % 1000)
 }
 
 /// The text `paint.js`'s `paint_book` draws: the badge, the stale flag and the ladder.
@@ -112,7 +114,7 @@ pub fn book_text(badge: &BookBadge, stale: &str, ladder: &DepthLadder) -> String
         ladder.bids.len(),
     );
     for r in ladder.asks.iter().chain(&ladder.bids) {
-        let _ = write!(t, "\t{}\t{}\t{}\t{}", r.price, r.qty, r.cumulative, bar_width(r.bar_permille));
+        let _ = write!(t, "\t{}\t{}\t{}\t{}", r.price, r.qty, r.cumulative, bar_scale(r.bar_permille));
     }
     t
 }
@@ -380,8 +382,8 @@ pub fn BookCard(
     let attr_name = name.clone();
     let mode = RwSignal::new(if snapshot_mode { SyncMode::SnapshotOnly } else { SyncMode::Delta });
     let switch_label = move || match mode.get() {
-        SyncMode::Delta => "snapshot mode",
-        SyncMode::SnapshotOnly => "diff mode",
+        SyncMode::Delta => "snapshots",
+        SyncMode::SnapshotOnly => "diffs",
     };
     let body = move || {
         let m = mode.get();
@@ -394,7 +396,7 @@ pub fn BookCard(
         }>
             <header class="card-head">
                 <h2>{name}</h2>
-                <button class="mode-switch" title="switch between the synced diff book and the depth@…,20 snapshot stream"
+                <button class="mode-switch" title="switch between the locally synced diff book and the depth@…,20 snapshot stream"
                     on:click=move |_| mode.update(|m| *m = match m { SyncMode::Delta => SyncMode::SnapshotOnly, SyncMode::SnapshotOnly => SyncMode::Delta })>
                     {switch_label}
                 </button>

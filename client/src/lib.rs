@@ -28,7 +28,7 @@ use std::time::Duration;
 use leptos::prelude::*;
 use shared::protocol::Heartbeat;
 
-pub use depth::{bar_width, book_text, BadgeState, BookBadge, BookCard, BookWidget};
+pub use depth::{bar_scale, book_text, BadgeState, BookBadge, BookCard, BookWidget};
 pub use feed::{use_heartbeat_feed, Feed, HeartbeatFeed};
 
 /// State of the dashboard's WebSocket to the server.

@@ -2,7 +2,7 @@
 //! Run by scripts/test with `wasm-pack test --headless --chrome client`.
 
 use client::paint::paint_book;
-use client::{backoff_ms, bar_width, book_text, format_utc_time, BadgeState, BookBadge, ConnStatus, HeartbeatPanel};
+use client::{backoff_ms, bar_scale, book_text, format_utc_time, BadgeState, BookBadge, ConnStatus, HeartbeatPanel};
 use leptos::prelude::*;
 use shared::book::{DepthLadder, Level, OrderBook};
 use shared::fixed::{Price, Qty};
@@ -100,7 +100,9 @@ fn ladder_shows_asks_above_bids_with_depth_bars_spread_and_mid() {
     assert_eq!(rows(&card, ".ladder .mid"), ["100.5"]);
     let bars = card.query_selector_all(".ladder .bid-row:not(.empty) .bar").unwrap();
     let last_bar = bars.item(2).unwrap().unchecked_into::<web_sys::HtmlElement>();
-    assert_eq!(last_bar.style().get_property_value("width").unwrap(), "100%");
+    assert_eq!(last_bar.style().get_property_value("transform").unwrap(), "scaleX(1)");
+    let first_bar = bars.item(0).unwrap().unchecked_into::<web_sys::HtmlElement>();
+    assert_eq!(first_bar.style().get_property_value("transform").unwrap(), "scaleX(0.166)");
     // the badge and the card's attributes
     assert_eq!(rows(&card, ".badge"), ["synced"]);
     assert_eq!((rows(&card, ".gaps"), rows(&card, ".resyncs"), rows(&card, ".mismatches")), (vec!["1".to_string()], vec!["2".to_string()], vec!["3".to_string()]));
@@ -127,10 +129,10 @@ fn ladder_shows_asks_above_bids_with_depth_bars_spread_and_mid() {
 }
 
 #[wasm_bindgen_test]
-fn bar_widths_are_exact_percentages() {
-    assert_eq!(bar_width(0), "0.0%");
-    assert_eq!(bar_width(166), "16.6%");
-    assert_eq!(bar_width(1000), "100.0%");
+fn bar_scales_are_exact() {
+    assert_eq!(bar_scale(0), "0.000");
+    assert_eq!(bar_scale(166), "0.166");
+    assert_eq!(bar_scale(1000), "1.000");
 }
 
 /// The feed hook against a real `millrace serve` (scripts/test starts one and passes its `/ws`

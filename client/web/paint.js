@@ -21,6 +21,21 @@ function measure(ms) {
     stats.maxPerFrame = 0;
     stats.calls = 0;
     stats.measuring = true;
+    // layout shifts while measuring (content moving under the reader, without user input)
+    let shift = 0;
+    let shifts = 0;
+    let observer = null;
+    if (PerformanceObserver.supportedEntryTypes?.includes('layout-shift')) {
+      observer = new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) {
+          if (!e.hadRecentInput) {
+            shift += e.value;
+            shifts += 1;
+          }
+        }
+      });
+      observer.observe({ type: 'layout-shift' });
+    }
     const times = [];
     const start = performance.now();
     const tick = (t) => {
@@ -31,6 +46,10 @@ function measure(ms) {
         return;
       }
       stats.measuring = false;
+      if (observer) {
+        for (const e of observer.takeRecords()) if (!e.hadRecentInput) { shift += e.value; shifts += 1; }
+        observer.disconnect();
+      }
       const gaps = times.slice(1).map((x, i) => x - times[i]).sort((a, b) => a - b);
       const widgets = new Set([...stats.counts.keys()].map((k) => k.split('@')[0]));
       resolve({
@@ -42,6 +61,8 @@ function measure(ms) {
         calls: stats.calls,
         widgets: widgets.size,
         maxCrossingsPerWidgetPerFrame: stats.maxPerFrame,
+        layoutShift: observer ? shift : null,
+        layoutShifts: observer ? shifts : null,
       });
     };
     requestAnimationFrame(tick);
@@ -87,19 +108,19 @@ function buildBook(el, levels) {
 }
 
 function fillRow(row, f, at) {
-  // f: price, qty, cumulative, bar width; an absent level keeps its row's height (no layout jump)
+  // f: price, qty, cumulative, bar scale; an absent level keeps its row's height (no layout jump)
   const cells = row.children;
   if (at === undefined) {
     row.classList.add('empty');
     cells[1].textContent = cells[2].textContent = cells[3].textContent = '';
-    cells[0].style.width = '0';
+    cells[0].style.transform = 'scaleX(0)';
     return;
   }
   row.classList.remove('empty');
   cells[1].textContent = f[at];
   cells[2].textContent = f[at + 1];
   cells[3].textContent = f[at + 2];
-  cells[0].style.width = f[at + 3];
+  cells[0].style.transform = 'scaleX(' + f[at + 3] + ')';
 }
 
 /**
@@ -107,7 +128,7 @@ function fillRow(row, f, at) {
  * `data-state` it sets. `text` is tab-separated:
  * state, css state, update id, gaps, resyncs, mismatches, stale label, spread, mid, asks count,
  * bids count, then 4 fields per ask (best first) and per bid (best first): price, qty,
- * cumulative, bar width.
+ * cumulative, bar scale (0…1).
  */
 export function paint_book(el, levels, text) {
   const b = el.__book && el.__book.levels === levels ? el.__book : buildBook(el, levels);

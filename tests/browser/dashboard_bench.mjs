@@ -61,7 +61,8 @@ try {
   await page.waitForTimeout(2_000);
   const m = await page.evaluate(() => window.__millrace.measure(10_000));
   console.log(`10 books + chart, 10 s: ${m.fps.toFixed(1)} fps, frame p50 ${m.p50FrameMs.toFixed(1)} ms, p99 ${m.p99FrameMs.toFixed(1)} ms, ` +
-    `max ${m.maxFrameMs.toFixed(1)} ms; ${m.calls} crossings by ${m.widgets} widgets, at most ${m.maxCrossingsPerWidgetPerFrame} per widget per frame`);
+    `max ${m.maxFrameMs.toFixed(1)} ms; ${m.calls} crossings by ${m.widgets} widgets, at most ${m.maxCrossingsPerWidgetPerFrame} per widget per frame; ` +
+    `layout shift ${m.layoutShift} (${m.layoutShifts} shifts)`);
 } finally {
   await browser.close();
   await stopServer(server);

@@ -5,7 +5,7 @@
 // - charts opened from the picker subscribe, and closing one unsubscribes: the job's refcount in
 //   the operations view follows;
 // - with 10 books and a chart streaming, every widget crosses into JS at most once per animation
-//   frame (frame rate and first paint are printed; BENCHMARKS.md has the measured figures);
+//   frame and nothing shifts layout (frame rate and first paint are printed; BENCHMARKS.md has the measured figures);
 // - screenshots of the market view at 1280x800 and narrow, written to tests/browser/out/.
 //
 // Run alone: MILLRACE_BIN=target/debug/millrace node --test tests/browser/market.test.mjs
@@ -176,9 +176,11 @@ test('10 books and a chart stream with at most one JS crossing per widget per fr
 
   const m = await page.evaluate(() => window.__millrace.measure(5_000));
   console.log(`10 books + chart: ${m.fps.toFixed(1)} fps, frame p50 ${m.p50FrameMs.toFixed(1)} ms, p99 ${m.p99FrameMs.toFixed(1)} ms, ` +
-    `${m.calls} crossings by ${m.widgets} widgets, at most ${m.maxCrossingsPerWidgetPerFrame} per widget per frame`);
+    `${m.calls} crossings by ${m.widgets} widgets, at most ${m.maxCrossingsPerWidgetPerFrame} per widget per frame, ` +
+    `layout shift ${m.layoutShift} (${m.layoutShifts} shifts)`);
   assert.equal(m.widgets, 11, 'every book and the chart drew');
   assert.equal(m.maxCrossingsPerWidgetPerFrame, 1, 'one crossing per widget per frame at most');
+  assert.equal(m.layoutShifts, 0, 'no layout shift while data streams');
   assert.deepEqual(errors, [], 'no page errors');
 
   mkdirSync(outDir, { recursive: true });
