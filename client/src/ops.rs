@@ -156,10 +156,17 @@ fn ago(ms: Option<i64>) -> String {
 /// A value polled from `path` every second while the view is open.
 fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(path: &'static str, errors: RwSignal<Vec<(String, String)>>, tick: ReadSignal<u64>) -> RwSignal<Option<T>> {
     let data = RwSignal::new(None::<T>);
+    // one request at a time: a slow server is not sent a pile of them
+    let busy = StoredValue::new(false);
     Effect::new(move |_| {
         tick.track();
+        if busy.get_value() {
+            return;
+        }
+        busy.set_value(true);
         leptos::task::spawn_local(async move {
             let result = api::get_json::<T>(path).await;
+            busy.set_value(false);
             errors.update(|e| e.retain(|(p, _)| p != path));
             match result {
                 Ok(v) => {
