@@ -140,6 +140,8 @@ pub struct BookWidget {
     shown: RefCell<(DepthLadder, u64)>,
     /// The machine vouched for a new book since the last frame.
     book_changed: Cell<bool>,
+    /// The machine's badge (without the update id) when it was last looked at.
+    badge_seen: Cell<BookBadge>,
     body: RefCell<Option<Element>>,
     slot: FrameSlot,
 }
@@ -163,6 +165,7 @@ impl BookWidget {
             last_message_ms: Cell::new(0.0),
             shown: RefCell::new((DepthLadder::default(), 0)),
             book_changed: Cell::new(false),
+            badge_seen: Cell::new(BookBadge::default()),
             body: RefCell::new(None),
             slot: FrameSlot::default(),
         });
@@ -237,6 +240,11 @@ impl BookWidget {
                 }
             }
             snapshot_mode = sync.state() == SyncState::SnapshotMode;
+            // the badge follows the machine at once (a resync may last only a few frames)
+            let badge = BookBadge::of(&sync, 0);
+            if self.badge_seen.replace(badge) != badge {
+                redraw = true;
+            }
         }
         self.follow_snapshot_stream(snapshot_mode);
         if redraw {

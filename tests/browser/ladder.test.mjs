@@ -162,11 +162,16 @@ test('after faults on the socket (a lost delta, a dropped connection) the badge 
 
   // 2. a dropped connection: every book resyncs on the new socket
   const resyncsBefore = await Promise.all(BOOKS.map((i) => counter(page, i, 'resyncs')));
+  // every badge state drawn from now on (the resync may last only a few hundred milliseconds)
+  await page.evaluate(() => {
+    window.__badges = new Set();
+    const note = () => document.querySelectorAll('.book-card').forEach((c) =>
+      window.__badges.add(`${c.dataset.instrument}=${c.querySelector('.badge')?.textContent}`));
+    new MutationObserver(note).observe(document.body, { subtree: true, childList: true, characterData: true, attributes: true });
+  });
   const open = faults.sockets.length;
   await faults.sockets[open - 1].close({ code: 1012, reason: 'test: disconnect' });
-  for (const instrument of BOOKS) {
-    await card(page, instrument).locator('.badge').filter({ hasText: 'resyncing' }).waitFor({ timeout: 10_000 });
-  }
+  await page.waitForFunction((books) => books.every((i) => window.__badges.has(`${i}=resyncing`)), BOOKS, { timeout: 10_000 });
   await waitSynced(page);
   assert.ok(faults.sockets.length > open, 'the page reconnected by itself');
   const resyncsAfter = await Promise.all(BOOKS.map((i) => counter(page, i, 'resyncs')));
