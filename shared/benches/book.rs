@@ -46,7 +46,8 @@ impl BTreeBook {
     }
     #[inline]
     fn top10_sum(&self) -> i64 {
-        self.bids.iter().rev().take(10).map(|(_, q)| q).sum::<i64>() + self.asks.iter().take(10).map(|(_, q)| q).sum::<i64>()
+        self.bids.iter().rev().take(10).map(|(_, q)| q).sum::<i64>()
+            + self.asks.iter().take(10).map(|(_, q)| q).sum::<i64>()
     }
 }
 
@@ -132,7 +133,6 @@ fn bench(c: &mut Criterion) {
     assert_eq!(BTreeBook::from(&a).bids, b.bids);
     assert_eq!(BTreeBook::from(&a).asks, b.asks);
 }
-
 
 /// Earlier ladder layouts, kept to compare against in the same run (`variants` group): `old` is
 /// the previous `Ladder` (linear scan of the top 8, binary search, every delete/insert shifts),
@@ -327,7 +327,12 @@ fn bench_variants(c: &mut Criterion) {
     let mut g = c.benchmark_group("variants");
     g.throughput(Throughput::Elements(updates.len() as u64));
     g.sample_size(10);
-    fn run<L: Lad>(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, name: &str, book: &OrderBook, updates: &[LevelUpdate]) {
+    fn run<L: Lad>(
+        g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+        name: &str,
+        book: &OrderBook,
+        updates: &[LevelUpdate],
+    ) {
         let base = VBook::<L>::from(book);
         // sanity: same final state as the real book
         let mut a = book.clone();
@@ -337,7 +342,9 @@ fn bench_variants(c: &mut Criterion) {
             ch += (a.apply_update(*u) != b.apply_update(*u)) as usize;
         }
         assert_eq!(ch, 0, "{name} disagrees");
-        let tb: i64 = (0..10).map(|d| a.bids.nth(d).unwrap().qty.raw() + a.asks.nth(d).unwrap().qty.raw()).sum();
+        let tb: i64 = (0..10)
+            .map(|d| a.bids.nth(d).unwrap().qty.raw() + a.asks.nth(d).unwrap().qty.raw())
+            .sum();
         assert_eq!(tb, b.top10_sum(), "{name} disagrees");
         g.bench_function(format!("{name}/apply"), |bn| {
             bn.iter_batched(

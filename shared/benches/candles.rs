@@ -66,7 +66,11 @@ mod native {
 
     /// The same through `push_closed_1m_batch`, `batch` candles at a time; `out` is the caller's
     /// buffer, emptied after each batch as a consumer would.
-    fn run_batch(ones: &[Candle], batch: usize, out: &mut Vec<(Timeframe, Candle)>) -> (usize, i64) {
+    fn run_batch(
+        ones: &[Candle],
+        batch: usize,
+        out: &mut Vec<(Timeframe, Candle)>,
+    ) -> (usize, i64) {
         let mut agg = DerivedAggregator::new(&derived());
         let mut closed = 0;
         let mut check = 0i64;
@@ -114,7 +118,8 @@ mod native {
         let mut out = Vec::new();
         for (name, gaps) in [("contiguous", false), ("5pct_missing", true)] {
             let ones = minutes(2, gaps);
-            // Sanity: a complete 2-day input closes 2 * (480 + 288 + 96 + 48 + 24 + 12 + 6 + 4 + 3 + 2 + 1).
+            // Sanity: a complete 2-day input closes 2 * (480 + 288 + 96 + 48 + 24 + 12 + 6 + 4 + 3
+            // + 2 + 1).
             if !gaps {
                 assert_eq!(run(&ones).0, 2 * 964);
             }

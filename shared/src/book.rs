@@ -319,7 +319,11 @@ impl Ladder {
     /// vectorise) instead of a population count.
     #[inline]
     fn better_than(&self, i: usize) -> usize {
-        let mask = self.top.iter().enumerate().fold(0u32, |m, (j, &t)| m | ((t as i32 > i as i32) as u32) << j);
+        let mask = self
+            .top
+            .iter()
+            .enumerate()
+            .fold(0u32, |m, (j, &t)| m | ((t as i32 > i as i32) as u32) << j);
         (!mask).trailing_zeros() as usize
     }
 
@@ -364,7 +368,8 @@ impl Ladder {
         }
         if n == TOP && self.dense >= TOP {
             // a level below the tracked ones moves up into them
-            let next = self.prev_set(self.top[TOP - 2] as usize).expect("dense counts a level below");
+            let next =
+                self.prev_set(self.top[TOP - 2] as usize).expect("dense counts a level below");
             self.top[TOP - 1] = next as u32;
         } else {
             self.top[n - 1] = 0;
@@ -477,8 +482,8 @@ impl Ladder {
         self.clear_window();
         let Some(&(best, _)) = levels.last() else { return };
 
-        let on_old_grid = self.tick != 0
-            && (best as i128 - self.base as i128).rem_euclid(self.tick as i128) == 0;
+        let on_old_grid =
+            self.tick != 0 && (best as i128 - self.base as i128).rem_euclid(self.tick as i128) == 0;
         let mut g: u64 = if on_old_grid { self.tick } else { 0 };
         let mut lo = levels.len() - 1;
         for j in (0..levels.len() - 1).rev() {
@@ -491,7 +496,8 @@ impl Ladder {
             lo = j;
         }
         let low = levels[lo].0;
-        let needed = if g == 0 { 1 } else { ((best as u64).wrapping_sub(low as u64) / g) as usize + 1 };
+        let needed =
+            (best as u64).wrapping_sub(low as u64).checked_div(g).map_or(1, |n| n as usize + 1);
         let room = MAX_SLOTS - needed;
         let spare = (needed / 4).max(64);
         let mut below = if lo == 0 && g != 0 { spare.min(room / 2) } else { 0 };
@@ -501,7 +507,8 @@ impl Ladder {
             below = 0;
         }
         let base = low as i128 - below as i128 * g as i128;
-        let mut len = (needed + below + spare.min(room - below)).next_multiple_of(64).min(MAX_SLOTS);
+        let mut len =
+            (needed + below + spare.min(room - below)).next_multiple_of(64).min(MAX_SLOTS);
         let highest_allowed = (i64::MAX as i128 - base) / (g.max(1) as i128) + 1;
         len = len.min(highest_allowed.min(MAX_SLOTS as i128) as usize).max(needed);
 
@@ -575,7 +582,14 @@ impl Ladder {
 
     /// Levels from best to worst.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Level> + DoubleEndedIterator + '_ {
-        Iter { ladder: self, hi: self.qtys.len(), lo: 0, far_hi: self.far_keys.len(), far_lo: 0, live: self.len() }
+        Iter {
+            ladder: self,
+            hi: self.qtys.len(),
+            lo: 0,
+            far_hi: self.far_keys.len(),
+            far_lo: 0,
+            live: self.len(),
+        }
     }
 
     /// The level `depth` places from the top (0 = best).
@@ -627,8 +641,11 @@ impl Ladder {
     /// Replaces the whole side with `levels` (any order; zero quantities ignored; later
     /// duplicates win).
     pub fn replace(&mut self, levels: &[Level]) {
-        let mut pairs: Vec<(i64, Qty)> =
-            levels.iter().filter(|l| !l.qty.is_zero()).map(|l| (self.key(l.price), l.qty)).collect();
+        let mut pairs: Vec<(i64, Qty)> = levels
+            .iter()
+            .filter(|l| !l.qty.is_zero())
+            .map(|l| (self.key(l.price), l.qty))
+            .collect();
         // stable sort keeps input order among equal keys; dedup keeps the last of each run
         pairs.sort_by_key(|p| p.0);
         let mut w = 0;
@@ -716,7 +733,10 @@ impl ExactSizeIterator for Iter<'_> {}
 
 impl core::fmt::Debug for Ladder {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Ladder").field("side", &self.side).field("levels", &self.iter().collect::<Vec<_>>()).finish()
+        f.debug_struct("Ladder")
+            .field("side", &self.side)
+            .field("levels", &self.iter().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -739,6 +759,9 @@ impl Default for OrderBook {
         Self::new()
     }
 }
+
+/// How many levels per side the checksum of millrace's depth deltas (`cs`) covers.
+pub const CHECKSUM_LEVELS: usize = 10;
 
 impl OrderBook {
     pub fn new() -> Self {
@@ -868,7 +891,12 @@ impl DepthLadder {
                 .collect()
         };
         let (bids, asks) = (rows(&book.bids), rows(&book.asks));
-        let deepest = [bids.last(), asks.last()].into_iter().flatten().map(|(_, c)| c.raw()).max().unwrap_or(0);
+        let deepest = [bids.last(), asks.last()]
+            .into_iter()
+            .flatten()
+            .map(|(_, c)| c.raw())
+            .max()
+            .unwrap_or(0);
         let finish = |rows: Vec<(Level, Qty)>| -> Vec<DepthRow> {
             rows.into_iter()
                 .map(|(l, cumulative)| DepthRow {
@@ -888,7 +916,9 @@ impl DepthLadder {
 
     /// Best ask minus best bid (negative when the book is crossed).
     pub fn spread(&self) -> Option<Price> {
-        Some(Price::from_raw(self.asks.first()?.price.raw().checked_sub(self.bids.first()?.price.raw())?))
+        Some(Price::from_raw(
+            self.asks.first()?.price.raw().checked_sub(self.bids.first()?.price.raw())?,
+        ))
     }
 
     /// Best bid plus best ask, in raw units: twice the mid, exactly.
@@ -936,26 +966,49 @@ mod tests {
     fn depth_ladder_rows_spread_and_mid() {
         let mut book = OrderBook::new();
         book.replace(
-            &[Level::new(p("100"), q("1")), Level::new(p("99"), q("2")), Level::new(p("98"), q("3")), Level::new(p("97"), q("9"))],
+            &[
+                Level::new(p("100"), q("1")),
+                Level::new(p("99"), q("2")),
+                Level::new(p("98"), q("3")),
+                Level::new(p("97"), q("9")),
+            ],
             &[Level::new(p("101"), q("4")), Level::new(p("102.5"), q("1"))],
         );
         let ladder = DepthLadder::of(&book, 3);
-        let row = |r: &DepthRow| (r.price.to_string(), r.qty.to_string(), r.cumulative.to_string(), r.bar_permille);
+        let row = |r: &DepthRow| {
+            (r.price.to_string(), r.qty.to_string(), r.cumulative.to_string(), r.bar_permille)
+        };
         let bids: Vec<_> = ladder.bids.iter().map(row).collect();
         let asks: Vec<_> = ladder.asks.iter().map(row).collect();
         // the deeper side shown is the bids' 6: bars are thousandths of it, rounded down
         assert_eq!(
             bids,
-            [("100".into(), "1".into(), "1".into(), 166), ("99".into(), "2".into(), "3".into(), 500), ("98".into(), "3".into(), "6".into(), 1000)]
+            [
+                ("100".into(), "1".into(), "1".into(), 166),
+                ("99".into(), "2".into(), "3".into(), 500),
+                ("98".into(), "3".into(), "6".into(), 1000)
+            ]
         );
-        assert_eq!(asks, [("101".into(), "4".into(), "4".into(), 666), ("102.5".into(), "1".into(), "5".into(), 833)]);
+        assert_eq!(
+            asks,
+            [
+                ("101".into(), "4".into(), "4".into(), 666),
+                ("102.5".into(), "1".into(), "5".into(), 833)
+            ]
+        );
         assert_eq!(ladder.spread(), Some(p("1")));
         assert_eq!(ladder.mid_string().as_deref(), Some("100.5"));
         // a mid on half a raw unit keeps its last digit
         let mut tight = OrderBook::new();
-        tight.replace(&[Level::new(Price::from_raw(1), q("1"))], &[Level::new(Price::from_raw(2), q("1"))]);
+        tight.replace(
+            &[Level::new(Price::from_raw(1), q("1"))],
+            &[Level::new(Price::from_raw(2), q("1"))],
+        );
         assert_eq!(DepthLadder::of(&tight, 20).mid_string().as_deref(), Some("0.000000015"));
-        tight.replace(&[Level::new(Price::from_raw(-3), q("1"))], &[Level::new(Price::from_raw(0), q("1"))]);
+        tight.replace(
+            &[Level::new(Price::from_raw(-3), q("1"))],
+            &[Level::new(Price::from_raw(0), q("1"))],
+        );
         assert_eq!(DepthLadder::of(&tight, 20).mid_string().as_deref(), Some("-0.000000015"));
         // one side or none: no spread, no mid, bars against what is there
         let mut one = OrderBook::new();
@@ -966,7 +1019,10 @@ mod tests {
         // absurd quantities saturate instead of wrapping
         let mut absurd = OrderBook::new();
         let huge = Qty::from_raw(i64::MAX / 2);
-        absurd.replace(&[Level::new(p("3"), huge), Level::new(p("2"), huge), Level::new(p("1"), huge)], &[Level::new(p("4"), q("1"))]);
+        absurd.replace(
+            &[Level::new(p("3"), huge), Level::new(p("2"), huge), Level::new(p("1"), huge)],
+            &[Level::new(p("4"), q("1"))],
+        );
         let l = DepthLadder::of(&absurd, 20);
         assert_eq!(l.bids[2].cumulative, Qty::from_raw(i64::MAX));
         assert!(l.bids.iter().chain(&l.asks).all(|r| r.bar_permille <= 1000));
@@ -1047,7 +1103,10 @@ mod tests {
             l.apply(Price::from_units(i), q("1"));
         }
         l.truncate(3);
-        assert_eq!(l.iter().map(|l| l.price).collect::<Vec<_>>(), [10, 9, 8].map(Price::from_units));
+        assert_eq!(
+            l.iter().map(|l| l.price).collect::<Vec<_>>(),
+            [10, 9, 8].map(Price::from_units)
+        );
         l.remove_worse_than(Price::from_units(9));
         assert_eq!(l.len(), 2);
         let mut a = Ladder::new(Side::Ask);
@@ -1055,7 +1114,10 @@ mod tests {
             a.apply(Price::from_units(i), q("1"));
         }
         a.remove_worse_than(Price::from_units(4));
-        assert_eq!(a.iter().map(|l| l.price).collect::<Vec<_>>(), [1, 2, 3, 4].map(Price::from_units));
+        assert_eq!(
+            a.iter().map(|l| l.price).collect::<Vec<_>>(),
+            [1, 2, 3, 4].map(Price::from_units)
+        );
         assert_eq!(a.nth(1).unwrap().price, Price::from_units(2));
         assert_eq!(a.nth(4), None);
     }
@@ -1119,7 +1181,11 @@ mod tests {
         let (mut front, mut back) = (Vec::new(), Vec::new());
         loop {
             assert_eq!(it.len(), want.len() - front.len() - back.len(), "{ctx}: ExactSizeIterator");
-            let next = if rng.chance(1, 2) { it.next().map(|l| front.push(lv(l))) } else { it.next_back().map(|l| back.push(lv(l))) };
+            let next = if rng.chance(1, 2) {
+                it.next().map(|l| front.push(lv(l)))
+            } else {
+                it.next_back().map(|l| back.push(lv(l)))
+            };
             if next.is_none() {
                 break;
             }
@@ -1132,15 +1198,28 @@ mod tests {
                 0 => 10_000,
                 n => want[rng.below(n as u64) as usize].0 + rng.below(3) as i64 - 1,
             };
-            assert_eq!(ladder.get(Price::from_raw(p)).raw(), model.get(&p).copied().unwrap_or(0), "{ctx}: get({p})");
+            assert_eq!(
+                ladder.get(Price::from_raw(p)).raw(),
+                model.get(&p).copied().unwrap_or(0),
+                "{ctx}: get({p})"
+            );
         }
         let mut out = Vec::new();
         let n = rng.below(40) as usize;
         ladder.top_into(n, &mut out);
-        assert_eq!(out.into_iter().map(lv).collect::<Vec<_>>(), want[..n.min(want.len())], "{ctx}: top_into");
+        assert_eq!(
+            out.into_iter().map(lv).collect::<Vec<_>>(),
+            want[..n.min(want.len())],
+            "{ctx}: top_into"
+        );
         // equality is by content, whatever the tombstones
         let mut fresh = Ladder::new(ladder.side());
-        fresh.replace(&want.iter().map(|&(p, q)| Level::new(Price::from_raw(p), Qty::from_raw(q))).collect::<Vec<_>>());
+        fresh.replace(
+            &want
+                .iter()
+                .map(|&(p, q)| Level::new(Price::from_raw(p), Qty::from_raw(q)))
+                .collect::<Vec<_>>(),
+        );
         assert_eq!(&fresh, ladder, "{ctx}: eq");
         if let Some(&(p, q)) = want.get(rng.below(want.len() as u64 + 1) as usize) {
             fresh.apply(Price::from_raw(p), Qty::from_raw(q + 1));
@@ -1185,12 +1264,17 @@ mod tests {
                     ladder.clear();
                     model.clear();
                 } else {
-                    let d = if rng.chance(1, 10) { rng.below(span) } else { rng.top_skewed(span) } as i64;
+                    let d = if rng.chance(1, 10) { rng.below(span) } else { rng.top_skewed(span) }
+                        as i64;
                     // sometimes above the top (ahead of mid) to insert new best levels
                     let d = if rng.chance(1, 20) { -(rng.below(8) as i64) } else { d };
                     let p = if side == Side::Bid { mid - d } else { mid + d };
                     let exists = model.contains_key(&p);
-                    let q = if exists && rng.chance(2, 5) || rng.chance(1, 20) { 0 } else { 1 + rng.below(5) as i64 };
+                    let q = if exists && rng.chance(2, 5) || rng.chance(1, 20) {
+                        0
+                    } else {
+                        1 + rng.below(5) as i64
+                    };
                     let before = model.get(&p).copied();
                     if q == 0 {
                         model.remove(&p);
@@ -1198,7 +1282,11 @@ mod tests {
                         model.insert(p, q);
                     }
                     let changed = ladder.apply(Price::from_raw(p), Qty::from_raw(q));
-                    assert_eq!(changed, before != model.get(&p).copied(), "seed {seed} step {step}: apply({p}, {q})");
+                    assert_eq!(
+                        changed,
+                        before != model.get(&p).copied(),
+                        "seed {seed} step {step}: apply({p}, {q})"
+                    );
                 }
                 if step % 7 == 0 || r >= 997 {
                     check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} step {step}"));
@@ -1287,16 +1375,19 @@ mod tests {
                 if r < 4 {
                     // a trend: the best moves by up to several windows
                     let jump = rng.below(3 * span) as i64 - (3 * span / 2) as i64;
-                    mid = (mid as i128 + jump as i128 * tick as i128)
-                        .clamp(2 * span as i128 * tick as i128, i64::MAX as i128 - 2 * span as i128 * tick as i128)
-                        as i64;
+                    mid = (mid as i128 + jump as i128 * tick as i128).clamp(
+                        2 * span as i128 * tick as i128,
+                        i64::MAX as i128 - 2 * span as i128 * tick as i128,
+                    ) as i64;
                 }
                 if r == 999 {
                     ladder.clear();
                     model.clear();
                     continue;
                 }
-                let d = if rng.chance(1, 4) { rng.below(span) } else { rng.top_skewed(span.min(400)) } as i64;
+                let d =
+                    if rng.chance(1, 4) { rng.below(span) } else { rng.top_skewed(span.min(400)) }
+                        as i64;
                 let d = if rng.chance(1, 25) { -(rng.below(50) as i64) } else { d };
                 let mut p = if side == Side::Bid { mid - d * tick } else { mid + d * tick };
                 if rng.chance(1, 200) {
@@ -1304,7 +1395,11 @@ mod tests {
                     p += 1 + rng.below(tick.max(2) as u64 - 1) as i64;
                 }
                 let exists = model.contains_key(&p);
-                let q = if exists && rng.chance(2, 5) || rng.chance(1, 20) { 0 } else { 1 + rng.below(9) as i64 };
+                let q = if exists && rng.chance(2, 5) || rng.chance(1, 20) {
+                    0
+                } else {
+                    1 + rng.below(9) as i64
+                };
                 let before = model.get(&p).copied();
                 if q == 0 {
                     model.remove(&p);
@@ -1312,7 +1407,11 @@ mod tests {
                     model.insert(p, q);
                 }
                 let changed = ladder.apply(Price::from_raw(p), Qty::from_raw(q));
-                assert_eq!(changed, before != model.get(&p).copied(), "seed {seed} step {step}: apply({p}, {q})");
+                assert_eq!(
+                    changed,
+                    before != model.get(&p).copied(),
+                    "seed {seed} step {step}: apply({p}, {q})"
+                );
                 if step % 50 == 0 {
                     check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} step {step}"));
                 }
@@ -1331,7 +1430,12 @@ mod tests {
                         Side::Ask => model.iter().take(n).map(|(&p, &q)| (p, q)).collect(),
                     };
                     model = keep.into_iter().collect();
-                    check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} step {step} truncate"));
+                    check_ladder(
+                        &ladder,
+                        &model,
+                        &mut rng,
+                        &format!("seed {seed} step {step} truncate"),
+                    );
                 }
             }
             check_ladder(&ladder, &model, &mut rng, &format!("seed {seed} end"));

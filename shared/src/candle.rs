@@ -8,7 +8,7 @@
 //! timeframe starts at a multiple of its duration counted from the Unix epoch, in UTC
 //! ([`Timeframe::bucket_open`]); this is floor division, so it is also right for timestamps before
 //! 1970. Every duration divides every larger one that is a multiple of it (`5m` | `15m` | `1h` …),
-//! so buckets nest and a `1d` bucket is exactly the union of its 24 `1h` buckets.
+//!       so buckets nest and a `1d` bucket is exactly the union of its 24 `1h` buckets.
 //!
 //! ## Merging
 //! [`merge`] combines candles of one bucket, oldest first: open of the first, highest high, lowest
@@ -30,7 +30,8 @@
 //! 3. **When a bucket closes.** A bucket closes (is emitted) as soon as its last minute arrives, or
 //!    else when the first 1m candle of a *later* bucket arrives, or when the caller closes it
 //!    explicitly with [`DerivedAggregator::flush`] (e.g. at the end of a file).
-//! 4. **Strict order.** A 1m candle whose `open_time` equals the last accepted minute is rejected as
+//! 4. **Strict order.** A 1m candle whose `open_time` equals the last accepted minute is rejected
+//!    as
 //!    [`CandleError::Duplicate`], one before it as [`CandleError::OutOfOrder`]; misaligned or
 //!    internally inconsistent candles are rejected too. A rejected candle leaves the aggregator
 //!    exactly as it was.
@@ -310,7 +311,9 @@ pub fn merge(tf: Timeframe, candles: &[Candle]) -> Option<Candle> {
 pub enum CandleError {
     #[error("duplicate 1m candle: open_time {open_time} was already accepted")]
     Duplicate { open_time: i64 },
-    #[error("1m candle out of order: open_time {open_time} is before the last accepted minute {last}")]
+    #[error(
+        "1m candle out of order: open_time {open_time} is before the last accepted minute {last}"
+    )]
     OutOfOrder { open_time: i64, last: i64 },
     #[error("open_time {open_time} is not on a whole minute")]
     Misaligned { open_time: i64 },
@@ -373,7 +376,10 @@ impl Level {
                 self.active = false;
                 let (open_time, open) = (a.open_time, a.open);
                 let close = c.close;
-                out.push((self.tf, Candle { open_time, open, high, low, close, volume, trades, minutes }));
+                out.push((
+                    self.tf,
+                    Candle { open_time, open, high, low, close, volume, trades, minutes },
+                ));
             }
             closes
         } else {
@@ -386,7 +392,8 @@ impl Level {
             self.end = open + self.dur;
             // Field by field: `c` may have just been written the same way, and a wide copy of it
             // would stall on store forwarding.
-            let (o, h, l, cl, v, t, m) = (c.open, c.high, c.low, c.close, c.volume, c.trades, c.minutes);
+            let (o, h, l, cl, v, t, m) =
+                (c.open, c.high, c.low, c.close, c.volume, c.trades, c.minutes);
             let a = &mut self.acc;
             a.open_time = open;
             a.open = o;
@@ -510,7 +517,8 @@ fn block_ok(b: &[Candle; BLOCK], t0: i64) -> bool {
         time_bits |= c.open_time ^ (t0 + t as i64 * MINUTE_MS);
         minute_bits |= c.minutes ^ 1;
         volume_high |= (c.volume.0 >> 64) as i64;
-        ohlc_ok &= (c.open >= c.low) & (c.open <= c.high) & (c.close >= c.low) & (c.close <= c.high);
+        ohlc_ok &=
+            (c.open >= c.low) & (c.open <= c.high) & (c.close >= c.low) & (c.close <= c.high);
     }
     time_bits == 0 && minute_bits == 0 && volume_high >= 0 && ohlc_ok
 }
@@ -568,8 +576,11 @@ impl RawAcc {
             }
         } else {
             // A new bucket; after a flush it may be the rest of the flushed one (rule 5).
-            let open_time =
-                if m >= lv.end && m < lv.end + lv.dur { lv.end } else { bucket_open_slow(m, lv.dur) };
+            let open_time = if m >= lv.end && m < lv.end + lv.dur {
+                lv.end
+            } else {
+                bucket_open_slow(m, lv.dur)
+            };
             let rem = ((open_time + lv.dur - m) / MINUTE_MS) as u32;
             RawAcc {
                 high: Price(i64::MIN),
@@ -603,7 +614,14 @@ impl RawAcc {
 
     /// Writes the state back to `lv` after the run ended with `last`.
     #[inline(always)]
-    fn store(&self, lv: &mut Level, last: &Candle, volume: i128, trades: u64, out: &[(Timeframe, Candle)]) {
+    fn store(
+        &self,
+        lv: &mut Level,
+        last: &Candle,
+        volume: i128,
+        trades: u64,
+        out: &[(Timeframe, Candle)],
+    ) {
         if self.rem == self.dur_min {
             // Nothing in the current bucket: the level closed on `last`, so its candle is among
             // the last ones emitted.
@@ -762,7 +780,8 @@ impl DerivedAggregator {
                 };
                 // Candle by candle only up to the next block boundary, then blocks again.
                 if let Some(last) = self.last_minute {
-                    max = (BLOCK_MS - (last + MINUTE_MS).rem_euclid(BLOCK_MS)) as usize / MINUTE_MS as usize;
+                    max = (BLOCK_MS - (last + MINUTE_MS).rem_euclid(BLOCK_MS)) as usize
+                        / MINUTE_MS as usize;
                 }
             }
             i = match (self.raw_count, self.emit_1m) {
@@ -786,7 +805,11 @@ impl DerivedAggregator {
 
     /// [`DerivedAggregator::push_closed_1m`], appending to `out`.
     #[inline(always)]
-    fn push_into(&mut self, c: Candle, out: &mut Vec<(Timeframe, Candle)>) -> Result<(), CandleError> {
+    fn push_into(
+        &mut self,
+        c: Candle,
+        out: &mut Vec<(Timeframe, Candle)>,
+    ) -> Result<(), CandleError> {
         let contiguous = self.validate(&c)?;
         self.apply(c, contiguous, out);
         Ok(())
@@ -798,7 +821,8 @@ impl DerivedAggregator {
     fn validate(&self, c: &Candle) -> Result<bool, CandleError> {
         let m = c.open_time;
         // The common case, the minute right after the last one, is aligned by construction.
-        let contiguous = self.last_minute.is_some_and(|last| m == last + MINUTE_MS) && m <= TIME_LIMIT_MS;
+        let contiguous =
+            self.last_minute.is_some_and(|last| m == last + MINUTE_MS) && m <= TIME_LIMIT_MS;
         if !contiguous {
             self.check_time(m)?;
         }
@@ -855,7 +879,12 @@ impl DerivedAggregator {
     /// keep it as the level's last closed candle if levels read it from there; returns those
     /// levels. (Otherwise `RawAcc::store` fetches it back from `out` at the end of the run.)
     #[inline(always)]
-    fn close_raw(&mut self, level: usize, closed: Candle, out: &mut Vec<(Timeframe, Candle)>) -> u16 {
+    fn close_raw(
+        &mut self,
+        level: usize,
+        closed: Candle,
+        out: &mut Vec<(Timeframe, Candle)>,
+    ) -> u16 {
         let Some(lv) = self.levels.get_mut(level) else { return 0 };
         out.push((lv.tf, closed));
         if lv.sinks != 0 {
@@ -909,17 +938,14 @@ impl DerivedAggregator {
         if m0.rem_euclid(BLOCK_MS) != 0 || !inactive {
             return start;
         }
-        let room = usize::try_from((TIME_LIMIT_MS - last) / MINUTE_MS).unwrap_or(if last > TIME_LIMIT_MS {
-            0
-        } else {
-            usize::MAX
-        });
+        let room = usize::try_from((TIME_LIMIT_MS - last) / MINUTE_MS)
+            .unwrap_or(if last > TIME_LIMIT_MS { 0 } else { usize::MAX });
         let stop = candles.len().min(start.saturating_add(room));
         let Some(run) = candles.get(start..stop) else { return start };
         let (tf3, tf5, sinks) = (self.levels[0].tf, self.levels[1].tf, self.levels[1].sinks);
         // When 5m feeds only 15m, the block is 15m's candle: emit it directly.
-        let direct_15m =
-            sinks == 0b100 && self.levels.get(2).is_some_and(|l| l.tf == Timeframe::M15 && !l.active);
+        let direct_15m = sinks == 0b100
+            && self.levels.get(2).is_some_and(|l| l.tf == Timeframe::M15 && !l.active);
         let sinks_15m = if direct_15m { self.levels[2].sinks } else { 0 };
         let mut last_15m = None;
         let mut t0 = m0;
@@ -969,7 +995,8 @@ impl DerivedAggregator {
             last_3m = Some(k3);
             last_5m = Some(k5);
             if direct_15m {
-                let whole = s0.join(&s1).join(&s2).join(&s3).join(&s4).join(&s56).candle(t0, b, 0, 15);
+                let whole =
+                    s0.join(&s1).join(&s2).join(&s3).join(&s4).join(&s56).candle(t0, b, 0, 15);
                 out.push((Timeframe::M15, whole));
                 last_15m = Some(whole);
                 if sinks_15m != 0 {
@@ -979,7 +1006,8 @@ impl DerivedAggregator {
                     self.cascade_cold(sinks_15m, out);
                 }
             } else if sinks != 0 {
-                let whole = s0.join(&s1).join(&s2).join(&s3).join(&s4).join(&s56).candle(at(10), b, 0, 15);
+                let whole =
+                    s0.join(&s1).join(&s2).join(&s3).join(&s4).join(&s56).candle(at(10), b, 0, 15);
                 if let Some(lv) = self.levels.get_mut(1) {
                     lv.acc = k5;
                 }
@@ -1028,11 +1056,8 @@ impl DerivedAggregator {
     ) -> usize {
         let Some(last) = self.last_minute else { return start };
         // Stay within TIME_LIMIT_MS; a candle past it goes to the general path (and is rejected).
-        let room = usize::try_from((TIME_LIMIT_MS - last) / MINUTE_MS).unwrap_or(if last > TIME_LIMIT_MS {
-            0
-        } else {
-            usize::MAX
-        });
+        let room = usize::try_from((TIME_LIMIT_MS - last) / MINUTE_MS)
+            .unwrap_or(if last > TIME_LIMIT_MS { 0 } else { usize::MAX });
         let stop = candles.len().min(start.saturating_add(room.min(max)));
         let Some(run) = candles.get(start..stop) else { return start };
         let Some(first) = run.first() else { return start };
@@ -1323,7 +1348,9 @@ mod tests {
         for c in ones {
             let b = c.open_time.div_euclid(tf.duration_ms()) * tf.duration_ms();
             match groups.last_mut() {
-                Some(g) if g[0].open_time.div_euclid(tf.duration_ms()) * tf.duration_ms() == b => g.push(*c),
+                Some(g) if g[0].open_time.div_euclid(tf.duration_ms()) * tf.duration_ms() == b => {
+                    g.push(*c)
+                }
                 _ => groups.push(vec![*c]),
             }
         }
@@ -1374,7 +1401,10 @@ mod tests {
                 assert!(msg.contains(tf.name()), "{msg} lacks {tf}");
             }
         }
-        assert!(serde_json::from_str::<Timeframe>("\"2m\"").unwrap_err().to_string().contains("\"2m\""));
+        assert!(serde_json::from_str::<Timeframe>("\"2m\"")
+            .unwrap_err()
+            .to_string()
+            .contains("\"2m\""));
         assert!(serde_json::from_str::<Timeframe>("5").is_err());
     }
 
@@ -1402,7 +1432,8 @@ mod tests {
             assert_eq!(tf.bucket_open(open - 1), open - tf.duration_ms(), "{tf}");
             assert_eq!(tf.bucket_open(open + tf.duration_ms() - 1), open, "{tf}");
         }
-        // 3m buckets are counted from the epoch: 2020-01-01T00:00Z is minute 26297280 = 3 x 8765760,
+        // 3m buckets are counted from the epoch: 2020-01-01T00:00Z is minute 26297280 = 3 x
+        // 8765760,
         // so 00:04 lies in the bucket opening at 00:03.
         assert_eq!(Timeframe::M3.bucket_open(T0 + 4 * 60_000), T0 + 3 * 60_000);
         // 8h buckets start at 00:00, 08:00 and 16:00 UTC.
@@ -1457,7 +1488,10 @@ mod tests {
         assert!(!m.is_complete(Timeframe::M5));
         assert_eq!(merge(Timeframe::M5, &[]), None);
         let single = merge(Timeframe::H1, &[b]).unwrap();
-        assert_eq!((single.open_time, single.open, single.close, single.minutes), (T0, b.open, b.close, 1));
+        assert_eq!(
+            (single.open_time, single.open, single.close, single.minutes),
+            (T0, b.open, b.close, 1)
+        );
         // Merging merged candles sums their minute counts.
         let again = merge(Timeframe::H1, &[m, m]).unwrap();
         assert_eq!(again.minutes, 6);
@@ -1466,8 +1500,15 @@ mod tests {
 
     #[test]
     fn candle_check_and_serde() {
-        let good =
-            Candle::one_minute(T0, p("7195.24"), p("7196.25"), p("7183.14"), p("7186.68"), Volume(5), 493);
+        let good = Candle::one_minute(
+            T0,
+            p("7195.24"),
+            p("7196.25"),
+            p("7183.14"),
+            p("7186.68"),
+            Volume(5),
+            493,
+        );
         assert_eq!(good.check(), Ok(()));
         let json = serde_json::to_string(&good).unwrap();
         assert_eq!(
@@ -1494,7 +1535,8 @@ mod tests {
     fn aggregator_full_day_gives_complete_candles() {
         let mut rng = Rng::new(1);
         let mut mid = 1_000_000;
-        let ones: Vec<Candle> = (0..1440).map(|i| random_1m(&mut rng, T0 + i * 60_000, &mut mid)).collect();
+        let ones: Vec<Candle> =
+            (0..1440).map(|i| random_1m(&mut rng, T0 + i * 60_000, &mut mid)).collect();
         let mut agg = DerivedAggregator::all();
         let mut out = Vec::new();
         for c in &ones {
@@ -1576,7 +1618,10 @@ mod tests {
         let out = agg.push_closed_1m(c1(T0 + 59 * 60_000, 3, 3, 3, 3, 1, 1)).unwrap().to_vec();
         let h = collect(&out, Timeframe::H1);
         assert_eq!(h.len(), 1);
-        assert_eq!((h[0].minutes, h[0].open, h[0].close, h[0].volume), (3, Price(1), Price(3), Volume(3)));
+        assert_eq!(
+            (h[0].minutes, h[0].open, h[0].close, h[0].volume),
+            (3, Price(1), Price(3), Volume(3))
+        );
     }
 
     #[test]
@@ -1599,7 +1644,10 @@ mod tests {
         );
         assert_eq!(agg, before);
         let mut odd = random_1m(&mut rng, T0 + 10 * 60_000 + 1, &mut mid);
-        assert_eq!(agg.push_closed_1m(odd), Err(CandleError::Misaligned { open_time: odd.open_time }));
+        assert_eq!(
+            agg.push_closed_1m(odd),
+            Err(CandleError::Misaligned { open_time: odd.open_time })
+        );
         odd.open_time = T0 + 10 * 60_000;
         odd.minutes = 5;
         assert_eq!(
@@ -1666,7 +1714,8 @@ mod tests {
         assert_eq!(only, f0, "bucket of the forming minute with nothing closed yet");
         let mut rng = Rng::new(9);
         let mut mid = 100_000;
-        let ones: Vec<Candle> = (0..37).map(|i| random_1m(&mut rng, T0 + i * 60_000, &mut mid)).collect();
+        let ones: Vec<Candle> =
+            (0..37).map(|i| random_1m(&mut rng, T0 + i * 60_000, &mut mid)).collect();
         for c in &ones {
             agg.push_closed_1m(*c).unwrap();
         }
@@ -1756,7 +1805,11 @@ mod tests {
                 let want = naive(tf, &ones);
                 let got: Vec<(usize, Candle)> =
                     out.iter().filter(|(_, t, _)| *t == tf).map(|(j, _, c)| (*j, *c)).collect();
-                assert_eq!(got.iter().map(|(_, c)| *c).collect::<Vec<_>>(), want, "seed {seed} {tf}");
+                assert_eq!(
+                    got.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
+                    want,
+                    "seed {seed} {tf}"
+                );
                 for (j, c) in got {
                     // Closed by the first minute at or after the bucket's last minute, or by flush.
                     let last_minute = c.open_time + tf.duration_ms() - 60_000;
@@ -1977,14 +2030,24 @@ mod tests {
     fn flush_batch_randomized_against_reference() {
         let mut rng = Rng::new(3);
         for _ in 0..200 {
-            let mut b =
-                FlushBatch::new(FlushConfig { batch_max: 1 + rng.below(20) as usize, flush_ms: 50 }, 0);
+            let mut b = FlushBatch::new(
+                FlushConfig { batch_max: 1 + rng.below(20) as usize, flush_ms: 50 },
+                0,
+            );
             let mut emitted: Vec<Candle> = Vec::new();
             let mut pending: Vec<Candle> = Vec::new();
             let mut now = 0;
             for _ in 0..300 {
                 now += rng.below(30) as i64;
-                let c = c1(T0 + rng.below(100) as i64 * 60_000, 1, 10, 1, rng.below(10) as i64 + 1, 1, 1);
+                let c = c1(
+                    T0 + rng.below(100) as i64 * 60_000,
+                    1,
+                    10,
+                    1,
+                    rng.below(10) as i64 + 1,
+                    1,
+                    1,
+                );
                 pending.push(c);
                 if b.push(c, now) {
                     let out = b.flush(now);

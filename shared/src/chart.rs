@@ -116,9 +116,15 @@ impl LiveSeries {
         self.stats.history_loads += 1;
         history.sort_by_key(|c| c.open_time);
         history.dedup_by_key(|c| c.open_time);
-        let mut merged: Vec<(Candle, bool)> = Vec::with_capacity(history.len() + self.candles.len());
+        let mut merged: Vec<(Candle, bool)> =
+            Vec::with_capacity(history.len() + self.candles.len());
         let n = self.candles.len();
-        let mut live = self.candles.drain(..).enumerate().map(|(i, c)| (c, i + 1 < n || self.last_closed)).peekable();
+        let mut live = self
+            .candles
+            .drain(..)
+            .enumerate()
+            .map(|(i, c)| (c, i + 1 < n || self.last_closed))
+            .peekable();
         let mut hist = history.into_iter().peekable();
         loop {
             match (hist.peek(), live.peek()) {
@@ -154,7 +160,9 @@ impl LiveSeries {
             self.mark(0);
             return Applied::Appended;
         };
-        if candle.open_time < last.open_time || (candle.open_time == last.open_time && self.last_closed && !closed) {
+        if candle.open_time < last.open_time
+            || (candle.open_time == last.open_time && self.last_closed && !closed)
+        {
             self.stats.stale += 1;
             return Applied::Stale;
         }
@@ -257,7 +265,10 @@ mod tests {
         assert_eq!(s.apply(c(10, "5"), false), Applied::Appended);
         s.load_history((5..10).map(|t| c(t, "4")).collect());
         assert_eq!(times(&s), vec![5, 6, 7, 8, 9, 10]);
-        assert_eq!(s.last().map(|(c, closed)| (c.close, closed)), Some((Price::parse("5").unwrap(), false)));
+        assert_eq!(
+            s.last().map(|(c, closed)| (c.close, closed)),
+            Some((Price::parse("5").unwrap(), false))
+        );
         assert_eq!(s.take_changes(), Changes::All);
         // history that overlaps the live part: the stored closed candle wins, the forming stays
         s.load_history((8..11).map(|t| c(t, "3")).collect());

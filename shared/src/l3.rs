@@ -52,7 +52,7 @@ use core::hash::{BuildHasherDefault, Hasher};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::book::{Level, LevelUpdate, OrderBook, Side};
 use crate::fixed::{Price, Qty};
@@ -97,12 +97,23 @@ impl Hasher for IdHasher {
 pub type IdMap<V> = HashMap<OrderId, V, BuildHasherDefault<IdHasher>>;
 
 /// Which exchange's publication rules the book follows (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Venue {
     Sse,
     Szse,
     Lobster,
+}
+
+impl Venue {
+    /// The name on the wire: `sse`, `szse`, `lobster`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Venue::Sse => "sse",
+            Venue::Szse => "szse",
+            Venue::Lobster => "lobster",
+        }
+    }
 }
 
 /// Who initiated a trade, or what kind of trade record it is.
@@ -170,7 +181,11 @@ impl Slot {
     }
     #[inline]
     fn order(self) -> Order {
-        Order { side: self.side(), price: Price::from_raw(self.price), qty: Qty::from_raw(self.remaining()) }
+        Order {
+            side: self.side(),
+            price: Price::from_raw(self.price),
+            qty: Qty::from_raw(self.remaining()),
+        }
     }
 }
 
@@ -441,7 +456,11 @@ impl L3Book {
     pub fn reset(&mut self) {
         for side in [Side::Bid, Side::Ask] {
             let ladder = self.ladder.side(side);
-            self.out.extend(ladder.iter().map(|l| LevelUpdate { side, price: l.price, qty: Qty::ZERO }));
+            self.out.extend(ladder.iter().map(|l| LevelUpdate {
+                side,
+                price: l.price,
+                qty: Qty::ZERO,
+            }));
         }
         self.ladder.clear();
         self.level_qty.iter_mut().for_each(IdMap::clear);
@@ -498,7 +517,9 @@ impl L3Book {
                 self.counters.cancels += 1;
                 self.cancel(id, side, price, qty)
             }
-            Msg::Trade { buy_id, sell_id, price, qty, kind } => self.trade(buy_id, sell_id, price, qty, kind),
+            Msg::Trade { buy_id, sell_id, price, qty, kind } => {
+                self.trade(buy_id, sell_id, price, qty, kind)
+            }
             Msg::Execute { id, side, price, qty } => {
                 self.counters.executions += 1;
                 if qty.is_zero() {
@@ -554,7 +575,14 @@ impl L3Book {
     }
 
     #[inline]
-    fn trade(&mut self, buy_id: OrderId, sell_id: OrderId, price: Price, qty: Qty, kind: TradeKind) {
+    fn trade(
+        &mut self,
+        buy_id: OrderId,
+        sell_id: OrderId,
+        price: Price,
+        qty: Qty,
+        kind: TradeKind,
+    ) {
         if kind == TradeKind::Cancel {
             self.counters.cancels += 1;
             // SZSE: exactly one id names the cancelled order; the price is 0 (unknown).
@@ -790,7 +818,10 @@ mod tests {
         assert_eq!(b.best_bid(), Some(Level::new(p("10"), q(300))));
         assert_eq!(b.best_ask(), Some(Level::new(p("10.01"), q(70))));
         b.apply(cancel(1, Side::Bid, "10.00", 40));
-        assert_eq!(b.pending_updates(), &[LevelUpdate { side: Side::Bid, price: p("10"), qty: q(260) }]);
+        assert_eq!(
+            b.pending_updates(),
+            &[LevelUpdate { side: Side::Bid, price: p("10"), qty: q(260) }]
+        );
         assert_eq!(b.order(1).unwrap().qty, q(60));
         b.clear_updates();
         b.apply(cancel(2, Side::Bid, "10.00", 200));
@@ -798,7 +829,10 @@ mod tests {
         assert_eq!(b.order(1), None);
         assert_eq!(b.order_count(), 2);
         let ups: Vec<_> = b.drain_updates().collect();
-        assert_eq!(ups.last(), Some(&LevelUpdate { side: Side::Bid, price: p("10"), qty: Qty::ZERO }));
+        assert_eq!(
+            ups.last(),
+            Some(&LevelUpdate { side: Side::Bid, price: p("10"), qty: Qty::ZERO })
+        );
         assert_eq!(b.best_bid(), Some(Level::new(p("9.99"), q(50))));
         let (bids, asks) = b.top(5);
         assert_eq!(levels(&bids), lv(&[("9.99", "50")]));
@@ -824,7 +858,10 @@ mod tests {
     #[test]
     fn oversized_cancel_and_fill_clamp_and_count() {
         let mut b = L3Book::new(Venue::Sse);
-        run(&mut b, &[add(1, Side::Bid, "1", 10), add(2, Side::Bid, "1", 5), cancel(1, Side::Bid, "1", 15)]);
+        run(
+            &mut b,
+            &[add(1, Side::Bid, "1", 10), add(2, Side::Bid, "1", 5), cancel(1, Side::Bid, "1", 15)],
+        );
         assert_eq!(b.counters().negative_qty_clamped, 1);
         assert_eq!(b.order(1), None);
         assert_eq!(b.best_bid(), Some(Level::new(p("1"), q(5))));
@@ -839,7 +876,10 @@ mod tests {
     #[test]
     fn duplicate_ids_and_zero_qty_adds_are_ignored() {
         let mut b = L3Book::new(Venue::Szse);
-        run(&mut b, &[add(1, Side::Bid, "1", 10), add(1, Side::Ask, "2", 10), add(2, Side::Ask, "2", 0)]);
+        run(
+            &mut b,
+            &[add(1, Side::Bid, "1", 10), add(1, Side::Ask, "2", 10), add(2, Side::Ask, "2", 0)],
+        );
         assert_eq!(b.counters().duplicate_order_ids, 1);
         assert_eq!(b.counters().invalid, 1);
         assert_eq!(b.order_count(), 1);
@@ -888,7 +928,10 @@ mod tests {
         assert!(b.is_crossed(), "an auction book crosses before the match");
         run(
             &mut b,
-            &[trade(1, 2, "10.02", 300, TradeKind::Auction), trade(1, 3, "10.02", 200, TradeKind::Auction)],
+            &[
+                trade(1, 2, "10.02", 300, TradeKind::Auction),
+                trade(1, 3, "10.02", 200, TradeKind::Auction),
+            ],
         );
         assert!(!b.is_crossed());
         assert_eq!(b.order(1), None);
@@ -916,13 +959,19 @@ mod tests {
         assert_eq!(b.order(2).unwrap().qty, q(60));
         assert!(b.ladder().bids.is_empty());
         // the aggressor of a SZSE trade must be known as well
-        run(&mut b, &[add(3, Side::Bid, "20.01", 100), trade(3, 2, "20.01", 60, TradeKind::BuyInitiated)]);
+        run(
+            &mut b,
+            &[add(3, Side::Bid, "20.01", 100), trade(3, 2, "20.01", 60, TradeKind::BuyInitiated)],
+        );
         assert_eq!(b.order(3).unwrap().qty, q(40));
         assert!(b.ladder().asks.is_empty());
         run(&mut b, &[trade(3, 77, "20.01", 10, TradeKind::BuyInitiated)]);
         assert_eq!(b.counters().trades_not_found, 1);
         assert_eq!(b.counters().unseen_order_refs, 0);
-        run(&mut b, &[trade(0, 55, "0", 1, TradeKind::Cancel), trade(1, 2, "0", 1, TradeKind::Cancel)]);
+        run(
+            &mut b,
+            &[trade(0, 55, "0", 1, TradeKind::Cancel), trade(1, 2, "0", 1, TradeKind::Cancel)],
+        );
         assert_eq!(b.counters().cancels_not_found, 1);
         assert_eq!(b.counters().invalid, 1, "a cancel record naming two orders");
         // on SSE the cancel record kind is not part of the feed
@@ -1077,7 +1126,9 @@ mod tests {
     fn restore_from_snapshot() {
         let mut b = L3Book::new(Venue::Sse);
         let mut l2 = OrderBook::new();
-        for (i, m) in [add(1, Side::Bid, "10", 5), add(2, Side::Ask, "11", 7)].into_iter().enumerate() {
+        for (i, m) in
+            [add(1, Side::Bid, "10", 5), add(2, Side::Ask, "11", 7)].into_iter().enumerate()
+        {
             b.handle(4, i as u64 + 1, m).unwrap();
         }
         assert_eq!(
@@ -1143,7 +1194,8 @@ mod tests {
         }
         fn best(&self, side: Side) -> Option<i64> {
             let orders = self.orders.values().filter(|o| o.0 == side).map(|o| o.1);
-            let anon = self.anon.iter().filter(|(k, q)| k.0 == side as u8 && **q > 0).map(|(k, _)| k.1);
+            let anon =
+                self.anon.iter().filter(|(k, q)| k.0 == side as u8 && **q > 0).map(|(k, _)| k.1);
             let all = orders.chain(anon);
             match side {
                 Side::Bid => all.max(),
@@ -1228,7 +1280,12 @@ mod tests {
                             kind: TradeKind::Cancel,
                         }
                     } else {
-                        Msg::Cancel { id, side, price: Price::from_raw(price), qty: Qty::from_raw(qty) }
+                        Msg::Cancel {
+                            id,
+                            side,
+                            price: Price::from_raw(price),
+                            qty: Qty::from_raw(qty),
+                        }
                     }
                 } else if r < 95 {
                     // an aggressive order hits the best resting order of one side
@@ -1276,8 +1333,11 @@ mod tests {
                             }
                         } else {
                             expect.trades += 1;
-                            let (buy_id, sell_id) =
-                                if passive_side == Side::Ask { (aggressor, id) } else { (id, aggressor) };
+                            let (buy_id, sell_id) = if passive_side == Side::Ask {
+                                (aggressor, id)
+                            } else {
+                                (id, aggressor)
+                            };
                             // SZSE publishes every order: give the aggressor as id 0 (no order)
                             let (buy_id, sell_id) = match venue {
                                 Venue::Szse if passive_side == Side::Ask => (0, sell_id),
@@ -1326,13 +1386,17 @@ mod tests {
                     l2.apply_update(u);
                 }
                 assert_eq!(&l2, book.ladder(), "seed {seed} step {step}: L2 from updates");
-                let got_b: Vec<_> = book.ladder().bids.iter().map(|l| (l.price.raw(), l.qty.raw())).collect();
-                let got_a: Vec<_> = book.ladder().asks.iter().map(|l| (l.price.raw(), l.qty.raw())).collect();
+                let got_b: Vec<_> =
+                    book.ladder().bids.iter().map(|l| (l.price.raw(), l.qty.raw())).collect();
+                let got_a: Vec<_> =
+                    book.ladder().asks.iter().map(|l| (l.price.raw(), l.qty.raw())).collect();
                 assert_eq!(got_b, model.levels(Side::Bid), "seed {seed} step {step}: bids");
                 assert_eq!(got_a, model.levels(Side::Ask), "seed {seed} step {step}: asks");
                 for (side, got) in [(Side::Bid, &got_b), (Side::Ask, &got_a)] {
-                    let mut idx: Vec<(i64, i64)> =
-                        book.level_qty[side as usize].iter().map(|(&p, &q)| (p as i64, q)).collect();
+                    let mut idx: Vec<(i64, i64)> = book.level_qty[side as usize]
+                        .iter()
+                        .map(|(&p, &q)| (p as i64, q))
+                        .collect();
                     idx.sort_unstable_by_key(|l| if side == Side::Bid { -l.0 } else { l.0 });
                     assert_eq!(&idx, got, "seed {seed} step {step}: level index");
                 }
@@ -1350,7 +1414,10 @@ mod tests {
             assert_eq!(c.executions, expect.executions, "seed {seed}");
             assert_eq!(c.unseen_order_refs, expect.unseen_order_refs, "seed {seed}");
             assert_eq!(c.cancels_not_found, expect.cancels_not_found, "seed {seed}");
-            assert_eq!(c.unknown_order_adjustments, expect.unknown_order_adjustments, "seed {seed}");
+            assert_eq!(
+                c.unknown_order_adjustments, expect.unknown_order_adjustments,
+                "seed {seed}"
+            );
             assert_eq!(c.trades_not_found, 0);
             assert_eq!(c.negative_qty_clamped, 0);
             assert_eq!(c.invalid, 0);

@@ -9,12 +9,14 @@
 //! outputs come out of `poll_*` methods, so the same types are driven by tokio in the server, by
 //! the browser's event loop in the client, and by recorded files in tests.
 
+pub mod backoff;
 pub mod book;
 pub mod candle;
 pub mod chart;
 pub mod fixed;
 pub mod l3;
 pub mod protocol;
+pub mod publish;
 pub mod sync;
 pub mod testkit;
 

@@ -197,7 +197,7 @@ impl SyncConfig {
             max_buffered: 10_000,
             verify_interval_ms: Some(60_000),
             verify_timeout_ms: 30_000,
-            checksum_levels: crate::protocol::CHECKSUM_LEVELS,
+            checksum_levels: crate::book::CHECKSUM_LEVELS,
             snapshot_failures_before_fallback: 3,
             snapshot_mode_retry_ms: 30_000,
         }
@@ -205,9 +205,11 @@ impl SyncConfig {
 }
 
 /// Where the machine is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SyncState {
-    /// Buffering deltas until a snapshot arrives.
+    /// Buffering deltas until a snapshot arrives (where every machine starts).
+    #[default]
     AwaitingSnapshot,
     /// A snapshot is applied; waiting for the first delta that bridges it.
     Bridging,
@@ -371,8 +373,11 @@ struct Shadow {
 impl Shadow {
     /// Feeds one delta; `Err(())` when the shadow cannot be synced from it.
     fn feed(&mut self, rule: ContinuityRule, d: DeltaRef<'_>) -> Result<(), ()> {
-        let verdict =
-            if self.bridged { continue_verdict(rule, self.last, d) } else { bridge_verdict(rule, self.last, d) };
+        let verdict = if self.bridged {
+            continue_verdict(rule, self.last, d)
+        } else {
+            bridge_verdict(rule, self.last, d)
+        };
         match verdict {
             Verdict::Stale => Ok(()),
             Verdict::Gap => Err(()),
@@ -388,7 +393,12 @@ impl Shadow {
 
 /// Counts the levels that differ between `a` and `b` on one side, among prices that are at or
 /// better than `limit` (the snapshot's worst level); `None` limit = the side was empty.
-fn side_drift(side: Side, a: &OrderBook, b: &OrderBook, limit: Option<crate::fixed::Price>) -> usize {
+fn side_drift(
+    side: Side,
+    a: &OrderBook,
+    b: &OrderBook,
+    limit: Option<crate::fixed::Price>,
+) -> usize {
     let inside = |p: crate::fixed::Price| match (side, limit) {
         (_, None) => false,
         (Side::Bid, Some(l)) => p >= l,
@@ -520,7 +530,8 @@ impl BookSync {
 
     /// When [`Self::handle_timeout`] should next be called, if ever.
     pub fn poll_timeout(&self) -> Option<i64> {
-        let verify_deadline = self.verifier.as_ref().map(|v| v.started_at + self.config.verify_timeout_ms);
+        let verify_deadline =
+            self.verifier.as_ref().map(|v| v.started_at + self.config.verify_timeout_ms);
         [self.next_verify_at, verify_deadline, self.retry_delta_at].into_iter().flatten().min()
     }
 
@@ -549,7 +560,9 @@ impl BookSync {
                     self.buffer.push_back(d.to_delta());
                 }
             }
-            SyncState::AwaitingSnapshot | SyncState::Bridging => self.handle_delta(d.to_delta(), now_ms),
+            SyncState::AwaitingSnapshot | SyncState::Bridging => {
+                self.handle_delta(d.to_delta(), now_ms)
+            }
         }
     }
 
@@ -560,12 +573,20 @@ impl BookSync {
     /// [`DirectDelta::commit`]; [`DirectDelta::abandon`] if the delta cannot be read to its end
     /// (the book then holds part of it, and the machine goes back to step 1). `None`: use
     /// [`BookSync::handle_delta_ref`] with the whole delta.
-    pub fn direct_delta(&mut self, first_id: u64, last_id: u64, prev_last_id: Option<u64>) -> Option<DirectDelta<'_>> {
+    pub fn direct_delta(
+        &mut self,
+        first_id: u64,
+        last_id: u64,
+        prev_last_id: Option<u64>,
+    ) -> Option<DirectDelta<'_>> {
         if self.state != SyncState::Synced || self.verifier.is_some() {
             return None;
         }
-        let head = DeltaRef { first_id, last_id, prev_last_id, bids: &[], asks: &[], checksum: None };
-        if first_id > last_id || continue_verdict(self.config.rule, self.last_update_id, head) != Verdict::Apply {
+        let head =
+            DeltaRef { first_id, last_id, prev_last_id, bids: &[], asks: &[], checksum: None };
+        if first_id > last_id
+            || continue_verdict(self.config.rule, self.last_update_id, head) != Verdict::Apply
+        {
             return None;
         }
         Some(DirectDelta { sync: self, last_id, levels: 0, committed: false })
@@ -649,7 +670,9 @@ impl BookSync {
                 if self.snapshot_failures >= self.config.snapshot_failures_before_fallback {
                     self.enter_snapshot_mode(now_ms);
                 } else {
-                    self.events.push_back(SyncEvent::NeedSnapshot { reason: ResyncReason::SnapshotFailed });
+                    self.events.push_back(SyncEvent::NeedSnapshot {
+                        reason: ResyncReason::SnapshotFailed,
+                    });
                 }
             }
         }
@@ -676,14 +699,16 @@ impl BookSync {
             if now_ms >= at && self.state == SyncState::SnapshotMode {
                 self.retry_delta_at = None;
                 self.state = SyncState::AwaitingSnapshot;
-                self.events.push_back(SyncEvent::NeedSnapshot { reason: ResyncReason::RetryDeltaMode });
+                self.events
+                    .push_back(SyncEvent::NeedSnapshot { reason: ResyncReason::RetryDeltaMode });
             }
         }
         if let Some(at) = self.next_verify_at {
             if now_ms >= at && self.state == SyncState::Synced {
                 self.next_verify_at = self.config.verify_interval_ms.map(|i| now_ms + i);
                 if self.verifier.is_none() {
-                    self.verifier = Some(Verifier { started_at: now_ms, buffer: Vec::new(), shadow: None });
+                    self.verifier =
+                        Some(Verifier { started_at: now_ms, buffer: Vec::new(), shadow: None });
                     self.events.push_back(SyncEvent::VerifyDue);
                 }
             }
@@ -731,7 +756,8 @@ impl BookSync {
             Verdict::Stale => self.drop_stale(d.as_ref()),
             Verdict::Gap => {
                 self.state = SyncState::AwaitingSnapshot;
-                self.events.push_back(SyncEvent::NeedSnapshot { reason: ResyncReason::SnapshotTooOld });
+                self.events
+                    .push_back(SyncEvent::NeedSnapshot { reason: ResyncReason::SnapshotTooOld });
                 self.buffer.push_back(d);
             }
             Verdict::Apply => {
@@ -759,7 +785,11 @@ impl BookSync {
             let computed = self.book.checksum(self.config.checksum_levels);
             if computed != expected {
                 self.stats.checksum_mismatches += 1;
-                self.events.push_back(SyncEvent::ChecksumMismatch { last_update_id: last_id, expected, computed });
+                self.events.push_back(SyncEvent::ChecksumMismatch {
+                    last_update_id: last_id,
+                    expected,
+                    computed,
+                });
                 self.restart(ResyncReason::ChecksumMismatch);
                 return;
             }
@@ -829,11 +859,16 @@ impl BookSync {
         if shadow.last != self.last_update_id {
             return;
         }
-        let Some(Verifier { shadow: Some(shadow), .. }) = self.verifier.take() else { unreachable!() };
+        let Some(Verifier { shadow: Some(shadow), .. }) = self.verifier.take() else {
+            unreachable!()
+        };
         let drift = side_drift(Side::Bid, &self.book, &shadow.book, shadow.bid_floor)
             + side_drift(Side::Ask, &self.book, &shadow.book, shadow.ask_ceiling);
         self.stats.verifications += 1;
-        self.events.push_back(SyncEvent::Verified { last_update_id: self.last_update_id, drift_levels: drift });
+        self.events.push_back(SyncEvent::Verified {
+            last_update_id: self.last_update_id,
+            drift_levels: drift,
+        });
         if drift > 0 {
             self.stats.drift_events += 1;
             self.stats.drift_levels += drift as u64;
@@ -841,7 +876,10 @@ impl BookSync {
             // The shadow is exact within the snapshot's range; levels beyond it cannot be
             // trusted any more, so the book becomes the shadow.
             self.book = shadow.book;
-            self.events.push_back(SyncEvent::Drift { last_update_id: self.last_update_id, drift_levels: drift });
+            self.events.push_back(SyncEvent::Drift {
+                last_update_id: self.last_update_id,
+                drift_levels: drift,
+            });
             self.events.push_back(SyncEvent::BookChanged { last_update_id: self.last_update_id });
         }
     }
@@ -950,7 +988,10 @@ mod tests {
         drain(&mut s);
         s.handle_delta(delta(50, 55, &[(1, 1)], &[]), 0);
         s.handle_snapshot(snap(40, &[], &[]), 0);
-        assert_eq!(drain(&mut s), [SyncEvent::NeedSnapshot { reason: ResyncReason::SnapshotTooOld }]);
+        assert_eq!(
+            drain(&mut s),
+            [SyncEvent::NeedSnapshot { reason: ResyncReason::SnapshotTooOld }]
+        );
         assert_eq!(s.state(), SyncState::AwaitingSnapshot);
         assert_eq!(s.buffered(), 1);
         s.handle_snapshot(snap(52, &[(2, 2)], &[]), 0);
@@ -976,7 +1017,8 @@ mod tests {
         let mut c = spot();
         c.rule = ContinuityRule::Futures;
         let mut s = BookSync::new(c);
-        let fd = |u0, u1, pu| DepthDelta { prev_last_id: Some(pu), ..delta(u0, u1, &[(5, 1)], &[]) };
+        let fd =
+            |u0, u1, pu| DepthDelta { prev_last_id: Some(pu), ..delta(u0, u1, &[(5, 1)], &[]) };
         s.handle_delta(fd(90, 99, 80), 0);
         s.handle_delta(fd(100, 120, 99), 0);
         s.handle_snapshot(snap(110, &[], &[]), 0);
@@ -1014,8 +1056,13 @@ mod tests {
         bad.checksum = Some(12345);
         s.handle_delta(bad, 0);
         let ev = drain(&mut s);
-        assert!(ev.iter().any(|e| matches!(e, SyncEvent::ChecksumMismatch { expected: 12345, .. })));
-        assert_eq!(ev.last(), Some(&SyncEvent::NeedSnapshot { reason: ResyncReason::ChecksumMismatch }));
+        assert!(ev
+            .iter()
+            .any(|e| matches!(e, SyncEvent::ChecksumMismatch { expected: 12345, .. })));
+        assert_eq!(
+            ev.last(),
+            Some(&SyncEvent::NeedSnapshot { reason: ResyncReason::ChecksumMismatch })
+        );
         assert_eq!(s.stats().checksum_mismatches, 1);
         assert_eq!(s.stats().resyncs, 1);
     }
@@ -1027,7 +1074,10 @@ mod tests {
         s.handle_delta(delta(2, 2, &[], &[]), 0);
         drain(&mut s);
         s.handle_connection_lost(0);
-        assert_eq!(drain(&mut s), [SyncEvent::NeedSnapshot { reason: ResyncReason::ConnectionLost }]);
+        assert_eq!(
+            drain(&mut s),
+            [SyncEvent::NeedSnapshot { reason: ResyncReason::ConnectionLost }]
+        );
         assert!(!s.is_synced());
         assert_eq!(s.stats().resyncs, 1);
     }
@@ -1056,7 +1106,8 @@ mod tests {
         assert_eq!(s.poll_timeout(), Some(20 + 30_000));
         s.handle_timeout(20 + 30_000);
         assert_eq!(s.state(), SyncState::AwaitingSnapshot);
-        assert!(drain(&mut s).contains(&SyncEvent::NeedSnapshot { reason: ResyncReason::RetryDeltaMode }));
+        assert!(drain(&mut s)
+            .contains(&SyncEvent::NeedSnapshot { reason: ResyncReason::RetryDeltaMode }));
     }
 
     #[test]
@@ -1117,7 +1168,11 @@ mod tests {
             ]
         );
         assert_eq!(s.book().bids.get(Price::from_units(9)), Qty::from_units(7));
-        assert_eq!(s.book().bids.get(Price::from_units(1)), Qty::ZERO, "beyond the snapshot: pruned");
+        assert_eq!(
+            s.book().bids.get(Price::from_units(1)),
+            Qty::ZERO,
+            "beyond the snapshot: pruned"
+        );
         assert_eq!(s.stats().drift_levels, 1);
         assert_eq!(s.stats().resyncs, 1);
         assert_eq!(s.state(), SyncState::Synced);
@@ -1149,10 +1204,16 @@ mod tests {
             s.handle_delta(delta(0, 0, &[(1, 6)], &[]), 0);
             let mut s = BookSync::new(SyncConfig { rule, ..spot() });
             s.handle_snapshot(snap(5, &[(1, 1)], &[(2, 1)]), 0);
-            s.handle_delta(DepthDelta { prev_last_id: Some(u64::MAX), ..delta(9, 3, &[(1, 7)], &[]) }, 0);
+            s.handle_delta(
+                DepthDelta { prev_last_id: Some(u64::MAX), ..delta(9, 3, &[(1, 7)], &[]) },
+                0,
+            );
             s.handle_delta(delta(u64::MAX, u64::MAX, &[(1, 8)], &[]), 0);
             while s.poll_event().is_some() {}
-            assert!(s.book().best_bid().unwrap().qty != Qty::from_units(7), "{rule:?}: U > u must not bridge");
+            assert!(
+                s.book().best_bid().unwrap().qty != Qty::from_units(7),
+                "{rule:?}: U > u must not bridge"
+            );
         }
     }
 
@@ -1219,7 +1280,11 @@ mod tests {
                 if d.checksum.is_none() {
                     if let Some(mut dd) = s.direct_delta(d.first_id, d.last_id, d.prev_last_id) {
                         direct += 1;
-                        let levels = d.bids.iter().map(|l| (Side::Bid, *l)).chain(d.asks.iter().map(|l| (Side::Ask, *l)));
+                        let levels = d
+                            .bids
+                            .iter()
+                            .map(|l| (Side::Bid, *l))
+                            .chain(d.asks.iter().map(|l| (Side::Ask, *l)));
                         let n = d.bids.len() + d.asks.len();
                         for (i, (side, l)) in levels.enumerate() {
                             if abandon && i == n / 2 {
@@ -1255,10 +1320,17 @@ mod tests {
                     match e {
                         SyncEvent::NeedSnapshot { .. } => *pending = true,
                         SyncEvent::BookChanged { last_update_id } => {
-                            let at = history.iter().rev().find(|(u, _)| *u == last_update_id).unwrap();
-                            assert_eq!(s.book(), &at.1, "seed {seed}: book differs from truth at {last_update_id}");
+                            let at =
+                                history.iter().rev().find(|(u, _)| *u == last_update_id).unwrap();
+                            assert_eq!(
+                                s.book(),
+                                &at.1,
+                                "seed {seed}: book differs from truth at {last_update_id}"
+                            );
                         }
-                        SyncEvent::ChecksumMismatch { .. } => panic!("seed {seed}: a correct book failed its checksum"),
+                        SyncEvent::ChecksumMismatch { .. } => {
+                            panic!("seed {seed}: a correct book failed its checksum")
+                        }
                         _ => {}
                     }
                 }
@@ -1281,11 +1353,19 @@ mod tests {
                 }
                 let prev = id;
                 // futures events may skip ids (pu links them); spot events are contiguous
-                let first = if rule == ContinuityRule::Futures { id + 1 + rng.below(3) } else { id + 1 };
+                let first =
+                    if rule == ContinuityRule::Futures { id + 1 + rng.below(3) } else { id + 1 };
                 id = first + rng.below(3); // several raw updates per event
                 history.push((id, truth.clone()));
                 let prev_last_id = (rule == ContinuityRule::Futures).then_some(prev);
-                let mut ev = DepthDelta { first_id: first, last_id: id, prev_last_id, bids, asks, checksum: None };
+                let mut ev = DepthDelta {
+                    first_id: first,
+                    last_id: id,
+                    prev_last_id,
+                    bids,
+                    asks,
+                    checksum: None,
+                };
                 if rng.chance(1, 3) {
                     ev.checksum = Some(truth.checksum(10));
                 }
@@ -1326,7 +1406,10 @@ mod tests {
                 if pending_snapshot {
                     pending_snapshot = false;
                     let (b, a) = truth.top(1000);
-                    s.handle_snapshot(DepthSnapshot { last_update_id: id, bids: b, asks: a }, 10_000);
+                    s.handle_snapshot(
+                        DepthSnapshot { last_update_id: id, bids: b, asks: a },
+                        10_000,
+                    );
                     pump(&mut s, &mut pending_snapshot, &history);
                 }
             }
@@ -1337,10 +1420,17 @@ mod tests {
             } else {
                 assert_eq!(s.state(), SyncState::Bridging, "seed {seed}");
             }
-            assert!(s.stats().gaps > 0 || s.stats().checksum_mismatches > 0 || s.stats().stale_dropped > 0);
+            assert!(
+                s.stats().gaps > 0
+                    || s.stats().checksum_mismatches > 0
+                    || s.stats().stale_dropped > 0
+            );
         }
         if how == Feed::Direct {
-            assert!(direct > 10_000 && abandoned > 100, "{direct} direct deltas, {abandoned} abandoned");
+            assert!(
+                direct > 10_000 && abandoned > 100,
+                "{direct} direct deltas, {abandoned} abandoned"
+            );
         }
     }
 }

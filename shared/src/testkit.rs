@@ -51,6 +51,23 @@ impl Rng {
     }
 }
 
+/// A random change (0 to 5 level updates, a third of them deletions) to a book whose bids stay
+/// below 1000 and asks above it, so it never crosses.
+pub fn mutate_book(book: &mut crate::book::OrderBook, rng: &mut Rng) {
+    use crate::book::Side;
+    use crate::fixed::{Price, Qty};
+    for _ in 0..rng.below(6) {
+        let side = if rng.below(2) == 0 { Side::Bid } else { Side::Ask };
+        let offset = 1 + rng.below(40) as i64;
+        let price = match side {
+            Side::Bid => 1000 - offset,
+            Side::Ask => 1000 + offset,
+        };
+        let qty = if rng.below(3) == 0 { 0 } else { 1 + rng.below(50) as i64 };
+        book.apply(side, Price::from_units(price), Qty::from_units(qty));
+    }
+}
+
 /// The L2 benchmark workload, shared by the native criterion bench and the wasm bench: a book of
 /// `levels` levels per side around a fixed mid and `updates` level updates that land mostly near
 /// the top (see [`Rng::top_skewed`]). Existing levels are modified (70%) or deleted (30%), missing
@@ -82,7 +99,11 @@ pub fn l2_workload(
         let d = rng.top_skewed(levels as u64 + 200) as i64;
         let p = price(side, d);
         let exists = !model.side(side).get(p).is_zero();
-        let qty = if exists && rng.chance(3, 10) { Qty::ZERO } else { Qty::from_raw(1 + rng.below(1_000_000) as i64) };
+        let qty = if exists && rng.chance(3, 10) {
+            Qty::ZERO
+        } else {
+            Qty::from_raw(1 + rng.below(1_000_000) as i64)
+        };
         model.apply(side, p, qty);
         out.push(LevelUpdate { side, price: p, qty });
     }
@@ -107,10 +128,10 @@ const L3_TICK: i64 = 1_000_000; // 0.01
 /// The L3 benchmark workload, shared by the native criterion bench and the wasm bench:
 /// `n` valid SSE-style messages. The generator keeps its own naive model.
 pub fn l3_workload(n: usize, seed: u64) -> Vec<crate::l3::Msg> {
-    use std::collections::{BTreeMap, HashMap, VecDeque};
     use crate::book::Side;
     use crate::fixed::{Price, Qty};
     use crate::l3::{Msg, TradeKind};
+    use std::collections::{BTreeMap, HashMap, VecDeque};
     let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(n);
     // live orders: id -> (side, price, qty); a dense list for uniform picks; FIFO per level
@@ -149,8 +170,12 @@ pub fn l3_workload(n: usize, seed: u64) -> Vec<crate::l3::Msg> {
             let side = if rng.chance(1, 2) { Side::Bid } else { Side::Ask };
             let d = l3_depth(&mut rng);
             let price = match side {
-                Side::Bid => best_ask.unwrap_or(mid + L3_TICK).min(mid + L3_TICK) - (1 + d) * L3_TICK,
-                Side::Ask => best_bid.unwrap_or(mid - L3_TICK).max(mid - L3_TICK) + (1 + d) * L3_TICK,
+                Side::Bid => {
+                    best_ask.unwrap_or(mid + L3_TICK).min(mid + L3_TICK) - (1 + d) * L3_TICK
+                }
+                Side::Ask => {
+                    best_bid.unwrap_or(mid - L3_TICK).max(mid - L3_TICK) + (1 + d) * L3_TICK
+                }
             };
             let qty = (1 + rng.below(30) as i64) * 100;
             let id = next_id;
@@ -159,16 +184,25 @@ pub fn l3_workload(n: usize, seed: u64) -> Vec<crate::l3::Msg> {
             pos.insert(id, live.len());
             live.push(id);
             levels[side as usize].entry(price).or_default().push_back(id);
-            out.push(Msg::Add { id, side, price: Price::from_raw(price), qty: Qty::from_units(qty) });
+            out.push(Msg::Add {
+                id,
+                side,
+                price: Price::from_raw(price),
+                qty: Qty::from_units(qty),
+            });
         } else if r < 88 {
-            // cancels favour the top of the book: half pick an order of a level at a calibrated depth
+            // cancels favour the top of the book: half pick an order of a level at a calibrated
+            // depth
             let id = if rng.chance(1, 2) {
                 live[rng.below(live.len() as u64) as usize]
             } else {
                 let side = if rng.chance(1, 2) { 0 } else { 1 };
                 let d = l3_depth(&mut rng) as usize;
-                let q =
-                    if side == 0 { levels[0].values().rev().nth(d) } else { levels[1].values().nth(d) };
+                let q = if side == 0 {
+                    levels[0].values().rev().nth(d)
+                } else {
+                    levels[1].values().nth(d)
+                };
                 match q {
                     Some(q) => q[rng.below(q.len() as u64) as usize],
                     None => live[rng.below(live.len() as u64) as usize],
@@ -181,7 +215,12 @@ pub fn l3_workload(n: usize, seed: u64) -> Vec<crate::l3::Msg> {
             } else {
                 orders.get_mut(&id).unwrap().2 -= qty;
             }
-            out.push(Msg::Cancel { id, side, price: Price::from_raw(price), qty: Qty::from_units(qty) });
+            out.push(Msg::Cancel {
+                id,
+                side,
+                price: Price::from_raw(price),
+                qty: Qty::from_units(qty),
+            });
         } else {
             // an unseen aggressor trades with the first order at the best level
             let passive = if rng.chance(1, 2) { Side::Bid } else { Side::Ask };

@@ -39,7 +39,12 @@ fn l2_apply_throughput() {
         }
         assert!(b.bids.len() > 0);
     });
-    console_log!("wasm l2/apply: {:.1} M updates/s ({} updates in {:.1} ms)", updates.len() as f64 / ms / 1e3, updates.len(), ms);
+    console_log!(
+        "wasm l2/apply: {:.1} M updates/s ({} updates in {:.1} ms)",
+        updates.len() as f64 / ms / 1e3,
+        updates.len(),
+        ms
+    );
     let ms = best_of(|| {
         let mut b = book.clone();
         let mut acc = 0i64;

@@ -19,6 +19,8 @@ use core::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod ops;
+
 use crate::book::Level;
 use crate::candle::Timeframe;
 use crate::fixed::{Price, Volume};
@@ -28,7 +30,9 @@ use crate::fixed::{Price, Volume};
 pub enum NameError {
     #[error("instrument {0:?} must look like exchange:market:BASE/QUOTE (e.g. sim:spot:BTC/USDT)")]
     Instrument(String),
-    #[error("series {0:?} must look like exchange:market:BASE/QUOTE:tf (e.g. sim:spot:BTC/USDT:1m)")]
+    #[error(
+        "series {0:?} must look like exchange:market:BASE/QUOTE:tf (e.g. sim:spot:BTC/USDT:1m)"
+    )]
     Series(String),
     #[error("unknown timeframe {0:?} in series")]
     Timeframe(String),
@@ -72,7 +76,8 @@ impl FromStr for Market {
 }
 
 fn valid_token(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    !s.is_empty()
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
 
 /// `exchange:market:SYMBOL`.
@@ -252,6 +257,22 @@ pub enum ErrorCode {
     Unauthorized,
     /// Anything else; the message says what.
     Internal,
+    /// REST: nothing of that name exists (e.g. no job for the instrument).
+    NotFound,
+    /// REST: no order book of that instrument.
+    UnknownBook,
+    /// REST: a short name that names several things; use the full id.
+    Ambiguous,
+    /// REST: a migration target that is not a shard id or -1.
+    BadTarget,
+    /// REST: the engine refused the migration (same shard, shard limit).
+    MigrateRefused,
+    /// REST: a simulator control asked of a book that does not come from a simulator.
+    NotSimulated,
+    /// REST: the simulator refused or did not answer.
+    SimulatorError,
+    /// HTTP: this address holds as many connections as it may.
+    TooManyConnections,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -370,13 +391,11 @@ pub struct DepthUpdateEvent {
     pub pu: u64,
     pub b: Vec<Level>,
     pub a: Vec<Level>,
-    /// CRC-32 of the top [`CHECKSUM_LEVELS`] levels after applying this event
-    /// (see `book::OrderBook::checksum`).
+    /// CRC-32 of the top [`CHECKSUM_LEVELS`](crate::book::CHECKSUM_LEVELS) levels after applying
+    /// this event
+    /// (see [`OrderBook::checksum`](crate::book::OrderBook::checksum)).
     pub cs: u32,
 }
-
-/// How many levels per side the `cs` checksum covers.
-pub const CHECKSUM_LEVELS: usize = 10;
 
 /// Snapshot on `depth@{instrument},{levels}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -390,11 +409,55 @@ pub struct DepthSnapshotEvent {
     pub asks: Vec<Level>,
 }
 
-/// Body of `GET /fapi/v1/depth?symbol=...&with_id=true`: `{"code":0,"data":{...}}`.
+/// Body of `GET /fapi/v1/depth?symbol=...&with_id=true`:
+/// `{"code":0,"data":{...},"health":"synced"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestDepthResponse {
     pub code: i32,
     pub data: RestDepth,
+    /// Whether the book is being kept up to date right now: anything but `synced` /
+    /// `snapshot_mode` means it is consistent with the deltas already sent, but old.
+    pub health: BookHealth,
+}
+
+/// How trustworthy a published book is right now (what its producer reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BookHealth {
+    /// In sync with its source: published.
+    Synced,
+    /// Synced from full snapshots only (Binance `depth20` fallback while REST snapshots fail):
+    /// published, but only the snapshot's depth is known.
+    SnapshotMode,
+    /// Waiting for a snapshot or a bridging event after a gap / reconnect: not published.
+    #[default]
+    Resyncing,
+    /// A sequence gap the producer has not recovered from, or no producer: not published.
+    Stale,
+}
+
+impl BookHealth {
+    /// Whether a book in this state is sent to clients.
+    pub fn is_publishable(self) -> bool {
+        matches!(self, BookHealth::Synced | BookHealth::SnapshotMode)
+    }
+}
+
+/// What a book's producer reports with every publish: its health and its counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BookStatus {
+    pub health: BookHealth,
+    /// Sequence / update-id gaps seen upstream.
+    pub gaps: u64,
+    /// Times the book was rebuilt from a snapshot after it was once synced.
+    pub resyncs: u64,
+    /// Periodic verifications that found the book different from a fresh snapshot.
+    pub drift: u64,
+    /// Periodic verifications done.
+    pub verifications: u64,
+    /// Upstream events applied.
+    pub events: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -426,13 +489,21 @@ impl From<&DepthUpdateEvent> for crate::sync::DepthDelta {
 
 impl From<&RestDepth> for crate::sync::DepthSnapshot {
     fn from(r: &RestDepth) -> Self {
-        crate::sync::DepthSnapshot { last_update_id: r.id, bids: r.bids.clone(), asks: r.asks.clone() }
+        crate::sync::DepthSnapshot {
+            last_update_id: r.id,
+            bids: r.bids.clone(),
+            asks: r.asks.clone(),
+        }
     }
 }
 
 impl From<&DepthSnapshotEvent> for crate::sync::DepthSnapshot {
     fn from(r: &DepthSnapshotEvent) -> Self {
-        crate::sync::DepthSnapshot { last_update_id: r.u, bids: r.bids.clone(), asks: r.asks.clone() }
+        crate::sync::DepthSnapshot {
+            last_update_id: r.u,
+            bids: r.bids.clone(),
+            asks: r.asks.clone(),
+        }
     }
 }
 
@@ -462,12 +533,21 @@ mod tests {
 
     #[test]
     fn bad_names_say_what_is_wrong() {
-        assert!(matches!("kline@sim:spot:BTC/USDT:7m".parse::<Stream>(), Err(NameError::Timeframe(_))));
+        assert!(matches!(
+            "kline@sim:spot:BTC/USDT:7m".parse::<Stream>(),
+            Err(NameError::Timeframe(_))
+        ));
         assert!(matches!("depth@sim:spot:BTC/USDT,7".parse::<Stream>(), Err(NameError::Levels(_))));
         assert!(matches!("depth@sim:spot:BTC/USDT".parse::<Stream>(), Err(NameError::Levels(_))));
         assert!(matches!("trades@x".parse::<Stream>(), Err(NameError::Stream(_))));
-        assert!(matches!("sim:spot:BTCUSDT".parse::<InstrumentId>(), Err(NameError::Instrument(_))));
-        assert!(matches!("sim:margin:BTC/USDT".parse::<InstrumentId>(), Err(NameError::Instrument(_))));
+        assert!(matches!(
+            "sim:spot:BTCUSDT".parse::<InstrumentId>(),
+            Err(NameError::Instrument(_))
+        ));
+        assert!(matches!(
+            "sim:margin:BTC/USDT".parse::<InstrumentId>(),
+            Err(NameError::Instrument(_))
+        ));
         assert!(matches!("sim:spot:BTC/USDT:x:1m".parse::<SeriesId>(), Err(NameError::Series(_))));
         assert!("sse:stock:600536".parse::<InstrumentId>().is_ok());
         assert!(NameError::Levels("x".into()).to_string().contains("1000"));
@@ -490,9 +570,10 @@ mod tests {
         let frame: ServerFrame =
             serde_json::from_str(r#"{"id":3,"error":{"code":"malformed","msg":"x"}}"#).unwrap();
         assert!(matches!(frame, ServerFrame::Reply(r) if !r.is_ok()));
-        let frame: ServerFrame =
-            serde_json::from_str(r#"{"stream":"heartbeat","data":{"seq":1,"server_time_ms":5,"version":"0"}}"#)
-                .unwrap();
+        let frame: ServerFrame = serde_json::from_str(
+            r#"{"stream":"heartbeat","data":{"seq":1,"server_time_ms":5,"version":"0"}}"#,
+        )
+        .unwrap();
         assert!(matches!(frame, ServerFrame::Push(p) if p.stream == Stream::Heartbeat));
     }
 
