@@ -24,7 +24,10 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use server::l3engine::{BookHealth, BookOutput, Engine, EngineConfig, SymbolIdx, Target, TickEvent};
+use server::l3::engine::{
+    BookOutput, Engine, EngineConfig, FeedHealth, SymbolIdx, Target, TickEvent,
+};
+use server::shutdown::Shutdown;
 use shared::book::Side;
 use shared::fixed::{Price, Qty};
 use shared::l3::{L3Book, Msg, SeqGap, SeqPolicy, Venue};
@@ -36,7 +39,7 @@ use shared::testkit::{l3_workload, Rng};
 struct TopOfBook(u64);
 
 impl BookOutput for TopOfBook {
-    fn publish(&mut self, book: &L3Book, _health: BookHealth, _now_ms: i64) {
+    fn publish(&mut self, book: &L3Book, _health: FeedHealth, _now_ms: i64) {
         self.0 += book.best_bid().map_or(0, |l| l.qty.raw() as u64);
     }
     fn on_gap(&mut self, _symbol: SymbolIdx, gap: SeqGap) {
@@ -46,10 +49,7 @@ impl BookOutput for TopOfBook {
 
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    cpu_time::ThreadTime::now().as_duration()
 }
 
 fn instrument(i: usize) -> InstrumentId {
@@ -91,22 +91,26 @@ struct Rig {
     entered: mpsc::Receiver<()>,
     release: mpsc::Sender<()>,
     engine: Option<Engine>,
-    d: Option<server::l3engine::Dispatcher>,
-    h: server::l3engine::EngineHandle,
+    d: Option<server::l3::engine::Dispatcher>,
+    h: server::l3::engine::EngineHandle,
     next: usize,
 }
 
 impl Rig {
     fn new(shards: usize) -> Self {
-        let mut e =
-            Engine::start(EngineConfig { shards, max_shards: shards, ..EngineConfig::default() }).unwrap();
+        let mut e = Engine::start(
+            EngineConfig { shards, max_shards: shards, ..EngineConfig::default() },
+            &Shutdown::new(),
+        )
+        .unwrap();
         let h = e.handle();
         let mut d = e.take_dispatcher().unwrap();
         let (entered_tx, entered) = mpsc::channel();
         let (release, release_rx) = mpsc::channel();
         let gate = Gate { entered: entered_tx, release: release_rx };
-        let gate =
-            h.add_symbol(instrument(999_999), Venue::Sse, SeqPolicy::Contiguous, Box::new(gate)).unwrap();
+        let gate = h
+            .add_symbol(instrument(999_999), Venue::Sse, SeqPolicy::Contiguous, Box::new(gate))
+            .unwrap();
         d.poll_control();
         Self { gate, gate_seq: 0, entered, release, engine: Some(e), d: Some(d), h, next: 1 }
     }
@@ -143,7 +147,9 @@ impl Rig {
             .map(|_| {
                 self.next += 1;
                 let out = Box::new(TopOfBook(0));
-                self.h.add_symbol(instrument(self.next), Venue::Sse, SeqPolicy::Contiguous, out).unwrap()
+                self.h
+                    .add_symbol(instrument(self.next), Venue::Sse, SeqPolicy::Contiguous, out)
+                    .unwrap()
             })
             .min()
             .unwrap();
@@ -184,7 +190,10 @@ impl Rig {
         let cpu1 = self.shard_cpu();
         let cpu = cpu1.iter().zip(&cpu0).map(|(a, b)| a - b).max().unwrap_or(0);
         let st = self.h.stats();
-        assert_eq!(st.shards.iter().map(|s| s.processed).sum::<u64>() - before, events.len() as u64);
+        assert_eq!(
+            st.shards.iter().map(|s| s.processed).sum::<u64>() - before,
+            events.len() as u64
+        );
         assert!(st.symbols.iter().all(|s| s.not_applied == 0 && s.gaps == 0));
         (took, Duration::from_nanos(cpu))
     }
@@ -212,7 +221,8 @@ fn throughput(c: &mut Criterion) {
     g.sample_size(10);
     // the floor: the same streams applied directly to L3Books on this thread, no engine
     let direct = |events: &[TickEvent], nsym: usize| {
-        let mut books: Vec<L3Book> = (0..nsym).map(|_| L3Book::with_capacity(Venue::Sse, 1024)).collect();
+        let mut books: Vec<L3Book> =
+            (0..nsym).map(|_| L3Book::with_capacity(Venue::Sse, 1024)).collect();
         let (t, c) = (Instant::now(), thread_cpu());
         for e in events {
             let b = &mut books[e.symbol as usize];
@@ -281,7 +291,7 @@ struct Gate {
 }
 
 impl BookOutput for Gate {
-    fn publish(&mut self, _: &L3Book, _: BookHealth, _: i64) {}
+    fn publish(&mut self, _: &L3Book, _: FeedHealth, _: i64) {}
     fn on_gap(&mut self, _: SymbolIdx, _: SeqGap) {}
     fn on_applied(&mut self, _: &L3Book, applied: u32, _: Duration) {
         if applied > 0 {
@@ -298,7 +308,7 @@ struct ColdProbe {
 }
 
 impl BookOutput for ColdProbe {
-    fn publish(&mut self, _: &L3Book, _: BookHealth, _: i64) {}
+    fn publish(&mut self, _: &L3Book, _: FeedHealth, _: i64) {}
     fn on_gap(&mut self, _: SymbolIdx, gap: SeqGap) {
         panic!("bench stream has a gap: {gap}");
     }
@@ -319,26 +329,38 @@ fn percentile(v: &mut [u32], q: f64) -> f64 {
 
 /// One migration of a hot symbol with a ~1 M event backlog; returns a printable line.
 fn migration_once(hot_stream: &[Msg], cold_streams: &[Vec<Msg>]) -> String {
-    let mut e = Engine::start(EngineConfig { shards: 1, max_shards: 2, ..EngineConfig::default() }).unwrap();
+    let mut e = Engine::start(
+        EngineConfig { shards: 1, max_shards: 2, ..EngineConfig::default() },
+        &Shutdown::new(),
+    )
+    .unwrap();
     let h = e.handle();
     let mut d = e.take_dispatcher().unwrap();
     let samples = Arc::new(Mutex::new(Vec::with_capacity(1 << 20)));
-    let hot = h.add_symbol(instrument(0), Venue::Sse, SeqPolicy::Contiguous, Box::new(TopOfBook(0))).unwrap();
+    let hot = h
+        .add_symbol(instrument(0), Venue::Sse, SeqPolicy::Contiguous, Box::new(TopOfBook(0)))
+        .unwrap();
     let cold: Vec<SymbolIdx> = (0..cold_streams.len())
         .map(|i| {
             let probe = ColdProbe { samples: samples.clone() };
-            h.add_symbol(instrument(i + 1), Venue::Sse, SeqPolicy::Contiguous, Box::new(probe)).unwrap()
+            h.add_symbol(instrument(i + 1), Venue::Sse, SeqPolicy::Contiguous, Box::new(probe))
+                .unwrap()
         })
         .collect();
     d.poll_control();
     let mut hot_next = 0usize;
     let mut cold_next = vec![0usize; cold.len()];
-    let mut tick_cold = |d: &mut server::l3engine::Dispatcher| {
+    let mut tick_cold = |d: &mut server::l3::engine::Dispatcher| {
         let evs: Vec<TickEvent> = (0..cold.len())
             .filter(|&k| cold_next[k] < cold_streams[k].len())
             .map(|k| {
                 let i = cold_next[k];
-                TickEvent { symbol: cold[k], channel: 1, seq: i as u64 + 1, msg: cold_streams[k][i] }
+                TickEvent {
+                    symbol: cold[k],
+                    channel: 1,
+                    seq: i as u64 + 1,
+                    msg: cold_streams[k][i],
+                }
             })
             .collect();
         for ev in &evs {
@@ -346,7 +368,7 @@ fn migration_once(hot_stream: &[Msg], cold_streams: &[Vec<Msg>]) -> String {
         }
         d.dispatch(&evs);
     };
-    let mut send_hot = |d: &mut server::l3engine::Dispatcher, n: usize| {
+    let mut send_hot = |d: &mut server::l3::engine::Dispatcher, n: usize| {
         let end = (hot_next + n).min(hot_stream.len());
         let evs: Vec<TickEvent> = (hot_next..end)
             .map(|i| TickEvent { symbol: hot, channel: 1, seq: i as u64 + 1, msg: hot_stream[i] })
@@ -356,7 +378,9 @@ fn migration_once(hot_stream: &[Msg], cold_streams: &[Vec<Msg>]) -> String {
     };
     // before: the hot symbol floods the shared shard until its backlog is ~1 M events
     let t0 = Instant::now();
-    while h.stats().symbol(hot).unwrap().pending < 1_000_000 && t0.elapsed() < Duration::from_secs(20) {
+    while h.stats().symbol(hot).unwrap().pending < 1_000_000
+        && t0.elapsed() < Duration::from_secs(20)
+    {
         send_hot(&mut d, 100_000);
         tick_cold(&mut d);
         std::thread::sleep(Duration::from_micros(200));
@@ -403,7 +427,10 @@ fn migration_once(hot_stream: &[Msg], cold_streams: &[Vec<Msg>]) -> String {
         } else {
             2
         };
-        by_phase[p].extend(std::iter::repeat_n(latency.as_micros().min(u32::MAX as u128) as u32, n as usize));
+        by_phase[p].extend(std::iter::repeat_n(
+            latency.as_micros().min(u32::MAX as u128) as u32,
+            n as usize,
+        ));
     }
     let [mut b, mut du, mut a] = by_phase;
     format!(

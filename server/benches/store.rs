@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, Criterion, Throughput};
-use server::bus::{Bus, InProcessBus, Subscription};
+use server::bus::{Bus, InProcessBus};
 use server::store::sqlite::SqliteStore;
 use server::store::{CandleStore, SeriesRows};
 use shared::candle::Candle;
@@ -82,8 +82,11 @@ fn store_write(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 next_batch(&mut bufs, rows / n_series, &mut next);
-                let batch: Vec<SeriesRows<'_>> =
-                    ids.iter().zip(&bufs).map(|(series, candles)| SeriesRows { series, candles }).collect();
+                let batch: Vec<SeriesRows<'_>> = ids
+                    .iter()
+                    .zip(&bufs)
+                    .map(|(series, candles)| SeriesRows { series, candles })
+                    .collect();
                 store.write(&batch).unwrap()
             })
         });
@@ -280,7 +283,10 @@ fn load(spec: &str) {
     let mut cfg = [("batches", 3000usize), ("rows", 200), ("series", 8)];
     for kv in spec.split(',').filter(|kv| !kv.is_empty()) {
         let (k, v) = kv.split_once('=').expect("key=value");
-        let slot = cfg.iter_mut().find(|(name, _)| *name == k).unwrap_or_else(|| panic!("unknown key {k}"));
+        let slot = cfg
+            .iter_mut()
+            .find(|(name, _)| *name == k)
+            .unwrap_or_else(|| panic!("unknown key {k}"));
         slot.1 = v.parse().expect("a number");
     }
     let [(_, batches), (_, rows), (_, n_series)] = cfg;
@@ -315,7 +321,8 @@ fn load(spec: &str) {
 /// User + system CPU seconds of this process (Linux; 0 elsewhere).
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0 // utime, stime (fields 14, 15), in USER_HZ = 100
 }

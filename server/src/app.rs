@@ -1,35 +1,91 @@
-//! The running service, assembled: store, bus, sources (with embedded simulators), ingest
-//! supervisor with its kline jobs, and backfill. [`App::start`] builds it from a [`Config`];
-//! [`App::stop`] stops it in order — no new subscriptions, backfill runs end, ingest jobs flush
-//! their buffered closed candles into the store — so a graceful shutdown loses nothing.
+//! The composition root: the running service, assembled. [`App::start`] builds it from a
+//! [`Config`] — the only place that names concrete parts ([`InProcessBus`], [`SqliteStore`], the
+//! embedded simulator); [`App::start_with`] takes the bus and the store from the caller (tests
+//! run the service on other implementations). [`App::stop`] stops it in order — the tick-by-tick
+//! books, then the jobs and backfill runs (which flush their buffered closed candles into the
+//! store), then the sources' background work and the embedded simulators, then the store — so a
+//! graceful shutdown loses nothing and leaves no task or thread behind.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
+use shared::protocol::ops::{JobKind, SourceKind};
 use shared::protocol::{InstrumentId, SeriesId};
+use sim::{Sim, SimConfig, SimHandle};
+use tracing::Instrument as _;
 
-use crate::backfill::Backfill;
-use crate::books::l3::L3Books;
+use crate::books::depth_job::DepthRunner;
 use crate::books::BookRegistry;
-use crate::bus::InProcessBus;
-use crate::config::Config;
-use crate::ingest::depth_job::{DepthJobsSnapshot, DepthRunner};
-use crate::ingest::kline_job::{self, KlineJobDeps};
-use crate::ingest::pipeline::Publisher;
-use crate::ingest::supervisor::{JobContext, JobFuture, JobRunner, Supervisor};
-use crate::ingest::{Lease, SubscribeError};
+use crate::bus::{Bus, InProcessBus};
+use crate::candles::backfill::Backfill;
+use crate::candles::kline_job::{self, KlineJobDeps};
+use crate::candles::writer::CandleWriter;
+use crate::config::{Config, SourceConfig};
+use crate::jobs::supervisor::{JobContext, JobFuture, JobRunner};
+use crate::jobs::{Lease, SubscribeError, Supervisor};
+use crate::l3::L3Books;
 use crate::metrics::{Column, Exposition, Metrics};
-use crate::sources::Sources;
+use crate::shutdown::Shutdown;
+use crate::sources::{Endpoint, ResolveError, Sources};
 use crate::store::sqlite::SqliteStore;
-use crate::store::CandleStore;
+use crate::store::{blocking, BackfillStore, CandleStore, StoreError};
+
+/// Why the service could not start. Each names what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open the database {path}")]
+    Store {
+        path: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error("cannot load backfill progress")]
+    Backfill(#[source] StoreError),
+    #[error("cannot start the embedded simulator of source {name}")]
+    Simulator {
+        name: String,
+        #[source]
+        source: anyhow::Error,
+    },
+    #[error(transparent)]
+    Source(#[from] crate::sources::SourceError),
+    #[error("cannot start the tick-by-tick books")]
+    TickBooks(#[source] crate::l3::L3Error),
+}
+
+/// The bus and the store the service runs on.
+#[derive(Clone)]
+pub struct Backends {
+    pub bus: Arc<dyn Bus>,
+    pub store: Arc<dyn CandleStore>,
+    pub backfill_store: Arc<dyn BackfillStore>,
+}
+
+impl Backends {
+    /// The single-process defaults: the in-process bus and the SQLite file of the data directory.
+    pub async fn open(config: &Config) -> Result<Backends, StartError> {
+        let path = config.db_path();
+        let file = path.clone();
+        let store = blocking(move || SqliteStore::open(&file))
+            .await
+            .map(Arc::new)
+            .map_err(|source| StartError::Store { path: path.display().to_string(), source })?;
+        tracing::info!(db = %path.display(), "store open");
+        Ok(Backends {
+            bus: Arc::new(InProcessBus::new(config.limits.bus_capacity)),
+            store: store.clone(),
+            backfill_store: store,
+        })
+    }
+}
 
 /// The service.
 pub struct App {
     pub config: Config,
     pub store: Arc<dyn CandleStore>,
-    pub bus: Arc<InProcessBus>,
+    pub bus: Arc<dyn Bus>,
     pub sources: Arc<Sources>,
+    /// The candle jobs.
     pub supervisor: Supervisor,
     pub backfill: Backfill,
     pub metrics: Arc<Metrics>,
@@ -41,36 +97,42 @@ pub struct App {
     /// the candle jobs' rules (pinned from `[depth]`, on-demand leases, capacity, reaper).
     pub depth: Supervisor,
     depth_runner: Arc<DepthRunner>,
+    /// The simulators this process runs for its `sim` sources, by source name.
+    simulators: Vec<(String, SimHandle)>,
+    /// The whole service's part of the shutdown; every subsystem's is a child of it.
+    shutdown: Shutdown,
 }
 
 /// Starts kline jobs for the supervisor.
 struct KlineRunner {
     config: Config,
     sources: Arc<Sources>,
-    store: Arc<dyn CandleStore>,
-    bus: Arc<dyn Publisher>,
+    writer: CandleWriter,
 }
 
 impl JobRunner for KlineRunner {
-    fn validate(&self, series: &SeriesId) -> Result<(), String> {
+    fn validate(&self, series: &SeriesId) -> Result<(), ResolveError> {
         self.sources.validate_series(series)
+    }
+
+    fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
+        self.sources.resolve(instrument).map(|_| ())
     }
 
     fn run(&self, ctx: JobContext) -> JobFuture {
         let sources = self.sources.clone();
         let config = self.config.ingest.clone();
-        let store = self.store.clone();
-        let bus = self.bus.clone();
+        let writer = self.writer.clone();
         Box::pin(async move {
-            let mut ctx = ctx;
-            let Some((source, symbol)) = crate::ingest::resolve_source(&sources, &mut ctx).await else { return };
+            let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
+                return;
+            };
             let deps = KlineJobDeps {
                 config,
                 rest: source.rest.clone(),
-                ws_base: source.ws_base.clone(),
+                ws_base: source.endpoint.ws_base.clone(),
                 symbol,
-                store,
-                bus,
+                writer,
             };
             kline_job::run(ctx, deps).await;
         })
@@ -78,39 +140,84 @@ impl JobRunner for KlineRunner {
 }
 
 impl App {
-    /// Opens the store, starts sources (and simulators), the pinned ingest jobs and the
-    /// auto-start backfill tasks.
-    pub async fn start(config: Config) -> anyhow::Result<App> {
-        let db = config.db_path();
-        let store: Arc<dyn CandleStore> = {
-            let path = db.clone();
-            let s = tokio::task::spawn_blocking(move || SqliteStore::open(&path))
-                .await
-                .context("store task failed")?
-                .with_context(|| format!("cannot open the database {}", db.display()))?;
-            Arc::new(s)
-        };
-        tracing::info!(db = %db.display(), "store open");
-        let bus = Arc::new(InProcessBus::new(config.limits.bus_capacity));
-        let sources = Sources::start(&config).await?;
-        let publisher: Arc<dyn Publisher> = bus.clone();
+    /// Opens the default bus and store and starts the service (see [`App::start_with`]).
+    pub async fn start(config: Config) -> Result<App, StartError> {
+        let backends = Backends::open(&config).await?;
+        App::start_with(config, backends).await
+    }
+
+    /// Starts the embedded simulators and sources, the pinned jobs, the auto-start backfill tasks
+    /// and the tick-by-tick books, on the given bus and store.
+    pub async fn start_with(config: Config, backends: Backends) -> Result<App, StartError> {
+        let Backends { bus, store, backfill_store } = backends;
+        let shutdown = Shutdown::new();
+        // The simulators stop with the service, after everything that talks to them.
+        let (endpoints, simulators) =
+            start_simulators(&config.sources, &shutdown.token().child_token()).await?;
+        let sources =
+            Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
+                .await?;
+        let writer = CandleWriter::new(store.clone(), bus.clone());
         let runner = KlineRunner {
             config: config.clone(),
             sources: sources.clone(),
-            store: store.clone(),
-            bus: publisher.clone(),
+            writer: writer.clone(),
         };
-        let supervisor = Supervisor::new(config.ingest.clone(), Arc::new(runner));
+        let supervisor =
+            Supervisor::new(JobKind::Kline, config.ingest.clone(), Arc::new(runner), &shutdown);
         supervisor.start(&config.pinned_instruments());
-        let backfill = Backfill::new(&config.backfill, &config.ingest.derived, store.clone(), publisher, sources.clone())
-            .context("cannot load backfill progress")?;
+        let tasks = config.backfill_tasks();
+        let backfill = {
+            let (derived, sources, shutdown) =
+                (config.ingest.derived.clone(), sources.clone(), shutdown.clone());
+            blocking(move || {
+                Backfill::new(&tasks, &derived, backfill_store, writer, sources, &shutdown)
+            })
+            .await
+            .map_err(StartError::Backfill)?
+        };
         backfill.start_configured();
         let books = BookRegistry::new(bus.clone());
         let depth_runner = DepthRunner::new(&config, sources.clone(), books.clone());
-        let depth = Supervisor::with_kind("depth", depth_runner.supervisor_config(), depth_runner.clone());
+        let depth = Supervisor::new(
+            JobKind::Depth,
+            depth_runner.supervisor_config(),
+            depth_runner.clone(),
+            &shutdown,
+        );
         depth.start(&config.pinned_depth_instruments());
-        let l3 = L3Books::start(&config.l3, books.clone(), &tick_sources(&config, &sources))?;
-        Ok(App { config, store, bus, sources, supervisor, backfill, metrics: Arc::default(), books, depth, depth_runner, l3 })
+        let l3 = L3Books::start(
+            &config.l3,
+            books.clone(),
+            &tick_sources(&config, &sources),
+            &shutdown.child(),
+        )
+        .map_err(StartError::TickBooks)?;
+        Ok(App {
+            config,
+            store,
+            bus,
+            sources,
+            supervisor,
+            backfill,
+            metrics: Arc::default(),
+            books,
+            depth,
+            depth_runner,
+            l3,
+            simulators,
+            shutdown,
+        })
+    }
+
+    /// The embedded simulator of source `name`, if millrace runs it.
+    pub fn simulator(&self, name: &str) -> Option<&SimHandle> {
+        self.simulators.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    }
+
+    /// The service's part of the shutdown (a child of it stops with the service).
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
     }
 
     /// A browser's subscription to `depth_update@{instrument}` / `depth@{instrument},N`: a lease
@@ -121,75 +228,187 @@ impl App {
 
     /// Depth jobs for ops: supervisor view (pinned, refcounts, crashes) plus each job's sync
     /// state and counters.
-    pub fn depth_jobs_snapshot(&self) -> DepthJobsSnapshot {
+    pub fn depth_jobs_snapshot(&self) -> shared::protocol::ops::DepthJobsReport {
         self.depth_runner.snapshot(self.depth.snapshot())
     }
 
-    /// Stops everything in order; buffered closed candles are flushed to the store.
-    pub async fn stop(&self) {
+    /// Stops everything in order (see the module docs); buffered closed candles are flushed to
+    /// the store. Returns whether every task and thread ended in time.
+    pub async fn stop(&self) -> bool {
         self.l3.stop().await;
-        self.supervisor.shutdown();
-        self.depth.shutdown();
-        self.backfill.shutdown(Duration::from_secs(5)).await;
-        if !self.supervisor.wait_stopped(Duration::from_secs(10)).await {
+        let (kline, depth, backfill) = tokio::join!(
+            self.supervisor.stop(Duration::from_secs(10)),
+            self.depth.stop(Duration::from_secs(5)),
+            self.backfill.shutdown(Duration::from_secs(5)),
+        );
+        if !kline {
             tracing::warn!("some ingest jobs did not stop within 10 s");
         }
-        if !self.depth.wait_stopped(Duration::from_secs(5)).await {
+        if !depth {
             tracing::warn!("some depth jobs did not stop within 5 s");
         }
-        for s in self.sources.all() {
-            if let Some(sim) = &s.sim {
-                sim.shutdown();
-            }
+        if !backfill {
+            tracing::warn!("some backfill runs did not stop within 5 s");
         }
+        let all = self.shutdown.stopped(Duration::from_secs(5)).await;
+        for (_, sim) in &self.simulators {
+            sim.shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(5), sim.stopped()).await;
+        }
+        let store = self.store.clone();
+        let _ = blocking(move || {
+            store.close();
+            Ok(())
+        })
+        .await;
+        all && kline && depth && backfill
     }
 
     /// Depth jobs, published books and the tick-by-tick engine, for `/metrics`.
     fn render_book_metrics(&self, e: &mut Exposition) {
         let depth = self.depth_jobs_snapshot();
-        e.single("millrace_depth_ondemand_jobs", "gauge", "On-demand depth jobs running.", depth.capacity.ondemand_jobs);
-        e.single("millrace_depth_refusals_total", "counter", "Depth subscriptions refused for capacity.", depth.capacity.refusals);
-        let per_job: [Column<crate::ingest::supervisor::JobSnapshot>; 4] = [
-            ("millrace_depth_job_connected", "gauge", "1 while the depth job's stream is connected.", |j| j.connected as u64),
-            ("millrace_depth_job_crashes_total", "counter", "Upstream failures per depth job.", |j| j.crashes),
-            ("millrace_depth_job_messages_total", "counter", "Upstream messages per depth job.", |j| j.messages),
-            ("millrace_depth_job_subscribers", "gauge", "Live subscriptions per depth job.", |j| j.subscribers as u64),
+        e.single(
+            "millrace_depth_ondemand_jobs",
+            "gauge",
+            "On-demand depth jobs running.",
+            depth.capacity.ondemand_jobs,
+        );
+        e.single(
+            "millrace_depth_refusals_total",
+            "counter",
+            "Depth subscriptions refused for capacity.",
+            depth.capacity.refusals,
+        );
+        let per_job: [Column<shared::protocol::ops::JobReport>; 4] = [
+            (
+                "millrace_depth_job_connected",
+                "gauge",
+                "1 while the depth job's stream is connected.",
+                |j| j.connected as u64,
+            ),
+            (
+                "millrace_depth_job_crashes_total",
+                "counter",
+                "Upstream failures per depth job.",
+                |j| j.crashes,
+            ),
+            (
+                "millrace_depth_job_messages_total",
+                "counter",
+                "Upstream messages per depth job.",
+                |j| j.messages,
+            ),
+            ("millrace_depth_job_subscribers", "gauge", "Live subscriptions per depth job.", |j| {
+                j.subscribers as u64
+            }),
         ];
         let rows: Vec<_> = depth.jobs.iter().map(|d| d.job.clone()).collect();
-        e.table(&per_job, &rows, |j| vec![("instrument", j.instrument.clone())]);
+        e.table(&per_job, &rows, |j| vec![("instrument", j.instrument.to_string())]);
         let books = self.books.list();
-        let per_book: [Column<crate::books::BookInfo>; 7] = [
-            ("millrace_book_publishing", "gauge", "1 while the book is published (synced or snapshot mode).", |b| {
-                b.status.health.is_publishable() as u64
+        let per_book: [Column<shared::protocol::ops::BookInfo>; 7] = [
+            (
+                "millrace_book_publishing",
+                "gauge",
+                "1 while the book is published (synced or snapshot mode).",
+                |b| b.status.health.is_publishable() as u64,
+            ),
+            (
+                "millrace_book_gaps_total",
+                "counter",
+                "Upstream sequence / update-id gaps per book.",
+                |b| b.status.gaps,
+            ),
+            ("millrace_book_resyncs_total", "counter", "Rebuilds from a snapshot per book.", |b| {
+                b.status.resyncs
             }),
-            ("millrace_book_gaps_total", "counter", "Upstream sequence / update-id gaps per book.", |b| b.status.gaps),
-            ("millrace_book_resyncs_total", "counter", "Rebuilds from a snapshot per book.", |b| b.status.resyncs),
-            ("millrace_book_drift_total", "counter", "Verifications that found the book different from a snapshot.", |b| b.status.drift),
-            ("millrace_book_deltas_total", "counter", "depth_update deltas published per book.", |b| b.deltas),
-            ("millrace_book_crossed_skipped_total", "counter", "Publishes skipped because the book was crossed.", |b| b.crossed_skipped),
+            (
+                "millrace_book_drift_total",
+                "counter",
+                "Verifications that found the book different from a snapshot.",
+                |b| b.status.drift,
+            ),
+            (
+                "millrace_book_deltas_total",
+                "counter",
+                "depth_update deltas published per book.",
+                |b| b.deltas,
+            ),
+            (
+                "millrace_book_crossed_skipped_total",
+                "counter",
+                "Publishes skipped because the book was crossed.",
+                |b| b.crossed_skipped,
+            ),
             ("millrace_book_update_id", "gauge", "Last published update id per book.", |b| b.id),
         ];
-        e.table(&per_book, &books, |b| vec![("instrument", b.instrument.to_string()), ("source", b.source.clone())]);
+        e.table(&per_book, &books, |b| {
+            vec![("instrument", b.instrument.to_string()), ("source", b.source.clone())]
+        });
         let l3 = self.l3.handle.stats();
-        e.single("millrace_l3_auto_balance", "gauge", "1 while automatic shard balancing is on.", l3.auto_balance as u64);
-        e.single("millrace_l3_migrations_completed_total", "counter", "Symbol migrations completed.", l3.migrations.completed);
-        e.single("millrace_l3_migrations_rejected_total", "counter", "Symbol migrations refused.", l3.migrations.rejected);
-        e.single("millrace_l3_balancer_decisions_total", "counter", "Migrations asked for by the automatic policy.", l3.balancer_decisions);
-        let per_shard: [Column<crate::l3engine::ShardStats>; 5] = [
-            ("millrace_l3_shard_pending", "gauge", "Events queued or held per shard.", |s| s.pending),
-            ("millrace_l3_shard_processed_total", "counter", "Events processed per shard.", |s| s.processed),
-            ("millrace_l3_shard_processed_per_second", "gauge", "Events processed per second per shard.", |s| s.processed_per_s),
-            ("millrace_l3_shard_lag_ms", "gauge", "Age of the batch a shard is processing.", |s| s.lag_ms),
+        e.single(
+            "millrace_l3_auto_balance",
+            "gauge",
+            "1 while automatic shard balancing is on.",
+            l3.auto_balance as u64,
+        );
+        e.single(
+            "millrace_l3_migrations_completed_total",
+            "counter",
+            "Symbol migrations completed.",
+            l3.migrations.completed,
+        );
+        e.single(
+            "millrace_l3_migrations_rejected_total",
+            "counter",
+            "Symbol migrations refused.",
+            l3.migrations.rejected,
+        );
+        e.single(
+            "millrace_l3_balancer_decisions_total",
+            "counter",
+            "Migrations asked for by the automatic policy.",
+            l3.balancer_decisions,
+        );
+        let per_shard: [Column<shared::protocol::ops::ShardStats>; 5] = [
+            ("millrace_l3_shard_pending", "gauge", "Events queued or held per shard.", |s| {
+                s.pending
+            }),
+            ("millrace_l3_shard_processed_total", "counter", "Events processed per shard.", |s| {
+                s.processed
+            }),
+            (
+                "millrace_l3_shard_processed_per_second",
+                "gauge",
+                "Events processed per second per shard.",
+                |s| s.processed_per_s,
+            ),
+            ("millrace_l3_shard_lag_ms", "gauge", "Age of the batch a shard is processing.", |s| {
+                s.lag_ms
+            }),
             ("millrace_l3_shard_symbols", "gauge", "Symbols per shard.", |s| s.symbols as u64),
         ];
         e.table(&per_shard, &l3.shards, |s| vec![("shard", s.id.to_string())]);
-        let per_symbol: [Column<crate::l3engine::SymbolStats>; 4] = [
-            ("millrace_l3_symbol_pending", "gauge", "Events pending per tick-by-tick book.", |s| s.pending),
-            ("millrace_l3_symbol_shard", "gauge", "The shard a tick-by-tick book lives on.", |s| s.shard as u64),
-            ("millrace_l3_symbol_gaps_total", "counter", "Sequence gaps per tick-by-tick book.", |s| s.gaps),
-            ("millrace_l3_symbol_lag_ms", "gauge", "Dispatch-to-done time of the book's last batch.", |s| s.lag_ms),
+        let per_symbol: [Column<shared::protocol::ops::SymbolStats>; 4] = [
+            ("millrace_l3_symbol_pending", "gauge", "Events pending per tick-by-tick book.", |s| {
+                s.pending
+            }),
+            ("millrace_l3_symbol_shard", "gauge", "The shard a tick-by-tick book lives on.", |s| {
+                s.shard as u64
+            }),
+            (
+                "millrace_l3_symbol_gaps_total",
+                "counter",
+                "Sequence gaps per tick-by-tick book.",
+                |s| s.gaps,
+            ),
+            (
+                "millrace_l3_symbol_lag_ms",
+                "gauge",
+                "Dispatch-to-done time of the book's last batch.",
+                |s| s.lag_ms,
+            ),
         ];
-        e.table(&per_symbol, &l3.symbols, |s| vec![("instrument", s.instrument.clone())]);
+        e.table(&per_symbol, &l3.symbols, |s| vec![("instrument", s.instrument.to_string())]);
     }
 
     /// `GET /metrics`.
@@ -197,45 +416,168 @@ impl App {
         let mut e = Exposition::new();
         self.metrics.render(&mut e);
         let snap = self.supervisor.snapshot();
-        e.single("millrace_ingest_ondemand_jobs", "gauge", "On-demand ingest jobs running.", snap.capacity.ondemand_jobs);
-        e.single("millrace_ingest_pinned_jobs", "gauge", "Pinned ingest jobs running.", snap.capacity.pinned_jobs);
-        e.single("millrace_ingest_ondemand_max_jobs", "gauge", "Capacity for on-demand jobs (0 = unlimited).", snap.capacity.ondemand_max_jobs);
-        e.single("millrace_ingest_evictions_total", "counter", "Idle on-demand jobs evicted for capacity.", snap.capacity.evictions);
-        e.single("millrace_ingest_refusals_total", "counter", "Subscriptions refused for capacity.", snap.capacity.refusals);
-        e.single("millrace_ingest_reaped_total", "counter", "Idle on-demand jobs stopped by the reaper.", snap.capacity.reaped);
-        let per_job: [Column<crate::ingest::supervisor::JobSnapshot>; 9] = [
+        e.single(
+            "millrace_ingest_ondemand_jobs",
+            "gauge",
+            "On-demand ingest jobs running.",
+            snap.capacity.ondemand_jobs,
+        );
+        e.single(
+            "millrace_ingest_pinned_jobs",
+            "gauge",
+            "Pinned ingest jobs running.",
+            snap.capacity.pinned_jobs,
+        );
+        e.single(
+            "millrace_ingest_ondemand_max_jobs",
+            "gauge",
+            "Capacity for on-demand jobs (0 = unlimited).",
+            snap.capacity.ondemand_max_jobs,
+        );
+        e.single(
+            "millrace_ingest_evictions_total",
+            "counter",
+            "Idle on-demand jobs evicted for capacity.",
+            snap.capacity.evictions,
+        );
+        e.single(
+            "millrace_ingest_refusals_total",
+            "counter",
+            "Subscriptions refused for capacity.",
+            snap.capacity.refusals,
+        );
+        e.single(
+            "millrace_ingest_reaped_total",
+            "counter",
+            "Idle on-demand jobs stopped by the reaper.",
+            snap.capacity.reaped,
+        );
+        let per_job: [Column<shared::protocol::ops::JobReport>; 9] = [
             ("millrace_job_crashes_total", "counter", "Upstream failures per job.", |j| j.crashes),
-            ("millrace_job_connected", "gauge", "1 while the job's upstream stream is connected.", |j| j.connected as u64),
-            ("millrace_job_messages_total", "counter", "Upstream messages per job.", |j| j.messages),
-            ("millrace_job_malformed_total", "counter", "Malformed or unexpected upstream messages per job.", |j| j.malformed),
-            ("millrace_job_closed_candles_total", "counter", "Closed 1m candles accepted per job.", |j| j.closed_candles),
-            ("millrace_job_gap_filled_candles_total", "counter", "Closed 1m candles fetched over REST to fill gaps.", |j| j.gap_filled_candles),
-            ("millrace_job_persist_failures_total", "counter", "Failed persists (retried) per job.", |j| j.persist_failures),
-            ("millrace_job_subscribers", "gauge", "Live subscriptions per job.", |j| j.subscribers as u64),
+            (
+                "millrace_job_connected",
+                "gauge",
+                "1 while the job's upstream stream is connected.",
+                |j| j.connected as u64,
+            ),
+            ("millrace_job_messages_total", "counter", "Upstream messages per job.", |j| {
+                j.messages
+            }),
+            (
+                "millrace_job_malformed_total",
+                "counter",
+                "Malformed or unexpected upstream messages per job.",
+                |j| j.malformed,
+            ),
+            (
+                "millrace_job_closed_candles_total",
+                "counter",
+                "Closed 1m candles accepted per job.",
+                |j| j.closed_candles,
+            ),
+            (
+                "millrace_job_gap_filled_candles_total",
+                "counter",
+                "Closed 1m candles fetched over REST to fill gaps.",
+                |j| j.gap_filled_candles,
+            ),
+            (
+                "millrace_job_persist_failures_total",
+                "counter",
+                "Failed persists (retried) per job.",
+                |j| j.persist_failures,
+            ),
+            ("millrace_job_subscribers", "gauge", "Live subscriptions per job.", |j| {
+                j.subscribers as u64
+            }),
             ("millrace_job_pinned", "gauge", "1 for pinned jobs.", |j| j.pinned as u64),
         ];
-        e.table(&per_job, &snap.jobs, |j| vec![("instrument", j.instrument.clone())]);
+        e.table(&per_job, &snap.jobs, |j| vec![("instrument", j.instrument.to_string())]);
         let tasks = self.backfill.snapshot();
-        e.family("millrace_backfill_progress", "gauge", "Share of the retention window covered (0-1).");
+        e.family(
+            "millrace_backfill_progress",
+            "gauge",
+            "Share of the retention window covered (0-1).",
+        );
         for t in &tasks {
-            e.sample("millrace_backfill_progress", &[("series", &t.series)], t.progress);
+            e.sample(
+                "millrace_backfill_progress",
+                &[("series", &t.series.to_string())],
+                t.progress,
+            );
         }
-        e.family("millrace_backfill_candles_written", "gauge", "Candles written by the current or last run.");
+        e.family(
+            "millrace_backfill_candles_written",
+            "gauge",
+            "Candles written by the current or last run.",
+        );
         for t in &tasks {
-            e.sample("millrace_backfill_candles_written", &[("series", &t.series)], t.candles_written);
+            e.sample(
+                "millrace_backfill_candles_written",
+                &[("series", &t.series.to_string())],
+                t.candles_written,
+            );
         }
         e.family("millrace_backfill_running", "gauge", "1 while a run is active.");
         for t in &tasks {
-            e.sample("millrace_backfill_running", &[("series", &t.series)], t.running as u64);
+            e.sample(
+                "millrace_backfill_running",
+                &[("series", &t.series.to_string())],
+                u64::from(t.running),
+            );
         }
         self.render_book_metrics(&mut e);
         e.family("millrace_source_ready", "gauge", "1 when the source's symbols are loaded.");
         for s in self.sources.snapshot() {
-            let name = s["name"].as_str().unwrap_or_default().to_string();
-            e.sample("millrace_source_ready", &[("source", &name)], s["ready"].as_bool().unwrap_or(false) as u64);
+            e.sample("millrace_source_ready", &[("source", &s.name)], u64::from(s.ready));
         }
         e.finish()
     }
+}
+
+/// Starts an embedded simulator for every `sim` source without URLs (stopping when `stop` is
+/// cancelled); returns every source's endpoint (in order) and the simulators started.
+async fn start_simulators(
+    sources: &[SourceConfig],
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<(Vec<Endpoint>, Vec<(String, SimHandle)>), StartError> {
+    let mut endpoints = Vec::new();
+    let mut simulators = Vec::new();
+    for sc in sources {
+        let Some(product) = binance::Product::of_market(sc.market) else {
+            return Err(crate::sources::SourceError::NotBinance {
+                name: sc.name.clone(),
+                market: sc.market,
+            }
+            .into());
+        };
+        let endpoint = match (sc.kind, &sc.rest_base, &sc.ws_base) {
+            (SourceKind::Sim, None, None) => {
+                let config = SimConfig { seed: sc.seed, speed: sc.speed, ..SimConfig::default() };
+                let span = tracing::info_span!("simulator", source = %sc.name);
+                let sim = Sim::start_until(config, sc.sim_addr, stop.clone())
+                    .instrument(span)
+                    .await
+                    .map_err(|source| StartError::Simulator { name: sc.name.clone(), source })?;
+                // The simulator serves USD-M futures under /fapi (REST and streams).
+                let ws_base = match product {
+                    binance::Product::Spot => sim.ws_base(),
+                    binance::Product::Futures => sim.futures_ws_base(),
+                };
+                let endpoint = Endpoint { rest_base: sim.rest_base(), ws_base, embedded: true };
+                tracing::info!(source = %sc.name, rest = %endpoint.rest_base, ws = %endpoint.ws_base, speed = sc.speed, "embedded simulator started");
+                simulators.push((sc.name.clone(), sim));
+                endpoint
+            }
+            (_, r, w) => Endpoint {
+                rest_base: r.clone().unwrap_or_else(|| product.default_rest_url().to_string()),
+                ws_base: w.clone().unwrap_or_else(|| product.default_ws_url().to_string()),
+                embedded: false,
+            },
+        };
+        endpoints.push(endpoint);
+    }
+    Ok((endpoints, simulators))
 }
 
 /// `(source name, simulator base URL)` of every simulator whose tick-by-tick feed the books
@@ -248,8 +590,8 @@ fn tick_sources(config: &Config, sources: &Sources) -> Vec<(String, String)> {
     sources
         .all()
         .iter()
-        .filter(|s| s.config.kind == crate::config::SourceKind::Sim)
-        .filter(|s| seen.insert(s.rest_base.clone()))
-        .map(|s| (s.config.name.clone(), s.rest_base.clone()))
+        .filter(|s| s.config.kind == SourceKind::Sim)
+        .filter(|s| seen.insert(s.endpoint.rest_base.clone()))
+        .map(|s| (s.config.name.clone(), s.endpoint.rest_base.clone()))
         .collect()
 }

@@ -1,11 +1,17 @@
-//! Command-line interface of the `millrace` binary.
+//! The `millrace` binary's commands: `serve` (the default), `sim`, `replay …`. Each sets up what
+//! it needs (logging, a tokio runtime, the configuration) and hands over to the library.
 
 use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
 
-use crate::replay;
+use crate::config::{Config, Overrides};
+use crate::http::ServeConfig;
 
 /// millrace: real-time market data you can prove is right.
 #[derive(Debug, Parser)]
@@ -18,10 +24,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server (the default when no subcommand is given).
-    Serve(crate::http::ServeArgs),
+    Serve(ServeArgs),
     /// Run the simulated exchange alone, speaking Binance's REST and WebSocket protocol
     /// (point a `[[sources]]` entry's rest_base / ws_base at it).
-    Sim(crate::sim::SimArgs),
+    Sim(sim::SimArgs),
     /// Replay recorded exchange data through millrace's market logic and check it.
     #[command(subcommand)]
     Replay(ReplayCommand),
@@ -30,21 +36,85 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ReplayCommand {
     /// Sync order books from Binance depth captures and check them against bookTicker.
-    Depth(replay::depth::Args),
+    Depth(replay::depth::DepthArgs),
     /// Merge Binance 1m kline archives into a timeframe; prints CSV.
-    Klines(replay::klines::Args),
+    Klines(replay::klines::KlinesArgs),
     /// Rebuild Shanghai tick-by-tick books from order and trade files; prints JSON per symbol.
-    Sse(replay::sse::Args),
+    Sse(replay::sse::SseArgs),
     /// Rebuild a LOBSTER book from a message file; prints LOBSTER's orderbook CSV.
-    Lobster(replay::lobster::Args),
+    Lobster(replay::lobster::LobsterArgs),
+}
+
+/// Arguments of `millrace serve`. Every flag overrides the configuration file and `MILLRACE_*`
+/// variables (see [`crate::config`] for all keys).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Configuration file (TOML). Without one, the built-in defaults: simulator, SQLite, in-process
+    /// bus.
+    #[arg(long, env = "MILLRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080; key server.addr; env MILLRACE_ADDR].
+    #[arg(long)]
+    pub addr: Option<SocketAddr>,
+    /// Directory of the SQLite database [default: data; key server.data_dir; env
+    /// MILLRACE_DATA_DIR].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Simulated seconds per real second of the built-in simulator (60 = a candle closes every
+    /// second) [default: 1; key sources[].speed; env MILLRACE_SIM_SPEED].
+    #[arg(long, env = "MILLRACE_SIM_SPEED")]
+    pub sim_speed: Option<f64>,
+    /// Directory with the built dashboard (index.html, client.js, client_bg.wasm), made by
+    /// `scripts/build-client` [default: dist at the workspace root; key server.static_dir;
+    /// env MILLRACE_STATIC_DIR].
+    #[arg(long)]
+    pub static_dir: Option<PathBuf>,
+    /// Print the effective configuration (defaults, file, environment and flags merged) as TOML
+    /// and exit: every key millrace understands, with its value.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl Default for ServeArgs {
+    /// What `millrace serve` gets with no flags.
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Bare {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        Bare::parse_from(["millrace"]).args
+    }
+}
+
+impl ServeArgs {
+    /// The flags that override configuration keys.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            addr: self.addr,
+            data_dir: self.data_dir.clone(),
+            static_dir: self.static_dir.clone(),
+            sim_speed: self.sim_speed,
+            admin_token: None,
+        }
+    }
+
+    /// The configuration these arguments and the environment describe.
+    pub fn load(&self) -> Result<Config, crate::config::ConfigError> {
+        Config::load(self.config.as_deref(), std::env::vars(), &self.overrides())
+    }
 }
 
 /// Runs a parsed command line. Replay commands exit 1 when a check fails.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        None => crate::http::run_blocking(crate::http::ServeArgs::default()),
-        Some(Command::Serve(args)) => crate::http::run_blocking(args),
-        Some(Command::Sim(args)) => crate::sim::run_standalone(args),
+        None => serve(&ServeArgs::default()),
+        Some(Command::Serve(args)) => serve(&args),
+        Some(Command::Sim(args)) => {
+            crate::telemetry::init();
+            runtime()?.block_on(sim::run_until(&args, crate::shutdown::signal()))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Command::Replay(cmd)) => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
@@ -58,4 +128,31 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Runtime::new().context("cannot start the tokio runtime")
+}
+
+/// `millrace serve`: the service until Ctrl-C / SIGTERM.
+fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    crate::telemetry::init();
+    if args.print_config {
+        let mut config = args.load()?;
+        if config.server.admin_token.is_some() {
+            config.server.admin_token = Some("<redacted>".into());
+        }
+        print!("{}", toml::to_string(&config).context("cannot print the configuration")?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = ServeConfig::new(args.load()?)?;
+    let addr = config.config.server.addr;
+    runtime()?.block_on(async {
+        let listener = TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on --addr {addr} (is another server running?)")
+        })?;
+        crate::http::serve(listener, config, crate::shutdown::signal()).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

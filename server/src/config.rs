@@ -48,10 +48,47 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use shared::candle::Timeframe;
-use shared::protocol::{InstrumentId, Market, SeriesId};
+pub use shared::protocol::ops::SourceKind;
+use shared::protocol::{InstrumentId, Market, NameError, SeriesId};
+use shared::Price;
+
+use crate::l3::engine::EngineConfig;
+
+/// Why a configuration cannot be used. Every message names the file, the key or the variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read --config {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a valid TOML file", path.display())]
+    Toml {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value out of range, of the wrong type, or naming something that does not exist.
+    #[error("configuration key `{key}`: {problem}")]
+    Invalid { key: String, problem: String },
+    #[error("environment variable {name}: {problem}")]
+    Env { name: String, problem: String },
+}
+
+/// A [`ConfigError::Invalid`] from a message `configuration key `K`: P`.
+fn invalid(message: String) -> ConfigError {
+    let parsed =
+        message.strip_prefix("configuration key `").and_then(|rest| rest.split_once('`')).map(
+            |(key, problem)| (key.to_string(), problem.trim_start_matches([':', ' ']).to_string()),
+        );
+    match parsed {
+        Some((key, problem)) => ConfigError::Invalid { key, problem },
+        None => ConfigError::Invalid { key: String::new(), problem: message },
+    }
+}
 
 /// Everything `millrace serve` runs with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,7 +99,7 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub depth: DepthConfig,
     /// `[l3]`: tick-by-tick books (sharded engine, simulator feeds, Shanghai replay).
-    pub l3: crate::books::l3::L3Config,
+    pub l3: L3Config,
     pub sources: Vec<SourceConfig>,
     pub backfill: Vec<BackfillTaskConfig>,
 }
@@ -127,7 +164,8 @@ impl Default for LimitsConfig {
     }
 }
 
-/// `[ingest]`: the supervisor and candle pipeline (seeds/ingest-supervisor-and-binance-kline-ws.md).
+/// `[ingest]`: the supervisor and candle pipeline
+/// (seeds/ingest-supervisor-and-binance-kline-ws.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngestConfig {
@@ -231,14 +269,96 @@ impl Default for DepthConfig {
     }
 }
 
-/// Kind of a market-data source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceKind {
-    /// The built-in simulated exchange, spoken to over Binance's protocol on loopback.
-    Sim,
-    /// Binance (spot or USD-M futures).
-    Binance,
+/// `[l3]`: the tick-by-tick books.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct L3Config {
+    /// Rebuild the books of every `sim` source's tick-by-tick feed (`/tbt/ws`).
+    pub sim_feeds: bool,
+    /// The sharded engine: shards, publish interval, auto-balance and its thresholds.
+    pub engine: EngineConfig,
+    /// Event batches queued for the dispatcher before feeds wait.
+    pub queue_batches: usize,
+    /// Most events held for one symbol while its recovery runs; beyond it the oldest are dropped
+    /// (and the recovery starts over).
+    pub max_held_events: usize,
+    /// Recorded tick-by-tick days replayed into the engine (`[[l3.replay]]`).
+    pub replay: Vec<ReplaySourceConfig>,
+}
+
+/// `[[l3.replay]]`: Shanghai tick-by-tick files (逐笔委托 + 逐笔成交, CSV / .gz / .zip) replayed
+/// into the engine as a live source; books are `{name}:stock:{SecurityID}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplaySourceConfig {
+    /// Source name in instrument ids.
+    pub name: String,
+    pub orders: PathBuf,
+    pub trades: PathBuf,
+    /// Price tick the float-printed prices are snapped to.
+    pub tick: String,
+    /// MDTime seconds per wall-clock second (1 = the original pace); 0 = as fast as possible.
+    pub speed: f64,
+}
+
+impl Default for ReplaySourceConfig {
+    fn default() -> Self {
+        Self {
+            name: "sse".into(),
+            orders: PathBuf::new(),
+            trades: PathBuf::new(),
+            tick: "0.01".into(),
+            speed: 1.0,
+        }
+    }
+}
+
+impl L3Config {
+    /// Names the first bad value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.engine
+            .validate()
+            .map_err(|e| invalid(format!("configuration key `l3.engine`: {e}")))?;
+        for (i, r) in self.replay.iter().enumerate() {
+            let key = format!("l3.replay[{i}]");
+            if r.name.is_empty() || r.name.contains([':', '@', ',', '/', ' ']) {
+                return Err(invalid(format!(
+                    "configuration key `{key}.name`: {:?} must be non-empty and free of `:@,/ `",
+                    r.name
+                )));
+            }
+            if !(r.speed.is_finite() && r.speed >= 0.0) {
+                return Err(invalid(format!("configuration key `{key}.speed`: must be 0 (as fast as possible) or positive, got {}", r.speed)));
+            }
+            if Price::parse(&r.tick).map_or(true, |t| t.raw() <= 0) {
+                return Err(invalid(format!(
+                    "configuration key `{key}.tick`: {:?} is not a positive decimal",
+                    r.tick
+                )));
+            }
+            for (k, p) in [("orders", &r.orders), ("trades", &r.trades)] {
+                if !p.is_file() {
+                    return Err(invalid(format!(
+                        "configuration key `{key}.{k}`: {} is not a file",
+                        p.display()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for L3Config {
+    fn default() -> Self {
+        Self {
+            sim_feeds: true,
+            engine: EngineConfig { auto_balance: true, ..EngineConfig::default() },
+            queue_batches: 4096,
+            max_held_events: 2_000_000,
+            replay: Vec::new(),
+        }
+    }
 }
 
 /// `[[sources]]`: where market data comes from. The `name` is the exchange part of ids
@@ -315,7 +435,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             ingest: IngestConfig::default(),
             depth: DepthConfig::default(),
-            l3: crate::books::l3::L3Config::default(),
+            l3: L3Config::default(),
             sources: vec![SourceConfig::default()],
             backfill: vec![BackfillTaskConfig {
                 series: "sim:spot:BTC/USDT:1m".into(),
@@ -343,13 +463,13 @@ impl Config {
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
         flags: &Overrides,
-    ) -> anyhow::Result<Config> {
+    ) -> Result<Config, ConfigError> {
         let mut table = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read --config {}", path.display()))?;
+                    .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
                 text.parse::<toml::Table>()
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+                    .map_err(|source| ConfigError::Toml { path: path.to_path_buf(), source })?
             }
             None => toml::Table::new(),
         };
@@ -360,7 +480,7 @@ impl Config {
             let de = toml::Value::Table(table);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let path = e.path().to_string();
-                anyhow::anyhow!("configuration key `{path}`: {}", e.into_inner())
+                invalid(format!("configuration key `{path}`: {}", e.into_inner()))
             })?
         };
         if let Some(a) = flags.addr {
@@ -385,10 +505,17 @@ impl Config {
     }
 
     /// Checks ranges and cross-references; the error names the key.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        fn range<T: PartialOrd + std::fmt::Display + Copy>(key: &str, v: T, lo: T, hi: T) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn range<T: PartialOrd + std::fmt::Display + Copy>(
+            key: &str,
+            v: T,
+            lo: T,
+            hi: T,
+        ) -> Result<(), ConfigError> {
             if v < lo || v > hi {
-                anyhow::bail!("configuration key `{key}`: must be between {lo} and {hi}, got {v}");
+                return Err(invalid(format!(
+                    "configuration key `{key}`: must be between {lo} and {hi}, got {v}"
+                )));
             }
             Ok(())
         }
@@ -404,11 +531,19 @@ impl Config {
         range("ingest.planned_reconnect_after_s", i.planned_reconnect_after_s, 1, 86_400)?;
         range("ingest.persist_retry_ms", i.persist_retry_ms, 1, 3_600_000)?;
         if i.derived.contains(&Timeframe::M1) {
-            anyhow::bail!("configuration key `ingest.derived`: 1m is the ingested timeframe, not a derived one");
+            return Err(ConfigError::Invalid {
+                key: "ingest.derived".into(),
+                problem: "1m is the ingested timeframe, not a derived one".into(),
+            });
         }
         let l = &self.limits;
         range("limits.max_message_bytes", l.max_message_bytes, 256, 1 << 20)?;
-        range("limits.max_subscriptions_per_connection", l.max_subscriptions_per_connection, 1, 100_000)?;
+        range(
+            "limits.max_subscriptions_per_connection",
+            l.max_subscriptions_per_connection,
+            1,
+            100_000,
+        )?;
         range("limits.max_connections_per_ip", l.max_connections_per_ip, 1, 1_000_000)?;
         range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
         range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
@@ -416,10 +551,20 @@ impl Config {
         let d = &self.depth;
         range("depth.snapshot_limit", d.snapshot_limit, 5, 5000)?;
         range("depth.verify_interval_ms", d.verify_interval_ms, 0, 86_400_000)?;
-        range("depth.snapshot_failures_before_fallback", d.snapshot_failures_before_fallback, 1, 1000)?;
+        range(
+            "depth.snapshot_failures_before_fallback",
+            d.snapshot_failures_before_fallback,
+            1,
+            1000,
+        )?;
         range("depth.snapshot_mode_retry_ms", d.snapshot_mode_retry_ms, 100, 86_400_000)?;
         range("depth.snapshot_retry_base_ms", d.snapshot_retry_base_ms, 1, 3_600_000)?;
-        range("depth.snapshot_retry_cap_ms", d.snapshot_retry_cap_ms, d.snapshot_retry_base_ms, 3_600_000)?;
+        range(
+            "depth.snapshot_retry_cap_ms",
+            d.snapshot_retry_cap_ms,
+            d.snapshot_retry_base_ms,
+            3_600_000,
+        )?;
         range("depth.max_used_weight", d.max_used_weight, 1, 1_000_000)?;
         range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
@@ -427,19 +572,30 @@ impl Config {
         range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
         range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;
         if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {
-            anyhow::bail!("configuration key `server.admin_token`: must be at least 8 characters");
+            return Err(ConfigError::Invalid {
+                key: "server.admin_token".into(),
+                problem: "must be at least 8 characters".into(),
+            });
         }
         let mut names = std::collections::HashSet::new();
         for (n, s) in self.sources.iter().enumerate() {
             let key = format!("sources[{n}]");
             if s.name.is_empty() || s.name.contains([':', '@', ',', '/', ' ']) {
-                anyhow::bail!("configuration key `{key}.name`: {:?} must be non-empty and free of `:@,/ `", s.name);
+                return Err(invalid(format!(
+                    "configuration key `{key}.name`: {:?} must be non-empty and free of `:@,/ `",
+                    s.name
+                )));
             }
             if !names.insert(s.name.as_str()) {
-                anyhow::bail!("configuration key `{key}.name`: source {:?} is defined twice", s.name);
+                return Err(invalid(format!(
+                    "configuration key `{key}.name`: source {:?} is defined twice",
+                    s.name
+                )));
             }
-            if s.kind == SourceKind::Sim && !(s.speed.is_finite() && s.speed > 0.0 && s.speed <= 100_000.0) {
-                anyhow::bail!("configuration key `{key}.speed` (--sim-speed): must be > 0 and <= 100000, got {}", s.speed);
+            if s.kind == SourceKind::Sim
+                && !(s.speed.is_finite() && s.speed > 0.0 && s.speed <= 100_000.0)
+            {
+                return Err(invalid(format!("configuration key `{key}.speed`: must be > 0 and <= 100000 (--sim-speed), got {}", s.speed)));
             }
             for (k, url) in [("rest_base", &s.rest_base), ("ws_base", &s.ws_base)] {
                 if let Some(u) = url {
@@ -448,34 +604,48 @@ impl Config {
                         _ => u.starts_with("ws://") || u.starts_with("wss://"),
                     };
                     if !ok {
-                        anyhow::bail!("configuration key `{key}.{k}`: {u:?} is not a {} URL", if k == "rest_base" { "http(s)" } else { "ws(s)" });
+                        return Err(invalid(format!(
+                            "configuration key `{key}.{k}`: {u:?} is not a {} URL",
+                            if k == "rest_base" { "http(s)" } else { "ws(s)" }
+                        )));
                     }
                 }
             }
         }
         for (n, p) in i.pinned.iter().enumerate() {
             let inst = parse_instrument_or_series(p)
-                .map_err(|e| anyhow::anyhow!("configuration key `ingest.pinned[{n}]`: {e}"))?;
-            self.source(&inst.exchange)
-                .ok_or_else(|| anyhow::anyhow!("configuration key `ingest.pinned[{n}]`: no source named {:?}", inst.exchange))?;
+                .map_err(|e| invalid(format!("configuration key `ingest.pinned[{n}]`: {e}")))?;
+            self.source(&inst.exchange).ok_or_else(|| {
+                invalid(format!(
+                    "configuration key `ingest.pinned[{n}]`: no source named {:?}",
+                    inst.exchange
+                ))
+            })?;
         }
         for (n, p) in self.depth.pinned.iter().enumerate() {
             let inst = parse_instrument_or_series(p)
-                .map_err(|e| anyhow::anyhow!("configuration key `depth.pinned[{n}]`: {e}"))?;
-            self.source(&inst.exchange)
-                .ok_or_else(|| anyhow::anyhow!("configuration key `depth.pinned[{n}]`: no source named {:?}", inst.exchange))?;
+                .map_err(|e| invalid(format!("configuration key `depth.pinned[{n}]`: {e}")))?;
+            self.source(&inst.exchange).ok_or_else(|| {
+                invalid(format!(
+                    "configuration key `depth.pinned[{n}]`: no source named {:?}",
+                    inst.exchange
+                ))
+            })?;
         }
         for (n, b) in self.backfill.iter().enumerate() {
             let key = format!("backfill[{n}]");
             let series: SeriesId = b
                 .series
                 .parse()
-                .map_err(|e| anyhow::anyhow!("configuration key `{key}.series`: {e}"))?;
+                .map_err(|e| invalid(format!("configuration key `{key}.series`: {e}")))?;
             if series.timeframe != Timeframe::M1 {
-                anyhow::bail!("configuration key `{key}.series`: backfill fetches 1m candles (derived timeframes follow); got {}", series.timeframe);
+                return Err(invalid(format!("configuration key `{key}.series`: backfill fetches 1m candles (derived timeframes follow); got {}", series.timeframe)));
             }
             if self.source(&series.instrument.exchange).is_none() {
-                anyhow::bail!("configuration key `{key}.series`: no source named {:?}", series.instrument.exchange);
+                return Err(invalid(format!(
+                    "configuration key `{key}.series`: no source named {:?}",
+                    series.instrument.exchange
+                )));
             }
             range(&format!("{key}.retention_days"), b.retention_days, 1, 3650)?;
             range(&format!("{key}.batch_limit"), b.batch_limit, 1, 1000)?;
@@ -494,6 +664,11 @@ impl Config {
         self.server.data_dir.join("millrace.db")
     }
 
+    /// The backfill tasks with their series (checked by [`Config::validate`]).
+    pub fn backfill_tasks(&self) -> Vec<(SeriesId, BackfillTaskConfig)> {
+        self.backfill.iter().filter_map(|t| Some((t.series.parse().ok()?, t.clone()))).collect()
+    }
+
     /// The pinned instruments.
     pub fn pinned_instruments(&self) -> Vec<InstrumentId> {
         instruments(&self.ingest.pinned)
@@ -506,22 +681,23 @@ impl Config {
 }
 
 fn instruments(list: &[String]) -> Vec<InstrumentId> {
-    let mut out: Vec<InstrumentId> = list.iter().filter_map(|p| parse_instrument_or_series(p).ok()).collect();
+    let mut out: Vec<InstrumentId> =
+        list.iter().filter_map(|p| parse_instrument_or_series(p).ok()).collect();
     out.sort_by_key(|i| i.to_string());
     out.dedup();
     out
 }
 
 /// An instrument id, or a series id whose instrument is taken.
-pub fn parse_instrument_or_series(s: &str) -> Result<InstrumentId, String> {
+pub fn parse_instrument_or_series(s: &str) -> Result<InstrumentId, NameError> {
     if let Ok(series) = s.parse::<SeriesId>() {
         return Ok(series.instrument);
     }
-    s.parse::<InstrumentId>().map_err(|e| e.to_string())
+    s.parse::<InstrumentId>()
 }
 
 /// Applies one environment variable to the raw table, if it is one of ours.
-fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> anyhow::Result<()> {
+fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> Result<(), ConfigError> {
     let short = match name {
         "MILLRACE_ADDR" => Some(("server", "addr")),
         "MILLRACE_DATA_DIR" => Some(("server", "data_dir")),
@@ -538,20 +714,22 @@ fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> anyhow::Result
         }
     };
     if !matches!(section.as_str(), "server" | "limits" | "ingest" | "depth") {
-        anyhow::bail!(
-            "environment variable {name}: `{section}` is not a configuration section that can be set from the environment (server, limits, ingest, depth)"
-        );
+        return Err(ConfigError::Env {
+            name: name.to_string(),
+            problem: format!(
+                "`{section}` is not a configuration section that can be set from the environment (server, limits, ingest, depth)"
+            ),
+        });
     }
     let parsed = format!("v = {value}")
         .parse::<toml::Table>()
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    let entry = table
-        .entry(section.clone())
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let entry =
+        table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
     let toml::Value::Table(t) = entry else {
-        anyhow::bail!("configuration key `{section}` must be a table");
+        return Err(invalid(format!("configuration key `{section}` must be a table")));
     };
     t.insert(key, parsed);
     Ok(())
@@ -561,8 +739,12 @@ fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> anyhow::Result
 mod tests {
     use super::*;
 
-    fn load(text: &str, env: &[(&str, &str)]) -> anyhow::Result<Config> {
-        let dir = std::env::temp_dir().join(format!("millrace-config-{}-{}", std::process::id(), text.len()));
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = std::env::temp_dir().join(format!(
+            "millrace-config-{}-{}",
+            std::process::id(),
+            text.len()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("millrace.toml");
         std::fs::write(&path, text).unwrap();
@@ -575,7 +757,10 @@ mod tests {
         let c = Config::load(None, Vec::new(), &Overrides::default()).unwrap();
         assert_eq!(c, Config::default());
         assert_eq!(c.server.addr.to_string(), "127.0.0.1:8080");
-        assert_eq!((c.ingest.batch_max, c.ingest.flush_ms, c.ingest.forming_min_interval_ms), (200, 500, 250));
+        assert_eq!(
+            (c.ingest.batch_max, c.ingest.flush_ms, c.ingest.forming_min_interval_ms),
+            (200, 500, 250)
+        );
         assert_eq!(c.ingest.reconnect_base_ms, 2000);
         assert_eq!(c.sources[0].kind, SourceKind::Sim);
         assert_eq!(c.backfill[0].max_expired_batches, 3);
@@ -584,11 +769,20 @@ mod tests {
     #[test]
     fn file_then_env_then_flags() {
         let text = "[ingest]\nondemand_max_jobs = 5\nbatch_max = 50\n[server]\naddr = \"127.0.0.1:9000\"\n";
-        let c = load(text, &[("MILLRACE_INGEST__BATCH_MAX", "70"), ("MILLRACE_ADMIN_TOKEN", "secret-token")]).unwrap();
+        let c = load(
+            text,
+            &[("MILLRACE_INGEST__BATCH_MAX", "70"), ("MILLRACE_ADMIN_TOKEN", "secret-token")],
+        )
+        .unwrap();
         assert_eq!((c.ingest.ondemand_max_jobs, c.ingest.batch_max), (5, 70));
         assert_eq!(c.server.admin_token.as_deref(), Some("secret-token"));
-        let flags = Overrides { addr: Some("127.0.0.1:7000".parse().unwrap()), sim_speed: Some(60.0), ..Default::default() };
-        let c = Config::load(None, vec![("MILLRACE_ADDR".into(), "127.0.0.1:9999".into())], &flags).unwrap();
+        let flags = Overrides {
+            addr: Some("127.0.0.1:7000".parse().unwrap()),
+            sim_speed: Some(60.0),
+            ..Default::default()
+        };
+        let c = Config::load(None, vec![("MILLRACE_ADDR".into(), "127.0.0.1:9999".into())], &flags)
+            .unwrap();
         assert_eq!(c.server.addr.to_string(), "127.0.0.1:7000");
         assert_eq!(c.sources[0].speed, 60.0);
     }
@@ -603,17 +797,21 @@ mod tests {
         assert!(e.contains("batchmax"), "{e}");
         let e = load("", &[("MILLRACE_INGEST__FLUSH_MS", "soon")]).unwrap_err().to_string();
         assert!(e.contains("ingest.flush_ms"), "{e}");
-        let e = load("[ingest]\npinned = [\"nowhere:spot:BTC/USDT\"]\n", &[]).unwrap_err().to_string();
+        let e =
+            load("[ingest]\npinned = [\"nowhere:spot:BTC/USDT\"]\n", &[]).unwrap_err().to_string();
         assert!(e.contains("ingest.pinned[0]"), "{e}");
         let e = load("[[sources]]\nname = \"sim\"\nspeed = -1.0\n", &[]).unwrap_err().to_string();
         assert!(e.contains("sources[0].speed"), "{e}");
-        let e = load("[[backfill]]\nseries = \"sim:spot:BTC/USDT:5m\"\n", &[]).unwrap_err().to_string();
+        let e =
+            load("[[backfill]]\nseries = \"sim:spot:BTC/USDT:5m\"\n", &[]).unwrap_err().to_string();
         assert!(e.contains("backfill[0].series"), "{e}");
         let e = load("[ingest]\nderived = [\"7m\"]\n", &[]).unwrap_err().to_string();
         assert!(e.contains("ingest.derived"), "{e}");
         let e = load("[depth]\nsnapshot_limit = 1\n", &[]).unwrap_err().to_string();
         assert!(e.contains("depth.snapshot_limit"), "{e}");
-        let e = load("", &[("MILLRACE_DEPTH__PINNED", "[\"nowhere:spot:BTC/USDT\"]")]).unwrap_err().to_string();
+        let e = load("", &[("MILLRACE_DEPTH__PINNED", "[\"nowhere:spot:BTC/USDT\"]")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("depth.pinned[0]"), "{e}");
         let e = load("", &[("MILLRACE_NOPE__X", "1")]).unwrap_err().to_string();
         assert!(e.contains("MILLRACE_NOPE__X"), "{e}");

@@ -73,7 +73,12 @@ impl Exposition {
 
     /// One family per column definition `(name, kind, help, value)`, each with one sample per
     /// row, labelled by `labels(row)`.
-    pub fn table<T>(&mut self, columns: &[Column<T>], rows: &[T], labels: impl Fn(&T) -> Vec<(&'static str, String)>) {
+    pub fn table<T>(
+        &mut self,
+        columns: &[Column<T>],
+        rows: &[T],
+        labels: impl Fn(&T) -> Vec<(&'static str, String)>,
+    ) {
         let labels: Vec<Vec<(&'static str, String)>> = rows.iter().map(labels).collect();
         for (name, kind, help, value) in columns {
             self.family(name, kind, help);
@@ -93,18 +98,83 @@ impl Metrics {
     /// Renders the API counters.
     pub fn render(&self, e: &mut Exposition) {
         let c = |a: &AtomicU64| a.load(Relaxed);
-        e.single("millrace_ws_connections", "gauge", "Open WebSocket connections.", self.ws_connections.load(Relaxed));
-        e.single("millrace_ws_connections_total", "counter", "WebSocket connections accepted.", c(&self.ws_connections_total));
-        e.single("millrace_ws_refused_per_ip_total", "counter", "WebSocket connections refused by the per-IP limit.", c(&self.ws_refused_per_ip));
-        e.single("millrace_ws_messages_sent_total", "counter", "Push frames sent to WebSocket clients.", c(&self.ws_messages_sent));
-        e.single("millrace_ws_requests_total", "counter", "Requests received on WebSockets.", c(&self.ws_requests));
-        e.single("millrace_ws_request_errors_total", "counter", "Requests answered with an error.", c(&self.ws_request_errors));
-        e.single("millrace_ws_dropped_lagging_total", "counter", "Clients dropped because they fell behind the bus.", c(&self.ws_dropped_lagging));
-        e.single("millrace_ws_dropped_slow_send_total", "counter", "Clients dropped because a send timed out.", c(&self.ws_dropped_slow_send));
-        e.single("millrace_subscriptions", "gauge", "Live stream subscriptions.", self.subscriptions.load(Relaxed));
-        e.single("millrace_subscriptions_refused_capacity_total", "counter", "Subscriptions refused: no ingest capacity.", c(&self.subscriptions_refused_capacity));
-        e.single("millrace_http_klines_requests_total", "counter", "GET /api/v1/klines requests.", c(&self.http_klines_requests));
-        e.single("millrace_http_bad_requests_total", "counter", "HTTP requests rejected as malformed.", c(&self.http_bad_requests));
-        e.single("millrace_admin_unauthorized_total", "counter", "Admin requests without a valid token.", c(&self.admin_unauthorized));
+        e.single(
+            "millrace_ws_connections",
+            "gauge",
+            "Open WebSocket connections.",
+            self.ws_connections.load(Relaxed),
+        );
+        e.single(
+            "millrace_ws_connections_total",
+            "counter",
+            "WebSocket connections accepted.",
+            c(&self.ws_connections_total),
+        );
+        e.single(
+            "millrace_ws_refused_per_ip_total",
+            "counter",
+            "WebSocket connections refused by the per-IP limit.",
+            c(&self.ws_refused_per_ip),
+        );
+        e.single(
+            "millrace_ws_messages_sent_total",
+            "counter",
+            "Push frames sent to WebSocket clients.",
+            c(&self.ws_messages_sent),
+        );
+        e.single(
+            "millrace_ws_requests_total",
+            "counter",
+            "Requests received on WebSockets.",
+            c(&self.ws_requests),
+        );
+        e.single(
+            "millrace_ws_request_errors_total",
+            "counter",
+            "Requests answered with an error.",
+            c(&self.ws_request_errors),
+        );
+        e.single(
+            "millrace_ws_dropped_lagging_total",
+            "counter",
+            "Clients dropped because they fell behind the bus.",
+            c(&self.ws_dropped_lagging),
+        );
+        e.single(
+            "millrace_ws_dropped_slow_send_total",
+            "counter",
+            "Clients dropped because a send timed out.",
+            c(&self.ws_dropped_slow_send),
+        );
+        e.single(
+            "millrace_subscriptions",
+            "gauge",
+            "Live stream subscriptions.",
+            self.subscriptions.load(Relaxed),
+        );
+        e.single(
+            "millrace_subscriptions_refused_capacity_total",
+            "counter",
+            "Subscriptions refused: no ingest capacity.",
+            c(&self.subscriptions_refused_capacity),
+        );
+        e.single(
+            "millrace_http_klines_requests_total",
+            "counter",
+            "GET /api/v1/klines requests.",
+            c(&self.http_klines_requests),
+        );
+        e.single(
+            "millrace_http_bad_requests_total",
+            "counter",
+            "HTTP requests rejected as malformed.",
+            c(&self.http_bad_requests),
+        );
+        e.single(
+            "millrace_admin_unauthorized_total",
+            "counter",
+            "Admin requests without a valid token.",
+            c(&self.admin_unauthorized),
+        );
     }
 }

@@ -1,83 +1,139 @@
 //! Market-data sources: each `[[sources]]` entry becomes a [`Source`] — its REST client, its
-//! WebSocket base URL and its symbol list (from `exchangeInfo`). A `sim` source without explicit
-//! URLs starts the embedded simulator on loopback and points at it, so the real Binance
-//! connector code path runs against it.
+//! WebSocket base URL and its symbol list (from `exchangeInfo`). Where a `sim` source runs an
+//! embedded simulator, the composition root (`app.rs`) starts it and passes its URLs in
+//! ([`Endpoint`]); this module only speaks Binance's protocol to whatever is at the URLs.
 //!
 //! Symbols are loaded at start-up; if a source cannot be reached, millrace still starts, the
 //! source is reported as not ready (with the error) in `GET /api/v1/ops/sources`, and loading is
-//! retried in the background.
+//! retried in the background with the one back-off until it succeeds or the service stops.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use serde::Serialize;
+use binance::rest::{RestClient, RestConfig};
+use binance::wire::SymbolInfo;
+use binance::Product;
+use shared::backoff::Backoff;
 use shared::candle::Timeframe;
-use shared::protocol::{InstrumentId, SeriesId};
+use shared::protocol::ops::{InstrumentInfo, SourceKind, SourceStatus};
+use shared::protocol::{InstrumentId, Market, SeriesId};
+use tracing::Instrument as _;
 
-use crate::binance::rest::{RestClient, RestConfig};
-use crate::binance::wire::SymbolInfo;
-use crate::binance::Venue;
-use crate::config::{Config, SourceConfig, SourceKind};
-use crate::sim::{Sim, SimConfig, SimHandle};
+use crate::clock::wall_clock_ms;
+use crate::config::SourceConfig;
+use crate::jitter::Jitter;
+use crate::lock::{lock, read, write};
+use crate::shutdown::Shutdown;
+
+/// Why an instrument or series cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{instrument}: no source named {name:?} is configured")]
+    NoSource { instrument: InstrumentId, name: String },
+    #[error("{instrument}: source {name} serves the {market} market", market = market.as_str())]
+    WrongMarket { instrument: InstrumentId, name: String, market: Market },
+    #[error("source {name} is not ready yet{}", last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NotReady { name: String, last_error: Option<String> },
+    #[error("{instrument}: source {name} has no symbol {}", instrument.symbol)]
+    UnknownSymbol { instrument: InstrumentId, name: String },
+    #[error("{series}: timeframe {} is not offered (offered: {offered})", series.timeframe)]
+    Timeframe { series: SeriesId, offered: String },
+}
+
+/// Where a source's exchange is: its REST and WebSocket base URLs, and whether millrace runs
+/// it (an embedded simulator).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub rest_base: String,
+    pub ws_base: String,
+    pub embedded: bool,
+}
 
 /// One configured source.
 pub struct Source {
     pub config: SourceConfig,
-    pub venue: Venue,
+    pub product: Product,
     pub rest: Arc<RestClient>,
-    pub rest_base: String,
-    pub ws_base: String,
+    pub endpoint: Endpoint,
     /// `BASE/QUOTE` -> Binance symbol info.
     symbols: RwLock<BTreeMap<String, SymbolInfo>>,
     status: Mutex<Status>,
-    /// The embedded simulator, when this source runs one.
-    pub sim: Option<SimHandle>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 struct Status {
     ready: bool,
     last_error: Option<String>,
     loaded_at_ms: Option<i64>,
 }
 
+/// Why a source could not be set up at start.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source {name}: market {} is not served over the Binance protocol", market.as_str())]
+    NotBinance { name: String, market: Market },
+    #[error("source {name}: {source}")]
+    Rest {
+        name: String,
+        #[source]
+        source: binance::rest::RestError,
+    },
+}
+
 impl Source {
     /// The Binance symbol of `instrument`, if this source lists it.
-    pub fn symbol(&self, instrument: &InstrumentId) -> Result<String, String> {
-        let symbols = self.symbols.read().unwrap_or_else(|p| p.into_inner());
+    pub fn symbol(&self, instrument: &InstrumentId) -> Result<String, ResolveError> {
+        let symbols = read(&self.symbols);
         if symbols.is_empty() {
-            let err = self.status.lock().unwrap_or_else(|p| p.into_inner()).last_error.clone();
-            return Err(format!(
-                "source {} is not ready yet{}",
-                self.config.name,
-                err.map(|e| format!(": {e}")).unwrap_or_default()
-            ));
+            let last_error = lock(&self.status).last_error.clone();
+            return Err(ResolveError::NotReady { name: self.config.name.clone(), last_error });
         }
         match symbols.get(&instrument.symbol) {
             Some(info) => Ok(info.symbol.clone()),
-            None => Err(format!("{instrument}: source {} has no symbol {}", self.config.name, instrument.symbol)),
+            None => Err(ResolveError::UnknownSymbol {
+                instrument: instrument.clone(),
+                name: self.config.name.clone(),
+            }),
         }
     }
 
-    async fn load_symbols(&self) -> Result<usize, String> {
-        let info = self.rest.exchange_info().await.map_err(|e| e.to_string())?;
+    async fn load_symbols(&self) -> Result<usize, binance::rest::RestError> {
+        let info = self.rest.exchange_info().await?;
         let mut map = BTreeMap::new();
         for s in info.symbols {
             map.insert(format!("{}/{}", s.base_asset, s.quote_asset), s);
         }
         let n = map.len();
-        *self.symbols.write().unwrap_or_else(|p| p.into_inner()) = map;
-        let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        *write(&self.symbols) = map;
+        let mut st = lock(&self.status);
         st.ready = true;
         st.last_error = None;
-        st.loaded_at_ms = Some(crate::ingest::supervisor::now_ms());
+        st.loaded_at_ms = Some(wall_clock_ms());
         Ok(n)
     }
 
-    fn set_error(&self, e: &str) {
-        let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
-        st.last_error = Some(e.to_string());
+    fn set_error(&self, e: &dyn std::fmt::Display) {
+        lock(&self.status).last_error = Some(e.to_string());
+    }
+
+    /// Loads the symbols, retrying with back-off until it works or `shutdown` stops.
+    async fn keep_loading(self: Arc<Self>, shutdown: Shutdown) {
+        let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
+        let mut jitter = Jitter::new(&self.config.name);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next_delay(jitter.draw())) => {}
+                () = shutdown.stopping() => return,
+            }
+            match self.load_symbols().await {
+                Ok(n) => {
+                    tracing::info!(symbols = n, "source ready");
+                    return;
+                }
+                Err(e) => self.set_error(&e),
+            }
+        }
     }
 }
 
@@ -88,71 +144,45 @@ pub struct Sources {
 }
 
 impl Sources {
-    /// Builds every source (starting embedded simulators) and loads their symbols; a source
-    /// that cannot be reached is retried in the background.
-    pub async fn start(config: &Config) -> anyhow::Result<Arc<Sources>> {
+    /// Builds every source at its [`Endpoint`] (one per configured source, in order) and loads
+    /// their symbols; a source that cannot be reached is retried in the background, as a part
+    /// of `shutdown`.
+    pub async fn start(
+        configs: &[SourceConfig],
+        endpoints: Vec<Endpoint>,
+        derived: &[Timeframe],
+        shutdown: &Shutdown,
+    ) -> Result<Arc<Sources>, SourceError> {
         let mut list = Vec::new();
-        for sc in &config.sources {
-            let venue = Venue::of_market(sc.market).ok_or_else(|| {
-                anyhow::anyhow!("source {}: market {} is not served over the Binance protocol", sc.name, sc.market.as_str())
+        for (sc, endpoint) in configs.iter().zip(endpoints) {
+            let product = Product::of_market(sc.market).ok_or_else(|| SourceError::NotBinance {
+                name: sc.name.clone(),
+                market: sc.market,
             })?;
-            let (sim, rest_base, ws_base) = match (sc.kind, &sc.rest_base, &sc.ws_base) {
-                (SourceKind::Sim, None, None) => {
-                    let cfg = SimConfig { seed: sc.seed, speed: sc.speed, ..SimConfig::default() };
-                    let handle = Sim::start(cfg, sc.sim_addr).await?;
-                    // The simulator serves USD-M futures under /fapi (REST and streams).
-                    let w = match venue {
-                        Venue::Spot => handle.ws_base(),
-                        Venue::Futures => handle.futures_ws_base(),
-                    };
-                    let r = handle.rest_base();
-                    tracing::info!(source = %sc.name, rest = %r, ws = %w, speed = sc.speed, "embedded simulator started");
-                    (Some(handle), r, w)
-                }
-                (_, r, w) => (
-                    None,
-                    r.clone().unwrap_or_else(|| venue.default_rest_url().to_string()),
-                    w.clone().unwrap_or_else(|| venue.default_ws_url().to_string()),
-                ),
-            };
-            let rest = Arc::new(RestClient::new(RestConfig::new(venue, rest_base.clone()))?);
+            let rest = RestClient::new(RestConfig::new(product, endpoint.rest_base.clone()))
+                .map_err(|source| SourceError::Rest { name: sc.name.clone(), source })?;
             list.push(Arc::new(Source {
                 config: sc.clone(),
-                venue,
-                rest,
-                rest_base,
-                ws_base,
+                product,
+                rest: Arc::new(rest),
+                endpoint,
                 symbols: RwLock::default(),
                 status: Mutex::default(),
-                sim,
             }));
         }
         for s in &list {
-            match s.load_symbols().await {
-                Ok(n) => tracing::info!(source = %s.config.name, symbols = n, "source ready"),
+            let span = tracing::info_span!("source", source = %s.config.name);
+            match s.load_symbols().instrument(span.clone()).await {
+                Ok(n) => tracing::info!(parent: &span, symbols = n, "source ready"),
                 Err(e) => {
-                    tracing::warn!(source = %s.config.name, "cannot load symbols, retrying in the background: {e}");
+                    tracing::warn!(parent: &span, "cannot load symbols, retrying in the background: {e}");
                     s.set_error(&e);
-                    let s = s.clone();
-                    tokio::spawn(async move {
-                        let mut delay = Duration::from_secs(2);
-                        loop {
-                            tokio::time::sleep(delay).await;
-                            match s.load_symbols().await {
-                                Ok(n) => {
-                                    tracing::info!(source = %s.config.name, symbols = n, "source ready");
-                                    break;
-                                }
-                                Err(e) => s.set_error(&e),
-                            }
-                            delay = (delay * 2).min(Duration::from_secs(60));
-                        }
-                    });
+                    shutdown.spawn(s.clone().keep_loading(shutdown.clone()).instrument(span));
                 }
             }
         }
         let mut timeframes = vec![Timeframe::M1];
-        timeframes.extend(config.ingest.derived.iter().copied());
+        timeframes.extend(derived.iter().copied());
         Ok(Arc::new(Sources { list, timeframes }))
     }
 
@@ -167,73 +197,80 @@ impl Sources {
     }
 
     /// The source and Binance symbol of `instrument`.
-    pub fn resolve(&self, instrument: &InstrumentId) -> Result<(Arc<Source>, String), String> {
-        let source = self
-            .get(&instrument.exchange)
-            .ok_or_else(|| format!("{instrument}: no source named {:?} is configured", instrument.exchange))?;
+    pub fn resolve(
+        &self,
+        instrument: &InstrumentId,
+    ) -> Result<(Arc<Source>, String), ResolveError> {
+        let source = self.get(&instrument.exchange).ok_or_else(|| ResolveError::NoSource {
+            instrument: instrument.clone(),
+            name: instrument.exchange.clone(),
+        })?;
         if source.config.market != instrument.market {
-            return Err(format!(
-                "{instrument}: source {} serves the {} market",
-                source.config.name,
-                source.config.market.as_str()
-            ));
+            return Err(ResolveError::WrongMarket {
+                instrument: instrument.clone(),
+                name: source.config.name.clone(),
+                market: source.config.market,
+            });
         }
         let symbol = source.symbol(instrument)?;
         Ok((source.clone(), symbol))
     }
 
     /// Whether `series` can be served: known source and symbol, 1m or a derived timeframe.
-    pub fn validate_series(&self, series: &SeriesId) -> Result<(), String> {
+    pub fn validate_series(&self, series: &SeriesId) -> Result<(), ResolveError> {
         if !self.timeframes.contains(&series.timeframe) {
-            return Err(format!(
-                "{series}: timeframe {} is not offered (offered: {})",
-                series.timeframe,
-                self.timeframes.iter().map(|t| t.name()).collect::<Vec<_>>().join(" ")
-            ));
+            let offered = self.timeframes.iter().map(|t| t.name()).collect::<Vec<_>>().join(" ");
+            return Err(ResolveError::Timeframe { series: series.clone(), offered });
         }
         self.resolve(&series.instrument).map(|_| ())
     }
 
+    /// The timeframes offered: 1m and the derived ones.
+    pub fn timeframes(&self) -> &[Timeframe] {
+        &self.timeframes
+    }
+
     /// The instruments offered, for `GET /api/v1/series`.
-    pub fn instruments(&self) -> Vec<serde_json::Value> {
+    pub fn instruments(&self) -> Vec<InstrumentInfo> {
         let mut out = Vec::new();
         for s in &self.list {
-            let symbols = s.symbols.read().unwrap_or_else(|p| p.into_inner());
+            let symbols = read(&s.symbols);
             for (name, info) in symbols.iter() {
-                out.push(serde_json::json!({
-                    "id": InstrumentId::new(s.config.name.clone(), s.config.market, name.clone()).to_string(),
-                    "source": s.config.name,
-                    "symbol": info.symbol,
-                    "status": info.status,
-                    "tick_size": info.tick_size().map(|p| p.to_string()),
-                    "step_size": info.step_size().map(|q| q.to_string()),
-                }));
+                out.push(InstrumentInfo {
+                    id: InstrumentId::new(s.config.name.clone(), s.config.market, name.clone()),
+                    source: s.config.name.clone(),
+                    symbol: info.symbol.clone(),
+                    status: info.status.clone(),
+                    tick_size: info.tick_size(),
+                    step_size: info.step_size(),
+                });
             }
         }
         out
     }
 
     /// `GET /api/v1/ops/sources`.
-    pub fn snapshot(&self) -> Vec<serde_json::Value> {
+    pub fn snapshot(&self) -> Vec<SourceStatus> {
         self.list
             .iter()
             .map(|s| {
-                let st = s.status.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let n = s.symbols.read().unwrap_or_else(|p| p.into_inner()).len();
-                serde_json::json!({
-                    "name": s.config.name,
-                    "kind": s.config.kind,
-                    "market": s.config.market,
-                    "rest_base": s.rest_base,
-                    "ws_base": s.ws_base,
-                    "embedded_simulator": s.sim.is_some(),
-                    "speed": if s.sim.is_some() { Some(s.config.speed) } else { None },
-                    "ready": st.ready,
-                    "symbols": n,
-                    "last_error": st.last_error,
-                    "loaded_at_ms": st.loaded_at_ms,
-                    "rest_used_weight_1m": s.rest.used_weight_1m(),
-                })
+                let st = lock(&s.status).clone();
+                let symbols = read(&s.symbols).len();
+                SourceStatus {
+                    name: s.config.name.clone(),
+                    kind: s.config.kind,
+                    market: s.config.market,
+                    rest_base: s.endpoint.rest_base.clone(),
+                    ws_base: s.endpoint.ws_base.clone(),
+                    embedded_simulator: s.endpoint.embedded,
+                    speed: (s.config.kind == SourceKind::Sim && s.endpoint.embedded)
+                        .then_some(s.config.speed),
+                    ready: st.ready,
+                    symbols,
+                    last_error: st.last_error,
+                    loaded_at_ms: st.loaded_at_ms,
+                    rest_used_weight_1m: s.rest.used_weight_1m(),
+                }
             })
             .collect()
     }

@@ -1,8 +1,11 @@
 use super::*;
+use crate::bus::{Bus, InProcessBus, Subscription};
+use shared::book::{Level, Side};
 use shared::fixed::{Price, Qty};
 use shared::protocol::Market;
+use shared::protocol::{DepthSnapshotEvent, DepthUpdateEvent, Stream};
 use shared::sync::{BookSync, ContinuityRule, DepthSnapshot, SyncConfig};
-use shared::testkit::Rng;
+use shared::testkit::{mutate_book, Rng};
 
 fn inst() -> InstrumentId {
     InstrumentId::new("sim", Market::Spot, "BTC/USDT")
@@ -12,21 +15,7 @@ fn synced() -> BookStatus {
     BookStatus { health: BookHealth::Synced, ..BookStatus::default() }
 }
 
-/// A random change to a random book whose bids stay below 1000 and asks above it (never crossed).
-fn mutate(book: &mut OrderBook, rng: &mut Rng) {
-    for _ in 0..rng.below(6) {
-        let side = if rng.below(2) == 0 { Side::Bid } else { Side::Ask };
-        let offset = 1 + rng.below(40) as i64;
-        let price = match side {
-            Side::Bid => 1000 - offset,
-            Side::Ask => 1000 + offset,
-        };
-        let qty = if rng.below(3) == 0 { 0 } else { 1 + rng.below(50) as i64 };
-        book.apply(side, Price::from_units(price), Qty::from_units(qty));
-    }
-}
-
-fn drain(sub: &mut <InProcessBus as Bus>::Sub) -> Vec<serde_json::Value> {
+fn drain(sub: &mut Subscription) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     loop {
         match sub.try_recv() {
@@ -37,41 +26,12 @@ fn drain(sub: &mut <InProcessBus as Bus>::Sub) -> Vec<serde_json::Value> {
     }
 }
 
-#[test]
-fn diff_applied_to_the_old_book_gives_the_new_one() {
-    let mut rng = Rng::new(7);
-    for _ in 0..500 {
-        let mut old = OrderBook::new();
-        mutate(&mut old, &mut rng);
-        mutate(&mut old, &mut rng);
-        let mut new = old.clone();
-        mutate(&mut new, &mut rng);
-        if rng.below(10) == 0 {
-            new.clear();
-        }
-        let mut patched = old.clone();
-        for side in [Side::Bid, Side::Ask] {
-            let mut out = Vec::new();
-            diff_side(old.side(side), new.side(side), &mut out);
-            // no level twice, and no no-op entries
-            for w in out.windows(2) {
-                assert_ne!(w[0].price, w[1].price);
-            }
-            for l in &out {
-                assert_ne!(old.side(side).get(l.price), l.qty, "no-op entry {l:?}");
-                patched.apply(side, l.price, l.qty);
-            }
-        }
-        assert_eq!(patched.top(1000), new.top(1000));
-    }
-}
-
 /// A client following the seed's algorithm (the shared sync machine with the spot rule, fed the
 /// REST snapshot and the pushed deltas) holds exactly the producer's book after every publish,
 /// through unhealthy periods, crossed books and a producer restart.
 #[test]
 fn a_client_synced_from_rest_and_deltas_equals_the_producer() {
-    let bus = Arc::new(InProcessBus::new(4096));
+    let bus: Arc<dyn Bus> = Arc::new(InProcessBus::new(4096));
     let reg = BookRegistry::new(bus.clone());
     let mut sub = bus.subscribe(&Stream::DepthUpdate(inst()).to_string());
     let mut publisher = reg.publisher(&inst(), "test", 1_700_000_000_000);
@@ -81,7 +41,7 @@ fn a_client_synced_from_rest_and_deltas_equals_the_producer() {
 
     // the producer runs a while before the client arrives
     for _ in 0..20 {
-        mutate(&mut book, &mut rng);
+        mutate_book(&mut book, &mut rng);
         now += 100;
         publisher.publish(&book, synced(), now);
     }
@@ -95,7 +55,7 @@ fn a_client_synced_from_rest_and_deltas_equals_the_producer() {
 
     let mut last_u = rest.id;
     for step in 0..2000 {
-        mutate(&mut book, &mut rng);
+        mutate_book(&mut book, &mut rng);
         now += 100;
         let health = match step % 97 {
             0..=4 => BookHealth::Resyncing,
@@ -124,7 +84,11 @@ fn a_client_synced_from_rest_and_deltas_equals_the_producer() {
         assert!(last_u == rest.id || client.is_synced(), "step {step}: {:?}", client.state());
         while let Some(e) = client.poll_event() {
             assert!(
-                !matches!(e, shared::sync::SyncEvent::ChecksumMismatch { .. } | shared::sync::SyncEvent::GapDetected { .. }),
+                !matches!(
+                    e,
+                    shared::sync::SyncEvent::ChecksumMismatch { .. }
+                        | shared::sync::SyncEvent::GapDetected { .. }
+                ),
                 "step {step}: {e:?}"
             );
         }
@@ -144,14 +108,15 @@ fn a_client_synced_from_rest_and_deltas_equals_the_producer() {
 
 #[test]
 fn a_retired_publisher_cannot_publish_and_ids_survive_restarts() {
-    let bus = Arc::new(InProcessBus::new(64));
+    let bus: Arc<dyn Bus> = Arc::new(InProcessBus::new(64));
     let reg = BookRegistry::new(bus.clone());
     let mut sub = bus.subscribe(&Stream::DepthUpdate(inst()).to_string());
     let mut old = reg.publisher(&inst(), "a", 1_000);
     let mut book = OrderBook::new();
     book.apply(Side::Bid, Price::from_units(5), Qty::from_units(1));
     assert!(old.publish(&book, synced(), 1_100));
-    let first: DepthUpdateEvent = serde_json::from_value(drain(&mut sub).remove(0)["data"].clone()).unwrap();
+    let first: DepthUpdateEvent =
+        serde_json::from_value(drain(&mut sub).remove(0)["data"].clone()).unwrap();
     assert_eq!(first.u, 1_000 * 1000 + 1);
 
     let mut new = reg.publisher(&inst(), "b", 0);
@@ -161,7 +126,8 @@ fn a_retired_publisher_cannot_publish_and_ids_survive_restarts() {
     drop(old); // dropping the retired one does not mark the book inactive
     assert!(reg.list()[0].active);
     assert!(new.publish(&book, synced(), 1_300));
-    let next: DepthUpdateEvent = serde_json::from_value(drain(&mut sub).remove(0)["data"].clone()).unwrap();
+    let next: DepthUpdateEvent =
+        serde_json::from_value(drain(&mut sub).remove(0)["data"].clone()).unwrap();
     assert_eq!(next.pu, first.u);
     assert_eq!(next.u, first.u + 1);
     // the new publisher diffed against what was published, so only the new level is sent
@@ -173,7 +139,7 @@ fn a_retired_publisher_cannot_publish_and_ids_survive_restarts() {
 
 #[test]
 fn snapshots_go_only_to_subscribed_sizes_every_200_ms() {
-    let bus = Arc::new(InProcessBus::new(64));
+    let bus: Arc<dyn Bus> = Arc::new(InProcessBus::new(64));
     let reg = BookRegistry::new(bus.clone());
     let mut sub20 = bus.subscribe(&Stream::Depth { instrument: inst(), levels: 20 }.to_string());
     let mut publisher = reg.publisher(&inst(), "a", 0);

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shared::protocol::{Heartbeat, Push, Stream};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
+
+use crate::clock::wall_clock_ms as now_ms;
+use crate::shutdown::Shutdown;
 
 /// Heartbeats kept for slow receivers; one that falls further behind skips to the newest.
 const BACKLOG: usize = 4;
@@ -18,25 +21,20 @@ pub struct Heartbeats {
 }
 
 impl Heartbeats {
-    /// Spawns the ticker on the current runtime; it stops when `stop` becomes `true` or is dropped.
-    pub fn start(every: Duration, mut stop: watch::Receiver<bool>) -> Self {
+    /// Spawns the ticker on the current runtime, as a part of `shutdown`.
+    pub fn start(every: Duration, shutdown: &Shutdown) -> Self {
         let (tx, _) = broadcast::channel(BACKLOG);
         let publisher = tx.clone();
-        tokio::spawn(async move {
+        shutdown.spawn_until_stopped(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut seq = 0u64;
             loop {
-                tokio::select! {
-                    _ = ticks.tick() => {}
-                    _ = super::stopped(&mut stop) => break,
-                }
+                ticks.tick().await;
                 seq += 1;
-                let frame = encode(seq, now_ms());
                 // No receivers is normal: nobody is subscribed.
-                let _ = publisher.send(frame);
+                let _ = publisher.send(encode(seq, now_ms()));
             }
-            tracing::debug!(seq, "heartbeat stopped");
         });
         Self { tx }
     }
@@ -55,8 +53,6 @@ pub fn encode(seq: u64, server_time_ms: i64) -> Arc<str> {
     };
     serde_json::to_string(&push).expect("a heartbeat always serializes").into()
 }
-
-use crate::wall_clock_ms as now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use shared::protocol::{ClientRequest, ErrorCode, Method, Reply, Stream};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 
-use super::Hub;
-use crate::bus::{Bus, InProcessBus, RecvError, Subscription};
-use crate::ingest::{Lease, SubscribeError};
+use super::Sessions;
+use crate::bus::{RecvError, Subscription};
+use crate::jobs::{Lease, SubscribeError};
 use crate::metrics::Metrics;
 
 /// Largest frame the transport reads at all; larger ones end the connection.
@@ -41,19 +41,17 @@ const GOING_AWAY: u16 = 1001;
 /// Close code for a client that fell behind (application range 4000-4999).
 pub const LAGGING: u16 = 4000;
 
-type BusSub = <InProcessBus as Bus>::Sub;
-
 /// A live stream subscription of this connection.
 struct Sub {
     /// Reference on the ingest job (none for books that are always on, e.g. tick-by-tick ones);
     /// dropped with the subscription.
     _lease: Option<Lease>,
-    rx: BusSub,
+    rx: Subscription,
 }
 
 /// The request-handling state of one connection.
 pub struct Session {
-    hub: Arc<Hub>,
+    sessions: Arc<Sessions>,
     /// `Some` while the client is subscribed to `heartbeat`.
     heartbeat: Option<broadcast::Receiver<Arc<str>>>,
     /// Market-data subscriptions by stream name.
@@ -62,13 +60,13 @@ pub struct Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.hub.metrics.subscriptions.fetch_sub(self.subs.len() as i64, Relaxed);
+        self.sessions.metrics.subscriptions.fetch_sub(self.subs.len() as i64, Relaxed);
     }
 }
 
 impl Session {
-    pub fn new(hub: Arc<Hub>) -> Self {
-        Self { hub, heartbeat: None, subs: BTreeMap::new() }
+    pub fn new(sessions: Arc<Sessions>) -> Self {
+        Self { sessions, heartbeat: None, subs: BTreeMap::new() }
     }
 
     /// Is the client subscribed to `heartbeat`?
@@ -89,16 +87,16 @@ impl Session {
     /// is applied only if every name is acceptable; otherwise the first bad one is reported and
     /// nothing changes.
     pub fn handle_text(&mut self, text: &str) -> Reply {
-        self.hub.metrics.ws_requests.fetch_add(1, Relaxed);
+        self.sessions.metrics.ws_requests.fetch_add(1, Relaxed);
         let reply = self.handle(text);
         if !reply.is_ok() {
-            self.hub.metrics.ws_request_errors.fetch_add(1, Relaxed);
+            self.sessions.metrics.ws_request_errors.fetch_add(1, Relaxed);
         }
         reply
     }
 
     fn handle(&mut self, text: &str) -> Reply {
-        let max = self.hub.limits.max_message_bytes;
+        let max = self.sessions.limits.max_message_bytes;
         if text.len() > max {
             return Reply::error(
                 0,
@@ -124,7 +122,7 @@ impl Session {
                         Stream::Heartbeat => self.heartbeat = None,
                         other => {
                             if self.subs.remove(&other.to_string()).is_some() {
-                                self.hub.metrics.subscriptions.fetch_sub(1, Relaxed);
+                                self.sessions.metrics.subscriptions.fetch_sub(1, Relaxed);
                             }
                         }
                     }
@@ -143,12 +141,15 @@ impl Session {
                         .filter(|s| seen.insert(s.to_string()))
                         .collect()
                 };
-                let limit = self.hub.limits.max_subscriptions_per_connection;
+                let limit = self.sessions.limits.max_subscriptions_per_connection;
                 if self.count() + new.len() > limit {
                     return Reply::error(
                         request.id,
                         ErrorCode::TooManySubscriptions,
-                        format!("a connection may hold {limit} subscriptions; this one holds {}", self.count()),
+                        format!(
+                            "a connection may hold {limit} subscriptions; this one holds {}",
+                            self.count()
+                        ),
                     );
                 }
                 // Take every lease first, so a refusal leaves nothing half-subscribed.
@@ -156,18 +157,23 @@ impl Session {
                 for stream in &new {
                     let lease = match stream {
                         Stream::Heartbeat => continue,
-                        Stream::Kline(series) => self.hub.supervisor.subscribe(series).map(Some),
+                        Stream::Kline(series) => {
+                            self.sessions.supervisor.subscribe(series).map(Some)
+                        }
                         Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
-                            (self.hub.depth_leases)(instrument)
+                            (self.sessions.depth_leases)(instrument)
                         }
                     };
                     match lease {
                         Ok(lease) => taken.push((stream.to_string(), lease)),
                         Err(e) => {
                             let code = match e {
-                                SubscribeError::UnknownSeries(_) => ErrorCode::UnknownSeries,
+                                SubscribeError::Unknown(_) => ErrorCode::UnknownSeries,
                                 SubscribeError::CapacityExhausted { .. } => {
-                                    self.hub.metrics.subscriptions_refused_capacity.fetch_add(1, Relaxed);
+                                    self.sessions
+                                        .metrics
+                                        .subscriptions_refused_capacity
+                                        .fetch_add(1, Relaxed);
                                     ErrorCode::CapacityExhausted
                                 }
                                 SubscribeError::ShuttingDown => ErrorCode::Internal,
@@ -177,73 +183,80 @@ impl Session {
                     }
                 }
                 if new.iter().any(|s| matches!(s, Stream::Heartbeat)) {
-                    self.heartbeat = Some(self.hub.heartbeats.subscribe());
+                    self.heartbeat = Some(self.sessions.heartbeats.subscribe());
                 }
                 for (name, lease) in taken {
-                    let rx = self.hub.bus.subscribe(&name);
+                    tracing::debug!(stream = %name, "subscribed");
+                    let rx = self.sessions.bus.subscribe(&name);
                     self.subs.insert(name, Sub { _lease: lease, rx });
-                    self.hub.metrics.subscriptions.fetch_add(1, Relaxed);
+                    self.sessions.metrics.subscriptions.fetch_add(1, Relaxed);
                 }
                 Reply::ok(request.id)
             }
         }
     }
-
 }
 
 /// The next heartbeat frame, or pending forever while unsubscribed.
 async fn next_heartbeat(heartbeat: &mut Option<broadcast::Receiver<Arc<str>>>) -> Arc<str> {
-        loop {
-            let Some(rx) = heartbeat.as_mut() else {
-                return std::future::pending().await;
-            };
-            match rx.recv().await {
-                Ok(frame) => return frame,
-                // Heartbeats are disposable: a slow client skips to the newest.
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    tracing::debug!(missed, "heartbeat receiver lagged");
-                    *rx = rx.resubscribe();
-                }
-                Err(broadcast::error::RecvError::Closed) => *heartbeat = None,
+    loop {
+        let Some(rx) = heartbeat.as_mut() else {
+            return std::future::pending().await;
+        };
+        match rx.recv().await {
+            Ok(frame) => return frame,
+            // Heartbeats are disposable: a slow client skips to the newest.
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::debug!(missed, "heartbeat receiver lagged");
+                *rx = rx.resubscribe();
             }
+            Err(broadcast::error::RecvError::Closed) => *heartbeat = None,
         }
+    }
 }
 
 /// The next market-data frame of any subscription, or the name of a stream this client lagged
 /// on. Pending forever without subscriptions. A subscription whose bus closed is removed.
-async fn next_push(subs: &mut BTreeMap<String, Sub>, metrics: &Metrics) -> Result<bytes::Bytes, (String, u64)> {
-        loop {
-            if subs.is_empty() {
-                return std::future::pending().await;
-            }
-            let (name, result) = if subs.len() == 1 {
-                let (name, sub) = subs.iter_mut().next().expect("one subscription");
-                (name, sub.rx.recv().await)
-            } else {
-                let futures = subs.iter_mut().map(|(name, sub)| {
-                    Box::pin(async move {
-                        let r = sub.rx.recv().await;
-                        (name, r)
-                    })
-                });
-                futures_util::future::select_all(futures).await.0
-            };
-            match result {
-                Ok(msg) => return Ok(msg.payload),
-                Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
-                Err(RecvError::Closed) => {
-                    let name = name.clone();
-                    subs.remove(&name);
-                    metrics.subscriptions.fetch_sub(1, Relaxed);
-                }
+async fn next_push(
+    subs: &mut BTreeMap<String, Sub>,
+    metrics: &Metrics,
+) -> Result<bytes::Bytes, (String, u64)> {
+    loop {
+        if subs.is_empty() {
+            return std::future::pending().await;
+        }
+        let (name, result) = if subs.len() == 1 {
+            let (name, sub) = subs.iter_mut().next().expect("one subscription");
+            (name, sub.rx.recv().await)
+        } else {
+            let futures = subs.iter_mut().map(|(name, sub)| {
+                Box::pin(async move {
+                    let r = sub.rx.recv().await;
+                    (name, r)
+                })
+            });
+            futures_util::future::select_all(futures).await.0
+        };
+        match result {
+            Ok(msg) => return Ok(msg.payload),
+            Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
+            Err(RecvError::Closed) => {
+                let name = name.clone();
+                subs.remove(&name);
+                metrics.subscriptions.fetch_sub(1, Relaxed);
             }
         }
+    }
 }
 
 impl Session {
     /// Up to `max` more frames already buffered on any subscription, without waiting, so a
     /// burst goes out in one socket write.
-    fn drain_ready(&mut self, max: usize, out: &mut Vec<bytes::Bytes>) -> Result<(), (String, u64)> {
+    fn drain_ready(
+        &mut self,
+        max: usize,
+        out: &mut Vec<bytes::Bytes>,
+    ) -> Result<(), (String, u64)> {
         for (name, sub) in self.subs.iter_mut() {
             while out.len() < max {
                 match sub.rx.try_recv() {
@@ -275,11 +288,12 @@ fn malformed_msg(e: &serde_json::Error) -> String {
 }
 
 /// Runs one connection until the client leaves, the socket fails, or the server shuts down.
-pub async fn session(mut socket: WebSocket, hub: Arc<Hub>, mut shutdown: watch::Receiver<bool>) {
+pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>) {
     use futures_util::SinkExt as _;
-    let send_timeout = Duration::from_millis(hub.limits.send_timeout_ms);
-    let metrics = hub.metrics.clone();
-    let mut session = Session::new(hub);
+    let send_timeout = Duration::from_millis(sessions.limits.send_timeout_ms);
+    let metrics = sessions.metrics.clone();
+    let shutdown = sessions.shutdown.clone();
+    let mut session = Session::new(sessions);
     // Allocated on the first push, so idle connections do not pay for it.
     let mut batch: Vec<bytes::Bytes> = Vec::new();
     tracing::debug!("websocket session started");
@@ -317,7 +331,7 @@ pub async fn session(mut socket: WebSocket, hub: Arc<Hub>, mut shutdown: watch::
                 }
                 None
             }
-            _ = super::stopped(&mut shutdown) => {
+            () = shutdown.stopping() => {
                 let close = CloseFrame { code: GOING_AWAY, reason: "server shutting down".into() };
                 let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
                 break;
@@ -326,10 +340,12 @@ pub async fn session(mut socket: WebSocket, hub: Arc<Hub>, mut shutdown: watch::
         if let Some((stream, skipped)) = lagged {
             metrics.ws_dropped_lagging.fetch_add(1, Relaxed);
             tracing::info!(%stream, skipped, "dropping a client that fell behind");
-            let reason = format!("lagging: {skipped} messages of {stream} skipped; reconnect to resync");
+            let reason =
+                format!("lagging: {skipped} messages of {stream} skipped; reconnect to resync");
             let reason: String = reason.chars().take(120).collect();
             let close = CloseFrame { code: LAGGING, reason: reason.into() };
-            let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
+            let _ =
+                tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
             break;
         }
         let pushes = batch.len() as u64;

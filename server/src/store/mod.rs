@@ -1,7 +1,8 @@
-//! Candle and progress storage behind a small trait, so the ingest pipeline, backfill and the
-//! HTTP API do not care which database holds the data. SQLite (embedded, one file under the data
-//! directory) is the default and only implementation today ([`sqlite::SqliteStore`]); PostgreSQL
-//! will implement the same trait.
+//! Candle and progress storage behind two small traits, so the ingest pipeline, backfill and
+//! the HTTP API do not care which database holds the data: [`CandleStore`] (candles, for
+//! everyone) and [`BackfillStore`] (backfill's progress records, for backfill alone). SQLite
+//! (embedded, one file under the data directory, [`sqlite::SqliteStore`]) implements both; the
+//! composition root (`app.rs`) is the only place that names it.
 //!
 //! Writes are **idempotent**: a candle is keyed by `(series, open_time)` and writing the same key
 //! again replaces the row, so replays, REST gap fills and backfill overlap never duplicate.
@@ -15,17 +16,51 @@
 pub mod sqlite;
 
 use shared::candle::Candle;
+use shared::protocol::ops::BackfillState;
 use shared::protocol::SeriesId;
 
-/// Errors from a store. `Corrupt` means a stored row could not be decoded.
+/// Errors from a store. The database's own error is kept as the
+/// [`source`](std::error::Error::source)
+/// (print the whole chain with [`crate::error::report`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("database error: {0}")]
-    Db(String),
+    /// The database failed an operation; `context` says which (and on which file).
+    #[error("{context}")]
+    Db {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A stored row could not be decoded.
     #[error("corrupt row in {table}: {detail}")]
     Corrupt { table: &'static str, detail: String },
-    #[error("schema version {found} of {path} is newer than this millrace understands ({supported})")]
+    #[error(
+        "schema version {found} of {path} is newer than this millrace understands ({supported})"
+    )]
     SchemaTooNew { path: String, found: i64, supported: i64 },
+    /// The blocking task that ran the store call panicked.
+    #[error("the store task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+impl StoreError {
+    /// A database error with what was being done.
+    pub fn db(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StoreError::Db { context: context.into(), source: source.into() }
+    }
+}
+
+/// Runs a blocking store call on a blocking thread and waits for it (stores are blocking
+/// libraries; the service runs on tokio).
+pub async fn blocking<T, F>(f: F) -> Result<T, StoreError>
+where
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await.map_err(StoreError::Task)?
 }
 
 /// The candles of one series to write in a [`CandleStore::write`] batch. The slice need not be
@@ -48,7 +83,7 @@ pub struct SeriesInfo {
 /// Persisted progress of one backfill task (seeds/incremental-newest-first-backfill.md, adapted:
 /// millrace keeps the covered *ranges*, so an interrupted run leaves no hole — the next run fills
 /// every part of `[now - retention, now]` not covered yet, newest first).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackfillProgress {
     /// Task key (the 1m series id as a string).
     pub task: String,
@@ -59,8 +94,7 @@ pub struct BackfillProgress {
     pub run_started_from: Option<i64>,
     /// Oldest open time the current/last run reached.
     pub cursor: Option<i64>,
-    /// `running`, `done`, `stopped`, `failed`, or `idle`.
-    pub state: String,
+    pub state: BackfillState,
     /// Why the last run ended (e.g. `reached previous coverage`, `3 batches older than retention`).
     pub stop_reason: Option<String>,
     /// Candles written by the current/last run.
@@ -70,6 +104,24 @@ pub struct BackfillProgress {
     pub last_error: Option<String>,
     /// Wall-clock ms of the last update.
     pub updated_at_ms: i64,
+}
+
+impl BackfillProgress {
+    /// The record of a task that never ran.
+    pub fn new(task: String) -> Self {
+        BackfillProgress {
+            task,
+            covered: Vec::new(),
+            run_started_from: None,
+            cursor: None,
+            state: BackfillState::Idle,
+            stop_reason: None,
+            candles_written: 0,
+            batches: 0,
+            last_error: None,
+            updated_at_ms: 0,
+        }
+    }
 }
 
 /// Candle storage. Implementations are cheap to share (`Arc<dyn CandleStore>`).
@@ -94,6 +146,14 @@ pub trait CandleStore: Send + Sync + 'static {
     /// Every series with at least one candle.
     fn series(&self) -> Result<Vec<SeriesInfo>, StoreError>;
 
+    /// Finishes background work (a final checkpoint) before the service exits; reads and writes
+    /// still work afterwards.
+    fn close(&self) {}
+}
+
+/// Backfill's progress records, kept in the same database as the candles so that coverage and
+/// candles commit together.
+pub trait BackfillStore: CandleStore {
     /// Progress record of a backfill task, if one was saved.
     fn backfill_progress(&self, task: &str) -> Result<Option<BackfillProgress>, StoreError>;
 

@@ -4,7 +4,8 @@
 //!
 //! ```sql
 //! series            (id INTEGER PRIMARY KEY, name TEXT UNIQUE)     -- `exchange:market:SYMBOL:tf`
-//! candles_<id>      (open_time INTEGER PRIMARY KEY, open, high, low, close, volume, trades, minutes)
+//! candles_<id>      (open_time INTEGER PRIMARY KEY, open, high, low, close, volume, trades,
+//! minutes)
 //! backfill_progress (task TEXT PRIMARY KEY, covered TEXT -- JSON [[from,to],...], ...)
 //! ```
 //!
@@ -33,7 +34,8 @@
 //!
 //! # Migrations
 //!
-//! [`MIGRATIONS`] lists the schema steps in order; a file at version `n` gets steps `n..` applied in
+//! [`MIGRATIONS`] lists the schema steps in order; a file at version `n` gets steps `n..` applied
+//! in
 //! one `BEGIN IMMEDIATE` transaction together with the new `user_version`, so a crash mid-migration
 //! leaves the old version intact and two processes opening the same new file do not race. A file
 //! whose version is newer than this build knows is refused ([`StoreError::SchemaTooNew`]) before
@@ -72,7 +74,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -80,9 +82,12 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Statement, TransactionBehavior};
 use shared::candle::Candle;
 use shared::fixed::{Price, Volume};
+use shared::protocol::ops::BackfillState;
 use shared::protocol::SeriesId;
 
-use super::{BackfillProgress, CandleStore, SeriesInfo, SeriesRows, StoreError};
+use crate::lock::lock;
+
+use super::{BackfillProgress, BackfillStore, CandleStore, SeriesInfo, SeriesRows, StoreError};
 
 /// The schema version this build writes (the number of [`MIGRATIONS`]).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -165,7 +170,7 @@ const SELECT_SERIES_ID: &str = "SELECT id FROM series WHERE name = ?1";
 const INSERT_SERIES: &str = "INSERT INTO series (name) VALUES (?1) ON CONFLICT (name) DO NOTHING";
 
 fn db(e: rusqlite::Error) -> StoreError {
-    StoreError::Db(e.to_string())
+    StoreError::db("SQLite", e)
 }
 
 /// The SQLite candle store. Cheap to share behind an `Arc`; every method is blocking (see the
@@ -182,8 +187,9 @@ pub struct SqliteStore {
     readers: Mutex<Vec<Connection>>,
     /// Wakes the checkpointer after commits; stops it on drop.
     checkpoints: Arc<CheckpointSignal>,
-    /// The checkpointer thread, joined on drop.
-    checkpointer: Option<JoinHandle<()>>,
+    /// The checkpointer thread, joined by [`CandleStore::close`] or on drop (the store owns it:
+    /// it is part of the store, not of the service's tasks).
+    checkpointer: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Between the writer and the checkpointer thread.
@@ -210,15 +216,20 @@ impl CheckpointSignal {
 
     /// Waits for a commit; `false` when asked to stop.
     fn wait_for_commit(&self) -> bool {
-        let mut st = self.cv.wait_while(lock(&self.state), |st| !st.0 && !st.1).unwrap_or_else(PoisonError::into_inner);
+        let mut st = self
+            .cv
+            .wait_while(lock(&self.state), |st| !st.0 && !st.1)
+            .unwrap_or_else(PoisonError::into_inner);
         st.0 = false;
         !st.1
     }
 
     /// Sleeps `d` unless asked to stop; `false` when asked to stop.
     fn pause(&self, d: Duration) -> bool {
-        let (st, _) =
-            self.cv.wait_timeout_while(lock(&self.state), d, |st| !st.1).unwrap_or_else(PoisonError::into_inner);
+        let (st, _) = self
+            .cv
+            .wait_timeout_while(lock(&self.state), d, |st| !st.1)
+            .unwrap_or_else(PoisonError::into_inner);
         !st.1
     }
 }
@@ -235,9 +246,15 @@ impl CheckpointSignal {
 /// [`RESTART_FRAMES`], the checkpointer takes the writer lock for one more `PASSIVE` pass (the few
 /// frames committed since the last pass, and two `fsync`s) and the next commit starts the log
 /// over. A reader still holding an old snapshot can prevent that; it is retried next time.
-fn run_checkpointer(conn: Connection, writer: Arc<Mutex<Writer>>, signal: Arc<CheckpointSignal>, path: PathBuf) {
-    let passive =
-        || -> rusqlite::Result<i64> { conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1)) };
+fn run_checkpointer(
+    conn: Connection,
+    writer: Arc<Mutex<Writer>>,
+    signal: Arc<CheckpointSignal>,
+    path: PathBuf,
+) {
+    let passive = || -> rusqlite::Result<i64> {
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1))
+    };
     while signal.wait_for_commit() {
         let result = passive().and_then(|log| {
             if log >= RESTART_FRAMES {
@@ -269,29 +286,31 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock dropped (rolled back) any open transaction: the state is sound.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl SqliteStore {
     /// Opens (creating if needed, with its parent directory) the database at `path`, switches it
     /// to WAL and brings its schema up to [`SCHEMA_VERSION`].
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError::Db(format!("cannot create directory {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::db(format!("cannot create directory {}", dir.display()), e)
+            })?;
         }
-        let with_path = |e: rusqlite::Error| StoreError::Db(format!("{}: {e}", path.display()));
+        let with_path = |e: rusqlite::Error| StoreError::db(path.display().to_string(), e);
         let mut conn = Connection::open(path).map_err(with_path)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(with_path)?;
-        let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(with_path)?;
+        let found: i64 =
+            conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(with_path)?;
         check_version(path, found)?;
-        // Only effective while the file is still empty (a new database); before WAL, which fixes it.
+        // Only effective while the file is still empty (a new database); before WAL, which fixes
+        // it.
         conn.pragma_update(None, "page_size", PAGE_SIZE).map_err(with_path)?;
-        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(with_path)?;
+        let mode: String =
+            conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(with_path)?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Db(format!("{}: cannot switch to WAL mode (got {mode})", path.display())));
+            return Err(StoreError::db(
+                path.display().to_string(),
+                format!("cannot switch to WAL mode (got {mode})"),
+            ));
         }
         conn.execute_batch(&format!(
             "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT}; \
@@ -301,20 +320,21 @@ impl SqliteStore {
         migrate(&mut conn, path)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let writer = Writer { conn, series: HashMap::new() };
-        let mut store = SqliteStore {
+        let store = SqliteStore {
             path: path.to_path_buf(),
             writer: Arc::new(Mutex::new(writer)),
             readers: Mutex::new(Vec::new()),
             checkpoints: Arc::new(CheckpointSignal::default()),
-            checkpointer: None,
+            checkpointer: Mutex::new(None),
         };
         let conn = store.open_connection()?;
-        let (writer, signal, file) = (store.writer.clone(), store.checkpoints.clone(), store.path.clone());
+        let (writer, signal, file) =
+            (store.writer.clone(), store.checkpoints.clone(), store.path.clone());
         let handle = std::thread::Builder::new()
             .name("store-checkpoint".into())
             .spawn(move || run_checkpointer(conn, writer, signal, file))
-            .map_err(|e| StoreError::Db(format!("cannot start the checkpoint thread: {e}")))?;
-        store.checkpointer = Some(handle);
+            .map_err(|e| StoreError::db("cannot start the checkpoint thread", e))?;
+        *lock(&store.checkpointer) = Some(handle);
         // Open one reader now, so a file we cannot read fails here rather than on the first query.
         let reader = store.open_reader()?;
         lock(&store.readers).push(reader);
@@ -328,16 +348,20 @@ impl SqliteStore {
 
     /// A connection to the file for reading or checkpointing (not for writing candles).
     fn open_connection(&self) -> Result<Connection, StoreError> {
-        let with_path = |e: rusqlite::Error| StoreError::Db(format!("{}: {e}", self.path.display()));
+        let with_path = |e: rusqlite::Error| StoreError::db(self.path.display().to_string(), e);
         let conn = Connection::open_with_flags(
             &self.path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
         )
         .map_err(with_path)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(with_path)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        conn.execute_batch(&format!("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -{CACHE_KIB};"))
-            .map_err(with_path)?;
+        conn.execute_batch(&format!(
+            "PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -{CACHE_KIB};"
+        ))
+        .map_err(with_path)?;
         Ok(conn)
     }
 
@@ -345,12 +369,15 @@ impl SqliteStore {
         let conn = self.open_connection()?;
         // Read-write open (a WAL reader maintains the -shm index) but refusing any write.
         conn.execute_batch("PRAGMA query_only = ON")
-            .map_err(|e| StoreError::Db(format!("{}: {e}", self.path.display())))?;
+            .map_err(|e| StoreError::db(self.path.display().to_string(), e))?;
         Ok(conn)
     }
 
     /// Runs `f` on a pooled read connection.
-    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let pooled = lock(&self.readers).pop();
         let conn = match pooled {
             Some(c) => c,
@@ -365,7 +392,11 @@ impl SqliteStore {
     }
 
     /// One transaction: the rows of `batch`, then `progress` if given.
-    fn write_tx(&self, batch: &[SeriesRows<'_>], progress: Option<&BackfillProgress>) -> Result<usize, StoreError> {
+    fn write_tx(
+        &self,
+        batch: &[SeriesRows<'_>],
+        progress: Option<&BackfillProgress>,
+    ) -> Result<usize, StoreError> {
         let mut guard = lock(&self.writer);
         let Writer { conn, series } = &mut *guard;
         let result = (|| {
@@ -400,7 +431,7 @@ impl SqliteStore {
 impl Drop for SqliteStore {
     fn drop(&mut self) {
         self.checkpoints.stop();
-        if let Some(t) = self.checkpointer.take() {
+        if let Some(t) = lock(&self.checkpointer).take() {
             let _ = t.join();
         }
     }
@@ -408,26 +439,36 @@ impl Drop for SqliteStore {
 
 fn check_version(path: &Path, found: i64) -> Result<(), StoreError> {
     if found > SCHEMA_VERSION {
-        return Err(StoreError::SchemaTooNew { path: path.display().to_string(), found, supported: SCHEMA_VERSION });
+        return Err(StoreError::SchemaTooNew {
+            path: path.display().to_string(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
     }
     if found < 0 {
-        return Err(StoreError::Corrupt { table: "user_version", detail: format!("negative schema version {found}") });
+        return Err(StoreError::Corrupt {
+            table: "user_version",
+            detail: format!("negative schema version {found}"),
+        });
     }
     Ok(())
 }
 
 fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let with_path = |e: rusqlite::Error| StoreError::Db(format!("{}: migrating the schema: {e}", path.display()));
+    let with_path =
+        |e: rusqlite::Error| StoreError::db(format!("{}: migrating the schema", path.display()), e);
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(with_path)?;
     // Read again under the write lock: another process may have migrated meanwhile.
-    let found: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(with_path)?;
+    let found: i64 =
+        tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(with_path)?;
     check_version(path, found)?;
     if found == SCHEMA_VERSION {
         return Ok(()); // dropping `tx` ends the empty transaction
     }
     for (i, step) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-        tx.execute_batch(step)
-            .map_err(|e| StoreError::Db(format!("{}: migration {} failed: {e}", path.display(), i + 1)))?;
+        tx.execute_batch(step).map_err(|e| {
+            StoreError::db(format!("{}: migration {} failed", path.display(), i + 1), e)
+        })?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(with_path)?;
     tx.commit().map_err(with_path)?;
@@ -444,8 +485,11 @@ fn series_for_write<'a>(
     if !cache.contains_key(series) {
         let name = series.to_string();
         conn.prepare_cached(INSERT_SERIES).map_err(db)?.execute([&name]).map_err(db)?;
-        let id: i64 =
-            conn.prepare_cached(SELECT_SERIES_ID).map_err(db)?.query_row([&name], |r| r.get(0)).map_err(db)?;
+        let id: i64 = conn
+            .prepare_cached(SELECT_SERIES_ID)
+            .map_err(db)?
+            .query_row([&name], |r| r.get(0))
+            .map_err(db)?;
         // A no-op (no schema change) when it exists: once per series per process.
         conn.execute_batch(&candle_table_ddl(id)).map_err(db)?;
         cache.insert(series.clone(), (id, upsert_sql(id)));
@@ -499,18 +543,30 @@ fn corrupt(table: &'static str, detail: impl Into<String>) -> StoreError {
 fn int(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<i64, StoreError> {
     match row.get_ref(idx).map_err(db)? {
         ValueRef::Integer(v) => Ok(v),
-        other => Err(corrupt(table, format!("{column} is {:?}, not an integer", other.data_type()))),
+        other => {
+            Err(corrupt(table, format!("{column} is {:?}, not an integer", other.data_type())))
+        }
     }
 }
 
-fn opt_int(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<Option<i64>, StoreError> {
+fn opt_int(
+    row: &Row<'_>,
+    idx: usize,
+    table: &'static str,
+    column: &str,
+) -> Result<Option<i64>, StoreError> {
     match row.get_ref(idx).map_err(db)? {
         ValueRef::Null => Ok(None),
         _ => int(row, idx, table, column).map(Some),
     }
 }
 
-fn opt_text(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<Option<String>, StoreError> {
+fn opt_text(
+    row: &Row<'_>,
+    idx: usize,
+    table: &'static str,
+    column: &str,
+) -> Result<Option<String>, StoreError> {
     match row.get_ref(idx).map_err(db)? {
         ValueRef::Null => Ok(None),
         ValueRef::Text(t) => std::str::from_utf8(t)
@@ -520,7 +576,12 @@ fn opt_text(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Res
     }
 }
 
-fn text(row: &Row<'_>, idx: usize, table: &'static str, column: &str) -> Result<String, StoreError> {
+fn text(
+    row: &Row<'_>,
+    idx: usize,
+    table: &'static str,
+    column: &str,
+) -> Result<String, StoreError> {
     opt_text(row, idx, table, column)?.ok_or_else(|| corrupt(table, format!("{column} is NULL")))
 }
 
@@ -546,12 +607,14 @@ fn decode_candle(row: &Row<'_>) -> Result<Candle, StoreError> {
         close: Price::from_raw(int(row, 4, T, "close")?),
         volume: Volume::from_raw(volume),
         trades: int(row, 6, T, "trades")? as u64,
-        minutes: u32::try_from(minutes).map_err(|_| at(format!("minutes {minutes} out of range")))?,
+        minutes: u32::try_from(minutes)
+            .map_err(|_| at(format!("minutes {minutes} out of range")))?,
     })
 }
 
 fn save_progress(conn: &Connection, p: &BackfillProgress) -> Result<(), StoreError> {
-    let covered = serde_json::to_string(&p.covered).map_err(|e| StoreError::Db(format!("encoding coverage: {e}")))?;
+    let covered =
+        serde_json::to_string(&p.covered).map_err(|e| StoreError::db("encoding coverage", e))?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO backfill_progress (task, covered, run_started_from, cursor, state, \
          stop_reason, candles_written, batches, last_error, updated_at_ms) \
@@ -563,7 +626,7 @@ fn save_progress(conn: &Connection, p: &BackfillProgress) -> Result<(), StoreErr
         covered,
         p.run_started_from,
         p.cursor,
-        p.state,
+        state_name(p.state),
         p.stop_reason,
         p.candles_written as i64,
         p.batches as i64,
@@ -572,6 +635,28 @@ fn save_progress(conn: &Connection, p: &BackfillProgress) -> Result<(), StoreErr
     ])
     .map_err(db)?;
     Ok(())
+}
+
+fn state_name(s: BackfillState) -> &'static str {
+    match s {
+        BackfillState::Idle => "idle",
+        BackfillState::Running => "running",
+        BackfillState::Done => "done",
+        BackfillState::Stopped => "stopped",
+        BackfillState::Failed => "failed",
+    }
+}
+
+fn state_of(name: &str) -> Option<BackfillState> {
+    [
+        BackfillState::Idle,
+        BackfillState::Running,
+        BackfillState::Done,
+        BackfillState::Stopped,
+        BackfillState::Failed,
+    ]
+    .into_iter()
+    .find(|s| state_name(*s) == name)
 }
 
 fn decode_progress(row: &Row<'_>) -> Result<BackfillProgress, StoreError> {
@@ -584,7 +669,10 @@ fn decode_progress(row: &Row<'_>) -> Result<BackfillProgress, StoreError> {
         covered,
         run_started_from: opt_int(row, 2, T, "run_started_from")?,
         cursor: opt_int(row, 3, T, "cursor")?,
-        state: text(row, 4, T, "state")?,
+        state: {
+            let name = text(row, 4, T, "state")?;
+            state_of(&name).ok_or_else(|| corrupt(T, format!("task {task}: state {name:?}")))?
+        },
         stop_reason: opt_text(row, 5, T, "stop_reason")?,
         candles_written: int(row, 6, T, "candles_written")? as u64,
         batches: int(row, 7, T, "batches")? as u64,
@@ -662,7 +750,8 @@ impl CandleStore for SqliteStore {
         self.read(|conn| {
             let mut all = Vec::new();
             {
-                let mut stmt = conn.prepare_cached("SELECT id, name FROM series ORDER BY name").map_err(db)?;
+                let mut stmt =
+                    conn.prepare_cached("SELECT id, name FROM series ORDER BY name").map_err(db)?;
                 let mut rows = stmt.query([]).map_err(db)?;
                 while let Some(row) = rows.next().map_err(db)? {
                     all.push((int(row, 0, "series", "id")?, text(row, 1, "series", "name")?));
@@ -670,20 +759,42 @@ impl CandleStore for SqliteStore {
             }
             let mut out = Vec::with_capacity(all.len());
             for (id, name) in all {
-                let series = name.parse().map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
+                let series =
+                    name.parse().map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
                 let count: i64 = conn
                     .prepare_cached(&format!("SELECT count(*) FROM candles_{id}"))
                     .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
                     .map_err(on_table(id))?;
-                let (Some(first), Some(last)) = (edge(conn, id, "ASC")?, edge(conn, id, "DESC")?) else {
+                let (Some(first), Some(last)) = (edge(conn, id, "ASC")?, edge(conn, id, "DESC")?)
+                else {
                     continue; // a series whose only batch failed to write has an empty table
                 };
-                out.push(SeriesInfo { series, count: count as u64, first_open_time: first, last_open_time: last });
+                out.push(SeriesInfo {
+                    series,
+                    count: count as u64,
+                    first_open_time: first,
+                    last_open_time: last,
+                });
             }
             Ok(out)
         })
     }
 
+    fn close(&self) {
+        self.checkpoints.stop();
+        if let Some(t) = lock(&self.checkpointer).take() {
+            let _ = t.join();
+        }
+        // Fold the log into the file now, so the next start reads a short WAL.
+        if let Err(e) =
+            lock(&self.writer).conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "final store checkpoint failed");
+        }
+    }
+}
+
+impl BackfillStore for SqliteStore {
     fn backfill_progress(&self, task: &str) -> Result<Option<BackfillProgress>, StoreError> {
         self.read(|conn| {
             let mut stmt = conn
@@ -704,7 +815,11 @@ impl CandleStore for SqliteStore {
         self.write_tx(&[], Some(progress)).map(|_| ())
     }
 
-    fn write_with_progress(&self, batch: &[SeriesRows<'_>], progress: &BackfillProgress) -> Result<usize, StoreError> {
+    fn write_with_progress(
+        &self,
+        batch: &[SeriesRows<'_>],
+        progress: &BackfillProgress,
+    ) -> Result<usize, StoreError> {
         self.write_tx(batch, Some(progress))
     }
 }

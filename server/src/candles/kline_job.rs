@@ -1,0 +1,307 @@
+//! The kline job: the data plane of one instrument (seed §§6-10). It keeps one upstream
+//! connection to `<symbol>@kline_1m` over the Binance protocol (real Binance or the simulator) and
+//! feeds the [`CandlePipeline`].
+//!
+//! **No holes, no duplicates.** Whenever the stream might have missed something — on every
+//! (re)connect, and whenever a closed minute arrives that does not directly follow the last one
+//! accepted (a skipped or lost message) — the missing closed 1m candles are fetched from REST
+//! (`/api/v3/klines`, paged, only rows whose close time is before the exchange's clock) and
+//! pushed into the pipeline **before** the stream's newer candles, so the stored series stays
+//! contiguous. Duplicates (a re-sent or re-fetched minute) are dropped by the flush batch.
+//!
+//! **Reconnects** back off from `reconnect_base_ms` (seed: 2 s), doubling to a cap, with
+//! jitter; a connection that stayed healthy resets the back-off. A connection silent for
+//! `stall_timeout_ms` is treated as dead. Binance closes connections after 24 h: after
+//! `planned_reconnect_after_s` the job opens the new connection first and only then drops the
+//! old one, and the REST fill covers anything in between, so a planned reconnect leaves no gap.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shared::candle::{Candle, Timeframe, MINUTE_MS};
+
+use binance::rest::{RestClient, RestError};
+use binance::stream::{connect_with, Connection, StreamConfig, StreamError};
+use binance::wire::{StreamEvent, StreamKind, StreamName};
+use shared::backoff::Backoff;
+
+use super::pipeline::CandlePipeline;
+use super::writer::CandleWriter;
+use crate::clock::wall_clock_ms as now_ms;
+use crate::config::IngestConfig;
+use crate::error::report;
+use crate::jitter::Jitter;
+use crate::jobs::{JobContext, JobHealth};
+
+/// Most rows per REST kline request (Binance's maximum).
+const REST_PAGE: u16 = 1000;
+
+/// Everything a kline job needs besides its [`JobContext`].
+#[derive(Clone)]
+pub struct KlineJobDeps {
+    pub config: IngestConfig,
+    pub rest: Arc<RestClient>,
+    pub ws_base: String,
+    /// The Binance symbol (`BTCUSDT`).
+    pub symbol: String,
+    pub writer: CandleWriter,
+}
+
+/// Runs the job until it is stopped; connection failures are counted as crashes and retried.
+pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
+    let health = ctx.health.clone();
+    let mut backoff = Backoff::new(
+        Duration::from_millis(deps.config.reconnect_base_ms),
+        Duration::from_millis(deps.config.reconnect_cap_ms),
+    )
+    .with_healthy_after(Duration::from_millis(deps.config.reconnect_reset_after_ms));
+    let mut jitter = Jitter::new(&deps.symbol);
+    let mut pipeline = loop {
+        match CandlePipeline::open(
+            &ctx.instrument,
+            &deps.config,
+            deps.writer.clone(),
+            health.clone(),
+            now_ms(),
+        )
+        .await
+        {
+            Ok(p) => break p,
+            Err(e) => {
+                health.crash(format_args!("cannot open the candle pipeline: {}", report(&e)));
+                if ctx.sleep(backoff.next_delay(jitter.draw())).await {
+                    return;
+                }
+            }
+        }
+    };
+    backoff.reset();
+    let stream = StreamName::new(&deps.symbol, StreamKind::Kline(Timeframe::M1)).to_string();
+    let stream_config = StreamConfig {
+        stall_timeout: Duration::from_millis(deps.config.stall_timeout_ms),
+        planned_reconnect_after: Duration::from_secs(deps.config.planned_reconnect_after_s),
+        ..StreamConfig::default()
+    };
+    let streams = [stream.as_str()];
+    // A connection opened ahead of time for a planned reconnect.
+    let mut next_conn: Option<Connection> = None;
+    while !ctx.is_stopped() {
+        let conn = match next_conn.take() {
+            Some(c) => Ok(c),
+            None => {
+                tokio::select! {
+                    c = connect_with(&deps.ws_base, &streams, stream_config.clone()) => c,
+                    _ = ctx.stopped() => break,
+                }
+            }
+        };
+        let mut conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                health.crash(format!("connect {}: {e}", deps.ws_base));
+                if ctx.sleep(backoff.next_delay(jitter.draw())).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        health.connects.fetch_add(1, Relaxed);
+        health.connected.store(true, Relaxed);
+        let connected_at = Instant::now();
+        // Anything closed while we were away comes from REST before the stream's candles.
+        if let Err(e) = fill_gap(&deps, &mut pipeline, None, &health).await {
+            health.crash(format!("REST gap fill: {e}"));
+            health.connected.store(false, Relaxed);
+            pipeline.flush(now_ms()).await;
+            if ctx.sleep(retry_wait(&e).unwrap_or_else(|| backoff.next_delay(jitter.draw()))).await
+            {
+                break;
+            }
+            continue;
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let outcome = loop {
+            tokio::select! {
+                ev = conn.next() => match ev {
+                    Some(Ok(event)) => {
+                        health.messages.fetch_add(1, Relaxed);
+                        health.last_message_at_ms.store(now_ms(), Relaxed);
+                        if let Err(e) = on_event(&deps, &mut pipeline, event, &health).await {
+                            break Err(format!("REST gap fill: {e}"));
+                        }
+                    }
+                    Some(Err(e @ StreamError::Malformed { .. })) => {
+                        health.malformed.fetch_add(1, Relaxed);
+                        tracing::warn!(symbol = %deps.symbol, "malformed frame from upstream: {e}");
+                    }
+                    Some(Err(e)) => break Err(format!("stream: {e}")),
+                    None => break Err("stream closed by the server".to_string()),
+                },
+                _ = tick.tick() => {
+                    pipeline.tick(now_ms(), Instant::now()).await;
+                    if conn.is_reconnect_due() {
+                        break Ok(());
+                    }
+                }
+                _ = ctx.stopped() => break Ok(()),
+            }
+        };
+        match outcome {
+            Ok(()) if ctx.is_stopped() => break,
+            Ok(()) => {
+                // Planned reconnect: open the successor before letting this one go.
+                tracing::info!(symbol = %deps.symbol, "planned reconnect after {:?}", conn.age());
+                match connect_with(&deps.ws_base, &streams, stream_config.clone()).await {
+                    Ok(c) => next_conn = Some(c),
+                    Err(e) => health.crash(format!("planned reconnect: {e}")),
+                }
+                drop(conn);
+            }
+            Err(reason) => {
+                health.connected.store(false, Relaxed);
+                health.crash(reason);
+                pipeline.flush(now_ms()).await;
+                backoff.connection_ended(connected_at.elapsed());
+                if ctx.sleep(backoff.next_delay(jitter.draw())).await {
+                    break;
+                }
+            }
+        }
+    }
+    health.connected.store(false, Relaxed);
+    pipeline.close(now_ms()).await;
+}
+
+/// How long a rate-limited exchange asked us to wait.
+pub fn retry_wait(e: &RestError) -> Option<Duration> {
+    match e {
+        RestError::RateLimited { retry_after, .. } => Some(*retry_after),
+        _ => None,
+    }
+}
+
+async fn on_event(
+    deps: &KlineJobDeps,
+    pipeline: &mut CandlePipeline,
+    event: StreamEvent,
+    health: &JobHealth,
+) -> Result<(), RestError> {
+    let StreamEvent::Kline { kline, .. } = event else { return Ok(()) };
+    if kline.timeframe != Timeframe::M1 || !kline.symbol.eq_ignore_ascii_case(&deps.symbol) {
+        health.malformed.fetch_add(1, Relaxed);
+        return Ok(());
+    }
+    let mut candle = kline.candle;
+    candle.minutes = 1;
+    let open = candle.open_time;
+    // A minute before this one that we have not seen closed: the stream skipped it.
+    let expected = pipeline.last_closed().map(|l| l + MINUTE_MS);
+    let missed_before = |first_unseen: i64| expected.is_some_and(|e| first_unseen > e);
+    if kline.closed {
+        if missed_before(open) {
+            fill_gap(deps, pipeline, Some(open - MINUTE_MS), health).await?;
+        }
+        pipeline.on_closed(candle, now_ms()).await;
+    } else {
+        if missed_before(open) {
+            fill_gap(deps, pipeline, Some(open - MINUTE_MS), health).await?;
+        }
+        pipeline.on_forming(candle, kline.event_time, Instant::now());
+    }
+    Ok(())
+}
+
+/// Most time the job waits for the exchange's REST clock to reach a minute its stream has already
+/// shown closed (the REST side of an exchange may lag its stream, notably under load).
+const CLOCK_CATCH_UP: Duration = Duration::from_secs(5);
+
+/// The exchange's time, once it has passed the minute `through` (when given): the stream proved
+/// that minute closed (a newer candle arrived), so REST must be able to serve it. A fill that
+/// trusted a lagging clock would stop short and leave a hole; if the clock does not catch up in
+/// [`CLOCK_CATCH_UP`], the fill fails and the job reconnects and fills again instead.
+async fn exchange_time_through(
+    deps: &KlineJobDeps,
+    through: Option<i64>,
+) -> Result<i64, RestError> {
+    let deadline = Instant::now() + CLOCK_CATCH_UP;
+    loop {
+        let now = deps.rest.server_time().await?;
+        let Some(t) = through else { return Ok(now) };
+        if Timeframe::M1.bucket_open(now) - MINUTE_MS >= t {
+            return Ok(now);
+        }
+        if Instant::now() >= deadline {
+            return Err(RestError::Api {
+                status: 503,
+                code: None,
+                msg: format!("the exchange's clock ({now}) has not passed the minute {t} its stream showed closed"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fetches the closed 1m candles after the last accepted one (through `through`, or up to the
+/// exchange's current minute) from REST and feeds them to the pipeline, oldest first.
+/// Without any stored candle there is nothing to continue: live ingest starts fresh (history is
+/// the backfill's job).
+async fn fill_gap(
+    deps: &KlineJobDeps,
+    pipeline: &mut CandlePipeline,
+    through: Option<i64>,
+    health: &JobHealth,
+) -> Result<(), RestError> {
+    let Some(last) = pipeline.last_closed() else { return Ok(()) };
+    let server_now = exchange_time_through(deps, through).await?;
+    // A row is closed when its close time has passed on the exchange's clock.
+    let limit_open =
+        through.unwrap_or(i64::MAX).min(Timeframe::M1.bucket_open(server_now) - MINUTE_MS);
+    let mut from = last + MINUTE_MS;
+    let mut filled = 0u64;
+    while from <= limit_open {
+        let rows = deps
+            .rest
+            .klines(
+                &deps.symbol,
+                Timeframe::M1,
+                Some(from),
+                Some(limit_open + MINUTE_MS - 1),
+                REST_PAGE,
+            )
+            .await?;
+        let mut newest = None;
+        for row in &rows {
+            if row.close_time >= server_now
+                || row.candle.open_time > limit_open
+                || row.candle.open_time < from
+            {
+                continue;
+            }
+            let mut c: Candle = row.candle;
+            c.minutes = 1;
+            newest = Some(c.open_time);
+            filled += 1;
+            pipeline.on_closed(c, now_ms()).await;
+        }
+        match newest {
+            Some(t) => from = t + MINUTE_MS,
+            None => break, // the exchange has no candles in the rest of the range
+        }
+        if rows.len() < REST_PAGE as usize {
+            break;
+        }
+    }
+    // Minutes the exchange has no candle for are accounted for too: do not ask again.
+    if limit_open >= last + MINUTE_MS {
+        pipeline.mark_filled_through(limit_open);
+    }
+    if filled > 0 {
+        health.gap_filled_candles.fetch_add(filled, Relaxed);
+        tracing::info!(symbol = %deps.symbol, filled, "filled missing closed candles from REST");
+        // Persist the fill before anything newer is published.
+        pipeline.flush(now_ms()).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! [`CandleWriter`]: the one way closed candles reach the store and then the bus, for live
+//! ingest (the pipeline) and for backfill alike.
+//!
+//! - **Derived = merge of stored minutes.** A derived candle is written as the merge of every 1m
+//!   candle of its bucket that is stored or in the same write ([`merge_buckets`]), whoever
+//!   stored the minutes (live ingest, a gap fill, backfill), so a derived series never disagrees
+//!   with its 1m series.
+//! - **One transaction.** The 1m candles and every derived candle they change are committed
+//!   together (with backfill's coverage record, when the caller commits through it), so a crash
+//!   never leaves them out of step.
+//! - **Persist, then publish.** The candles reach the bus only after the commit returned.
+//!
+//! The store is blocking: the write runs on a blocking thread.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use shared::candle::{merge, Candle, Timeframe, MINUTE_MS};
+use shared::protocol::{KlineEvent, KlinePayload, Push, SeriesId, Stream};
+
+use crate::bus::Bus;
+use crate::store::{CandleStore, SeriesRows, StoreError};
+
+/// How the derived candles of a write are made.
+#[derive(Debug, Clone)]
+pub enum Derive {
+    /// Live ingest: the derived candles come with the write (the pipeline's aggregator made
+    /// them); one built from fewer minutes than its timeframe has (the job started, or history
+    /// arrived, in the middle of its bucket) is replaced by the merge of its bucket.
+    CompletePartial,
+    /// Backfill: the derived candle of every bucket of `timeframes` that the 1m range
+    /// `[lo, hi]` touches and that has ended by the minute `newest`.
+    Buckets { timeframes: Vec<Timeframe>, lo: i64, hi: i64, newest: i64 },
+}
+
+/// Rows of one write: the 1m series first, then derived series.
+pub type Rows = Vec<(SeriesId, Vec<Candle>)>;
+
+/// Writes closed candles, then publishes them (see the module docs). Cheap to clone.
+#[derive(Clone)]
+pub struct CandleWriter {
+    store: Arc<dyn CandleStore>,
+    bus: Arc<dyn Bus>,
+}
+
+impl CandleWriter {
+    pub fn new(store: Arc<dyn CandleStore>, bus: Arc<dyn Bus>) -> Self {
+        Self { store, bus }
+    }
+
+    pub fn store(&self) -> &Arc<dyn CandleStore> {
+        &self.store
+    }
+
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        &self.bus
+    }
+
+    /// Completes `rows` (1m first) as `derive` says, commits them through `commit` in one
+    /// transaction, then publishes them. Returns the rows as written.
+    pub async fn write<C>(&self, rows: Rows, derive: Derive, commit: C) -> Result<Rows, StoreError>
+    where
+        C: FnOnce(&[SeriesRows<'_>]) -> Result<usize, StoreError> + Send + 'static,
+    {
+        let store = self.store.clone();
+        let rows = crate::store::blocking(move || {
+            let mut rows = rows;
+            complete(store.as_ref(), &mut rows, &derive)?;
+            let batch: Vec<SeriesRows<'_>> =
+                rows.iter().map(|(s, c)| SeriesRows { series: s, candles: c }).collect();
+            commit(&batch)?;
+            Ok(rows)
+        })
+        .await?;
+        // Committed: now, and only now, publish.
+        for (series, candles) in &rows {
+            publish_closed(self.bus.as_ref(), series, candles);
+        }
+        Ok(rows)
+    }
+}
+
+/// Applies `derive` to `rows` (blocking: reads the store).
+fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result<(), StoreError> {
+    let Some((series_1m, minutes)) =
+        rows.first().filter(|(s, _)| s.timeframe == Timeframe::M1).cloned()
+    else {
+        return Ok(());
+    };
+    match derive {
+        Derive::CompletePartial => {
+            for (series, candles) in rows.iter_mut().skip(1) {
+                let tf = series.timeframe;
+                let partial: Vec<i64> = candles
+                    .iter()
+                    .filter(|c| c.minutes < tf.minutes())
+                    .map(|c| c.open_time)
+                    .collect();
+                if partial.is_empty() {
+                    continue;
+                }
+                let merged = merge_buckets(store, &series_1m, &minutes, tf, &partial)?;
+                for c in candles.iter_mut() {
+                    if let Some(m) = merged.iter().find(|m| m.open_time == c.open_time) {
+                        *c = *m;
+                    }
+                }
+            }
+        }
+        Derive::Buckets { timeframes, lo, hi, newest } => {
+            for &tf in timeframes {
+                let mut opens = Vec::new();
+                let mut bucket = tf.bucket_open(*lo);
+                while bucket <= tf.bucket_open(*hi) {
+                    let end = bucket + tf.duration_ms();
+                    if end - MINUTE_MS <= *newest {
+                        opens.push(bucket);
+                    }
+                    bucket = end;
+                }
+                let merged = merge_buckets(store, &series_1m, &minutes, tf, &opens)?;
+                let series = SeriesId { instrument: series_1m.instrument.clone(), timeframe: tf };
+                rows.push((series, merged));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `tf` candles of the buckets opening at `opens` (ascending), each the merge of every 1m
+/// candle of its bucket in the store or in `minutes` (which win). A bucket without any minute
+/// has no candle. Blocking; one store read for all buckets.
+pub fn merge_buckets(
+    store: &dyn CandleStore,
+    series_1m: &SeriesId,
+    minutes: &[Candle],
+    tf: Timeframe,
+    opens: &[i64],
+) -> Result<Vec<Candle>, StoreError> {
+    let (Some(&first), Some(&last)) = (opens.first(), opens.last()) else { return Ok(Vec::new()) };
+    let end = last + tf.duration_ms() - MINUTE_MS;
+    let span = usize::try_from((end - first) / MINUTE_MS + 1).unwrap_or(usize::MAX);
+    let mut all: BTreeMap<i64, Candle> = store
+        .candles(series_1m, Some(first), Some(end), span)?
+        .into_iter()
+        .map(|c| (c.open_time, c))
+        .collect();
+    all.extend(
+        minutes
+            .iter()
+            .filter(|c| c.open_time >= first && c.open_time <= end)
+            .map(|c| (c.open_time, *c)),
+    );
+    Ok(opens
+        .iter()
+        .filter_map(|&open| {
+            let inside: Vec<Candle> =
+                all.range(open..open + tf.duration_ms()).map(|(_, c)| *c).collect();
+            merge(tf, &inside)
+        })
+        .collect())
+}
+
+/// The `kline@{series}` push frame for `candle`.
+pub fn kline_frame(series: &SeriesId, candle: &Candle, closed: bool, event_time: i64) -> Bytes {
+    let tf = series.timeframe;
+    let push = Push {
+        stream: Stream::Kline(series.clone()),
+        data: KlineEvent {
+            e: "kline".into(),
+            event_time,
+            s: series.clone(),
+            k: KlinePayload {
+                t: candle.open_time,
+                close_time: candle.open_time + tf.duration_ms() - 1,
+                i: tf,
+                o: candle.open,
+                h: candle.high,
+                l: candle.low,
+                c: candle.close,
+                v: candle.volume,
+                n: candle.trades,
+                x: closed,
+            },
+        },
+    };
+    Bytes::from(serde_json::to_vec(&push).expect("a kline push always serializes"))
+}
+
+/// Publishes stored closed candles of `series` (skipped when nobody listens). Call only after the
+/// transaction holding them committed: persist, then publish.
+fn publish_closed(bus: &dyn Bus, series: &SeriesId, candles: &[Candle]) {
+    let topic = Stream::Kline(series.clone()).to_string();
+    if !bus.has_subscribers(&topic) {
+        return;
+    }
+    let d = series.timeframe.duration_ms();
+    for c in candles {
+        bus.publish(&topic, kline_frame(series, c, true, c.open_time + d));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+    use shared::fixed::{Price, Volume};
+
+    fn minute(t: i64, p: i64) -> Candle {
+        Candle::one_minute(t, Price(p), Price(p + 5), Price(p - 5), Price(p + 1), Volume(10), 3)
+    }
+
+    #[test]
+    fn partial_derived_candles_are_completed_from_stored_minutes() {
+        let dir = std::env::temp_dir().join(format!("millrace-writer-{}", std::process::id()));
+        let store = SqliteStore::open(&dir.join("t.db")).unwrap();
+        let m1: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
+        let m5: SeriesId = "sim:spot:BTC/USDT:5m".parse().unwrap();
+        let t0 = 1_700_000_100_000_i64.div_euclid(300_000) * 300_000;
+        // Minutes 0-2 of the bucket were stored earlier (e.g. by backfill) ...
+        let early: Vec<Candle> = (0..3).map(|i| minute(t0 + i * 60_000, 100 + i)).collect();
+        store.write(&[SeriesRows { series: &m1, candles: &early }]).unwrap();
+        // ... the live job saw only minutes 3-4, so its 5m candle has minutes = 2.
+        let late: Vec<Candle> = (3..5).map(|i| minute(t0 + i * 60_000, 100 + i)).collect();
+        let partial = merge(Timeframe::M5, &late).unwrap();
+        assert_eq!(partial.minutes, 2);
+        let mut rows = vec![(m1.clone(), late.clone()), (m5.clone(), vec![partial])];
+        complete(&store, &mut rows, &Derive::CompletePartial).unwrap();
+        let all: Vec<Candle> = early.iter().chain(&late).copied().collect();
+        let full = merge(Timeframe::M5, &all).unwrap();
+        assert_eq!(rows[1].1, vec![full]);
+        assert_eq!(rows[1].1[0].minutes, 5);
+        // A complete candle is left alone.
+        let mut rows = vec![(m1.clone(), vec![]), (m5.clone(), vec![full])];
+        complete(&store, &mut rows, &Derive::CompletePartial).unwrap();
+        assert_eq!(rows[1].1, vec![full]);
+        // Backfill: every ended bucket the page touches, from stored + page minutes; the bucket
+        // still open at `newest` is left out.
+        let page: Vec<Candle> = (5..8).map(|i| minute(t0 + i * 60_000, 100 + i)).collect();
+        let mut rows = vec![(m1, page.clone())];
+        let derive = Derive::Buckets {
+            timeframes: vec![Timeframe::M5],
+            lo: t0 + 3 * 60_000,
+            hi: t0 + 7 * 60_000,
+            newest: t0 + 8 * 60_000,
+        };
+        complete(&store, &mut rows, &derive).unwrap();
+        assert_eq!(rows[1].0, m5);
+        assert_eq!(
+            rows[1].1,
+            vec![merge(Timeframe::M5, &early).unwrap()],
+            "minutes 3-4 are not stored yet"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

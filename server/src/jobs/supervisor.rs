@@ -1,0 +1,518 @@
+//! The ingest supervisor: the control plane over ingest jobs
+//! (seeds/ingest-supervisor-and-binance-kline-ws.md
+//! §§1-5, 10-11). It decides which jobs run; the jobs themselves (the data plane, one
+//! [`JobRunner::run`] future per instrument) move the data.
+//!
+//! - A job per **instrument**: only 1m candles are ingested, so subscribing to `…:5m` and `…:1h`
+//!   of one instrument shares one job (seed §9).
+//! - **Pinned** jobs (the whitelist) start at boot and are never evicted or reaped (the seed's
+//!   `refcount = -1`; here `pinned: true`, and their subscriber count is still shown).
+//! - **On-demand** jobs are reference counted by subscriptions: each [`Lease`] (one browser tab's
+//!   subscription to one series) counts once, and dropping the lease releases it, so a closing tab
+//!   can never leak a reference.
+//! - **Capacity** `ondemand_max_jobs`: when full, the on-demand job idle (refcount 0) the longest
+//!   is evicted; if none is idle the subscription is refused with
+//!   [`SubscribeError::CapacityExhausted`] (seed §4: "an orderly no, not a crash").
+//! - **Idle reaper**: on-demand jobs idle longer than `ondemand_idle_ttl_s` are stopped (seed §5).
+//! - **Crashes**: a job future that panics or returns while not asked to stop is counted
+//!   (`crashes`, `last_crash_at_ms`, `last_error`) and restarted after the job's back-off
+//!   (`reconnect_base_ms` doubling to `reconnect_cap_ms`, reset by a run that lasted
+//!   `reconnect_reset_after_ms`). Connection failures inside a running job are reported through
+//!   [`JobHealth::crash`] by the job itself.
+//! - [`Supervisor::snapshot`] is the debug snapshot served at `GET /api/v1/ops/jobs`.
+//!
+//! One supervisor runs one [`JobKind`] (kline, depth), each with its own [`JobRunner`] and
+//! capacity; the rules above are the same for every kind. Kline jobs are subscribed by series
+//! ([`Supervisor::subscribe`]), depth jobs by instrument ([`Supervisor::subscribe_instrument`]).
+//!
+//! Every job runs as a [`Shutdown::child`] of the supervisor's part, inside a `job` span with its
+//! `kind` and `instrument`, so its log lines say which job they are about.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use shared::backoff::Backoff;
+use shared::protocol::ops::{Capacity, JobKind, JobReport};
+use shared::protocol::{InstrumentId, SeriesId};
+use tracing::Instrument as _;
+
+use crate::clock::wall_clock_ms as now_ms;
+use crate::config::IngestConfig;
+use crate::jitter::Jitter;
+use crate::lock::lock;
+use crate::shutdown::Shutdown;
+use crate::sources::ResolveError;
+
+/// A boxed job future.
+pub type JobFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Runs the data plane of one job until its context is stopped.
+pub trait JobRunner: Send + Sync + 'static {
+    /// Checks that a series can be served (known source and symbol, ingested or derived
+    /// timeframe); the error reaches the client.
+    fn validate(&self, series: &SeriesId) -> Result<(), ResolveError>;
+    /// Checks that an instrument can be served, for subscriptions by instrument
+    /// ([`Supervisor::subscribe_instrument`]).
+    fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError>;
+    /// The job loop. It must return soon after `ctx` is stopped (after flushing what it holds);
+    /// returning earlier counts as a crash and the job is restarted.
+    fn run(&self, ctx: JobContext) -> JobFuture;
+}
+
+/// What a running job gets from the supervisor.
+#[derive(Clone)]
+pub struct JobContext {
+    pub instrument: InstrumentId,
+    /// Stopped when the job must end (eviction, reaper, admin stop, shutdown).
+    pub shutdown: Shutdown,
+    pub health: Arc<JobHealth>,
+}
+
+impl JobContext {
+    /// Completes when the job is asked to stop. Cancel safe.
+    pub async fn stopped(&self) {
+        self.shutdown.stopping().await;
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.shutdown.is_stopping()
+    }
+
+    /// Sleeps `delay`; returns `true` if the job was stopped meanwhile.
+    pub async fn sleep(&self, delay: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => self.is_stopped(),
+            () = self.stopped() => true,
+        }
+    }
+}
+
+/// Live counters of one job, written by the job, read by the snapshot and metrics.
+#[derive(Debug, Default)]
+pub struct JobHealth {
+    pub crashes: AtomicU64,
+    pub last_crash_at_ms: AtomicI64,
+    last_error: Mutex<Option<String>>,
+    pub connected: AtomicBool,
+    pub connects: AtomicU64,
+    pub messages: AtomicU64,
+    pub malformed: AtomicU64,
+    pub closed_candles: AtomicU64,
+    pub gap_filled_candles: AtomicU64,
+    pub persisted_batches: AtomicU64,
+    pub persist_failures: AtomicU64,
+    pub last_message_at_ms: AtomicI64,
+    pub last_closed_open_time: AtomicI64,
+}
+
+impl JobHealth {
+    /// Records a crash (a lost connection, a failed REST fill, a panic) with its reason.
+    pub fn crash(&self, error: impl std::fmt::Display) {
+        let error = error.to_string();
+        self.crashes.fetch_add(1, Relaxed);
+        self.last_crash_at_ms.store(now_ms(), Relaxed);
+        tracing::warn!(%error, "job crashed");
+        *lock(&self.last_error) = Some(error);
+    }
+
+    /// Records an error that is not a crash (e.g. a persist to retry).
+    pub fn error(&self, error: impl std::fmt::Display) {
+        *lock(&self.last_error) = Some(error.to_string());
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeError {
+    #[error(transparent)]
+    Unknown(#[from] ResolveError),
+    #[error(
+        "capacity exhausted: {max} on-demand jobs are running and none is idle; try again later"
+    )]
+    CapacityExhausted { max: usize },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+struct Job {
+    pinned: bool,
+    /// Live subscriptions per series.
+    subs: BTreeMap<String, u32>,
+    refcount: u32,
+    /// When the refcount last became 0 (ms); `None` while referenced. New on-demand jobs start
+    /// referenced by the subscription creating them.
+    last_zero_at_ms: Option<i64>,
+    started_at_ms: i64,
+    /// Unique per start, so a lease of an evicted job never touches its successor.
+    generation: u64,
+    /// The job's part of the supervisor's shutdown: stopping it stops the job.
+    shutdown: Shutdown,
+    health: Arc<JobHealth>,
+}
+
+struct State {
+    jobs: HashMap<InstrumentId, Job>,
+    next_generation: u64,
+    shutting_down: bool,
+    evictions: u64,
+    refusals: u64,
+    reaped: u64,
+}
+
+struct Inner {
+    /// What the jobs do, shown in the snapshot and the spans.
+    kind: JobKind,
+    config: IngestConfig,
+    runner: Arc<dyn JobRunner>,
+    /// Guarded by one lock, held only for bookkeeping (never across an await).
+    state: Mutex<State>,
+    /// The supervisor's part of the service: the reaper and every job run in it.
+    shutdown: Shutdown,
+}
+
+/// Handle to the supervisor; cheap to clone.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+/// One subscription's reference on a job. Dropping it releases the reference.
+pub struct Lease {
+    inner: Weak<Inner>,
+    instrument: InstrumentId,
+    series: String,
+    generation: u64,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            Supervisor { inner }.release(&self.instrument, &self.series, self.generation);
+        }
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lease({})", self.series)
+    }
+}
+
+impl Supervisor {
+    /// A supervisor of `kind` jobs with no jobs yet, running as a child of `shutdown`; call
+    /// [`Supervisor::start`] to start the pinned jobs and the reaper.
+    pub fn new(
+        kind: JobKind,
+        config: IngestConfig,
+        runner: Arc<dyn JobRunner>,
+        shutdown: &Shutdown,
+    ) -> Self {
+        let state = State {
+            jobs: HashMap::new(),
+            next_generation: 1,
+            shutting_down: false,
+            evictions: 0,
+            refusals: 0,
+            reaped: 0,
+        };
+        let inner =
+            Inner { kind, config, runner, state: Mutex::new(state), shutdown: shutdown.child() };
+        Self { inner: Arc::new(inner) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner.state)
+    }
+
+    /// The kind of job this supervisor runs.
+    pub fn kind(&self) -> JobKind {
+        self.inner.kind
+    }
+
+    /// Starts the pinned jobs and the idle reaper (on the current tokio runtime). The reaper
+    /// stops with the supervisor.
+    pub fn start(&self, pinned: &[InstrumentId]) {
+        {
+            let mut st = self.lock();
+            for inst in pinned {
+                if let Some(job) = st.jobs.get_mut(inst) {
+                    job.pinned = true;
+                    continue;
+                }
+                let job = self.spawn_job(&mut st, inst.clone(), true);
+                st.jobs.insert(inst.clone(), job);
+            }
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let every = Duration::from_millis(self.inner.config.reaper_interval_ms);
+        let span = tracing::info_span!("reaper", kind = self.inner.kind.as_str());
+        self.inner.shutdown.spawn_until_stopped(
+            async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(inner) = weak.upgrade() else { break };
+                    Supervisor { inner }.reap(now_ms());
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Checks `series` and takes a reference on its instrument's job, starting it if needed
+    /// (evicting the longest-idle on-demand job when at capacity).
+    pub fn subscribe(&self, series: &SeriesId) -> Result<Lease, SubscribeError> {
+        self.inner.runner.validate(series)?;
+        self.acquire(series.instrument.clone(), series.to_string())
+    }
+
+    /// Like [`Supervisor::subscribe`] for jobs subscribed by instrument; `stream` names the
+    /// subscription in the snapshot (`depth_update@sim:spot:BTC/USDT`).
+    pub fn subscribe_instrument(
+        &self,
+        instrument: &InstrumentId,
+        stream: &str,
+    ) -> Result<Lease, SubscribeError> {
+        self.inner.runner.validate_instrument(instrument)?;
+        self.acquire(instrument.clone(), stream.to_string())
+    }
+
+    fn acquire(&self, instrument: InstrumentId, name: String) -> Result<Lease, SubscribeError> {
+        let mut st = self.lock();
+        if st.shutting_down {
+            return Err(SubscribeError::ShuttingDown);
+        }
+        if !st.jobs.contains_key(&instrument) {
+            let max = self.inner.config.ondemand_max_jobs;
+            let ondemand = st.jobs.values().filter(|j| !j.pinned).count();
+            if max > 0 && ondemand >= max {
+                let victim = st
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| !j.pinned && j.refcount == 0)
+                    .filter_map(|(k, j)| j.last_zero_at_ms.map(|t| (t, k.clone())))
+                    .min();
+                match victim {
+                    Some((_, key)) => {
+                        let job = st.jobs.remove(&key).expect("victim exists");
+                        job.shutdown.stop();
+                        st.evictions += 1;
+                        tracing::info!(instrument = %key, kind = self.inner.kind.as_str(), "evicted the longest-idle on-demand job");
+                    }
+                    None => {
+                        st.refusals += 1;
+                        return Err(SubscribeError::CapacityExhausted { max });
+                    }
+                }
+            }
+            let job = self.spawn_job(&mut st, instrument.clone(), false);
+            st.jobs.insert(instrument.clone(), job);
+        }
+        let job = st.jobs.get_mut(&instrument).expect("inserted above");
+        job.refcount += 1;
+        *job.subs.entry(name.clone()).or_default() += 1;
+        job.last_zero_at_ms = None;
+        Ok(Lease {
+            inner: Arc::downgrade(&self.inner),
+            instrument,
+            series: name,
+            generation: job.generation,
+        })
+    }
+
+    fn release(&self, instrument: &InstrumentId, series: &str, generation: u64) {
+        let mut st = self.lock();
+        let Some(job) = st.jobs.get_mut(instrument) else { return };
+        if job.generation != generation {
+            return; // the job this lease referenced was stopped; its successor is not ours
+        }
+        job.refcount = job.refcount.saturating_sub(1);
+        if let Some(n) = job.subs.get_mut(series) {
+            *n -= 1;
+            if *n == 0 {
+                job.subs.remove(series);
+            }
+        }
+        if job.refcount == 0 {
+            job.last_zero_at_ms = Some(now_ms());
+        }
+    }
+
+    /// Stops on-demand jobs idle longer than the TTL; returns how many.
+    pub fn reap(&self, now_ms: i64) -> usize {
+        let ttl_ms = i64::try_from(self.inner.config.ondemand_idle_ttl_s)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000);
+        let mut st = self.lock();
+        let expired: Vec<InstrumentId> = st
+            .jobs
+            .iter()
+            .filter(|(_, j)| !j.pinned && j.refcount == 0)
+            .filter(|(_, j)| j.last_zero_at_ms.is_some_and(|t| now_ms - t >= ttl_ms))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &expired {
+            if let Some(job) = st.jobs.remove(k) {
+                job.shutdown.stop();
+                tracing::info!(instrument = %k, kind = self.inner.kind.as_str(), "reaped idle on-demand job");
+            }
+        }
+        st.reaped += expired.len() as u64;
+        expired.len()
+    }
+
+    /// Stops a job now (admin). Its subscribers stop receiving data; a new subscription starts
+    /// a fresh job. Returns whether it existed.
+    pub fn stop_job(&self, instrument: &InstrumentId) -> bool {
+        let mut st = self.lock();
+        match st.jobs.remove(instrument) {
+            Some(job) => {
+                job.shutdown.stop();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every job and the reaper, refuses new subscriptions, and waits (at most `timeout`)
+    /// until the jobs have ended, flushing their buffers as they stop. Returns whether all did.
+    pub async fn stop(&self, timeout: Duration) -> bool {
+        {
+            let mut st = self.lock();
+            st.shutting_down = true;
+            st.jobs.clear();
+        }
+        self.inner.shutdown.stopped(timeout).await
+    }
+
+    fn spawn_job(&self, st: &mut State, instrument: InstrumentId, pinned: bool) -> Job {
+        let health = Arc::new(JobHealth::default());
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        let shutdown = self.inner.shutdown.child();
+        let ctx = JobContext {
+            instrument: instrument.clone(),
+            shutdown: shutdown.clone(),
+            health: health.clone(),
+        };
+        let runner = self.inner.runner.clone();
+        let config = &self.inner.config;
+        let mut backoff = Backoff::new(
+            Duration::from_millis(config.reconnect_base_ms),
+            Duration::from_millis(config.reconnect_cap_ms),
+        )
+        .with_healthy_after(Duration::from_millis(config.reconnect_reset_after_ms));
+        let kind = self.inner.kind;
+        let span = tracing::info_span!("job", kind = kind.as_str(), instrument = %instrument);
+        let task = async move {
+            let mut jitter = Jitter::new(&ctx.instrument.to_string());
+            loop {
+                let started = Instant::now();
+                // A job of its own, so a panic is caught here and the loop restarts it.
+                let outcome = ctx.shutdown.spawn(runner.run(ctx.clone()).in_current_span()).await;
+                if ctx.is_stopped() {
+                    break;
+                }
+                match outcome {
+                    Ok(()) => ctx.health.crash("job loop returned without being stopped"),
+                    Err(e) => ctx.health.crash(format_args!("job loop panicked: {e}")),
+                }
+                backoff.connection_ended(started.elapsed());
+                let delay = backoff.next_delay(jitter.draw());
+                tracing::info!(?delay, "restarting the job");
+                if ctx.sleep(delay).await {
+                    break;
+                }
+            }
+            tracing::debug!("job stopped");
+        };
+        shutdown.spawn(task.instrument(span));
+        tracing::info!(%instrument, pinned, kind = kind.as_str(), "job started");
+        Job {
+            pinned,
+            subs: BTreeMap::new(),
+            refcount: 0,
+            last_zero_at_ms: if pinned { None } else { Some(now_ms()) },
+            started_at_ms: now_ms(),
+            generation,
+            shutdown,
+            health,
+        }
+    }
+
+    /// The debug snapshot (seed §10: "which pair keeps crashing").
+    pub fn snapshot(&self) -> SupervisorSnapshot {
+        let st = self.lock();
+        let now = now_ms();
+        let mut jobs: Vec<JobReport> = st
+            .jobs
+            .iter()
+            .map(|(inst, j)| {
+                let h = &j.health;
+                let load = |a: &AtomicI64| Some(a.load(Relaxed)).filter(|v| *v != 0);
+                JobReport {
+                    instrument: inst.clone(),
+                    kind: self.inner.kind,
+                    series_id: match self.inner.kind {
+                        JobKind::Kline => format!("{inst}:1m"),
+                        JobKind::Depth => format!("depth@{inst}"),
+                    },
+                    pinned: j.pinned,
+                    refcount: if j.pinned { -1 } else { i64::from(j.refcount) },
+                    subscribers: j.refcount,
+                    subscriptions: j.subs.clone(),
+                    idle_since_ms: j.last_zero_at_ms,
+                    idle_for_ms: j.last_zero_at_ms.map(|t| now - t),
+                    started_at_ms: j.started_at_ms,
+                    crashes: h.crashes.load(Relaxed),
+                    last_crash_at_ms: load(&h.last_crash_at_ms),
+                    last_error: h.last_error(),
+                    connected: h.connected.load(Relaxed),
+                    connects: h.connects.load(Relaxed),
+                    messages: h.messages.load(Relaxed),
+                    malformed: h.malformed.load(Relaxed),
+                    closed_candles: h.closed_candles.load(Relaxed),
+                    gap_filled_candles: h.gap_filled_candles.load(Relaxed),
+                    persist_failures: h.persist_failures.load(Relaxed),
+                    last_message_at_ms: load(&h.last_message_at_ms),
+                    last_closed_open_time: load(&h.last_closed_open_time),
+                }
+            })
+            .collect();
+        jobs.sort_by(|a, b| (!a.pinned, &a.instrument).cmp(&(!b.pinned, &b.instrument)));
+        let ondemand = jobs.iter().filter(|j| !j.pinned).count();
+        SupervisorSnapshot {
+            capacity: Capacity {
+                ondemand_max_jobs: self.inner.config.ondemand_max_jobs as u64,
+                ondemand_jobs: ondemand as u64,
+                pinned_jobs: (jobs.len() - ondemand) as u64,
+                ondemand_idle_ttl_s: self.inner.config.ondemand_idle_ttl_s,
+                evictions: st.evictions,
+                refusals: st.refusals,
+                reaped: st.reaped,
+            },
+            jobs,
+        }
+    }
+
+    /// Health counters of a job, if it runs.
+    pub fn health(&self, instrument: &InstrumentId) -> Option<Arc<JobHealth>> {
+        self.lock().jobs.get(instrument).map(|j| j.health.clone())
+    }
+}
+
+/// A supervisor's debug snapshot: its capacity and its jobs, pinned first.
+#[derive(Debug, Clone)]
+pub struct SupervisorSnapshot {
+    pub capacity: Capacity,
+    pub jobs: Vec<JobReport>,
+}

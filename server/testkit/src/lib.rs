@@ -1,0 +1,380 @@
+//! Helpers of the integration tests of the service and the load tools: a real millrace server on
+//! port 0 (in this
+//! process, or the `millrace` binary as a child process), a real simulator, and small HTTP and
+//! WebSocket clients.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use server::app::{App, Backends};
+use server::config::{Config, SourceConfig, SourceKind};
+use server::http::{serve_app, ServeConfig};
+use shared::protocol::{Reply, ServerFrame};
+use sim::{Sim, SimConfig, SimHandle};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio_tungstenite::tungstenite::Message;
+
+pub type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
+
+/// Longest any single expected event may take.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A fresh directory under the system temp dir.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("millrace-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A static directory with a stub index.html (these tests do not load the dashboard).
+pub fn static_dir() -> PathBuf {
+    let dir = temp_dir("static");
+    std::fs::write(dir.join("index.html"), "<!doctype html><title>millrace test</title>").unwrap();
+    dir
+}
+
+/// A configuration for tests: data under a fresh temp dir, no pinned (candle or depth) jobs, no
+/// backfill, fast
+/// reconnects, and the given source(s).
+pub fn test_config(sources: Vec<SourceConfig>) -> Config {
+    let mut c = Config::default();
+    c.server.data_dir = temp_dir("data");
+    c.server.static_dir = Some(static_dir());
+    c.server.heartbeat_ms = 100;
+    c.ingest.pinned = vec![];
+    c.depth.pinned = vec![];
+    c.ingest.reconnect_base_ms = 50;
+    c.ingest.reconnect_cap_ms = 500;
+    c.ingest.flush_ms = 100;
+    c.ingest.stall_timeout_ms = 3000;
+    c.backfill = vec![];
+    c.sources = sources;
+    c
+}
+
+/// A configuration in which every report has something in it: the embedded simulator at 60x, a
+/// pinned candle job (`sim:spot:BTC/USDT`), a pinned depth job (`sim:spot:ETH/USDT`) and a
+/// one-day backfill of `sim:spot:BTC/USDT:1m`.
+pub fn busy_config() -> Config {
+    let mut config = test_config(vec![embedded_sim_source(60.0)]);
+    config.ingest.pinned = vec!["sim:spot:BTC/USDT".into()];
+    config.depth.pinned = vec!["sim:spot:ETH/USDT".into()];
+    config.backfill = vec![server::config::BackfillTaskConfig {
+        series: "sim:spot:BTC/USDT:1m".into(),
+        retention_days: 1,
+        ..Default::default()
+    }];
+    config
+}
+
+/// A `sim` source pointing at a simulator running elsewhere (so it outlives server restarts).
+pub fn external_sim_source(sim: &SimHandle) -> SourceConfig {
+    SourceConfig {
+        name: "sim".into(),
+        kind: SourceKind::Sim,
+        rest_base: Some(sim.rest_base()),
+        ws_base: Some(sim.ws_base()),
+        ..SourceConfig::default()
+    }
+}
+
+/// A `sim` source with its own embedded simulator at `speed`.
+pub fn embedded_sim_source(speed: f64) -> SourceConfig {
+    SourceConfig { speed, ..SourceConfig::default() }
+}
+
+/// A simulator on port 0 in this process.
+pub async fn start_sim(speed: f64, seed: u64) -> SimHandle {
+    let config = SimConfig { speed, seed, ..SimConfig::default() };
+    Sim::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+/// A millrace server in this process; stops (gracefully) when [`TestServer::stop`] is awaited or
+/// it is dropped.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub config: Config,
+    /// The running service (its bus, store, supervisor), for tests that look inside.
+    pub app: std::sync::Arc<App>,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<Result<(), server::http::ServeError>>>,
+}
+
+impl TestServer {
+    pub async fn start(config: Config) -> TestServer {
+        let backends = Backends::open(&config).await.unwrap();
+        Self::start_with(config, backends).await
+    }
+
+    /// A server on the given bus and store (a test's own implementations).
+    pub async fn start_with(config: Config, backends: Backends) -> TestServer {
+        // Logs of the server under test (RUST_LOG=info to see them with --nocapture).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let serve_config = ServeConfig::new(config.clone()).unwrap();
+        let app = std::sync::Arc::new(App::start_with(config.clone(), backends).await.unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(serve_app(listener, serve_config, app.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let server = TestServer { addr, config, app, stop: Some(stop), done: Some(done) };
+        server.wait_ready().await;
+        server
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok((200, _)) = http_get(self.addr, "/healthz").await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "server did not come up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Graceful stop: waits until the server (and its ingest jobs' final flush) is done.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(d) = self.done.take() {
+            d.await.unwrap().unwrap();
+        }
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.config.db_path()
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.addr, path).await.unwrap()
+    }
+
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.get(path).await;
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    pub async fn ws(&self) -> Ws {
+        let (ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{}/ws", self.addr)).await.unwrap();
+        ws
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 request with a body; returns (status, body).
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(addr).await?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    tcp.write_all(req.as_bytes()).await?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(PATIENCE, tcp.read_to_end(&mut raw))
+        .await
+        .map_err(|_| std::io::Error::other("timeout"))??;
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) =
+        raw.split_once("\r\n\r\n").ok_or_else(|| std::io::Error::other("no HTTP response"))?;
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    http(addr, "GET", path, &[], "").await
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Sends a request frame.
+pub async fn send(ws: &mut Ws, text: &str) {
+    ws.send(Message::Text(text.into())).await.unwrap();
+}
+
+/// The next protocol frame (skipping pings).
+pub async fn next_frame(ws: &mut Ws) -> ServerFrame {
+    loop {
+        let msg = tokio::time::timeout(PATIENCE, ws.next())
+            .await
+            .expect("a frame in time")
+            .expect("socket open")
+            .expect("no socket error");
+        match msg {
+            Message::Text(text) => return serde_json::from_str(&text).expect("a protocol frame"),
+            Message::Ping(_) | Message::Pong(_) => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// The reply to request `id`, skipping pushes that arrive first.
+pub async fn reply(ws: &mut Ws, id: u64) -> Reply {
+    loop {
+        if let ServerFrame::Reply(r) = next_frame(ws).await {
+            assert_eq!(r.id, id, "reply to another request: {r:?}");
+            return r;
+        }
+    }
+}
+
+/// SUBSCRIBE / UNSUBSCRIBE and wait for the reply.
+pub async fn request(ws: &mut Ws, method: &str, streams: &[&str], id: u64) -> Reply {
+    let text = serde_json::json!({"method": method, "params": streams, "id": id}).to_string();
+    send(ws, &text).await;
+    reply(ws, id).await
+}
+
+/// Polls `f` until it returns `Some`, at most [`PATIENCE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The `millrace` binary of this build: beside the running test's own directory
+/// (`target/<profile>/millrace`); cargo builds it for the server's integration tests.
+pub fn millrace_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    dir.join(format!("millrace{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// A `millrace serve` child process with a configuration file.
+pub struct ChildServer {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl ChildServer {
+    /// Writes `config` as TOML next to its data dir and starts the binary on a free port
+    /// (`RUST_LOG=warn`, its log on this process' stderr).
+    pub async fn start(config: &Config) -> ChildServer {
+        ChildServer::start_logging(config, "warn", Stdio::inherit()).await
+    }
+
+    /// Like [`ChildServer::start`], with `RUST_LOG=rust_log` and the log written to `log`.
+    pub async fn start_logging(config: &Config, rust_log: &str, log: Stdio) -> ChildServer {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut config = config.clone();
+        config.server.addr = addr;
+        let path = config.server.data_dir.join("millrace.toml");
+        std::fs::create_dir_all(&config.server.data_dir).unwrap();
+        std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+        let child = Command::new(millrace_bin())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let server = ChildServer { child, addr };
+        let deadline = Instant::now() + PATIENCE;
+        while http_get(addr, "/healthz").await.ok().map(|r| r.0) != Some(200) {
+            assert!(Instant::now() < deadline, "child server did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server
+    }
+
+    /// `kill -9`.
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "millrace exited with {status}");
+    }
+
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = http_get(self.addr, path).await.unwrap();
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads every stored candle of `series` (all of them, oldest first).
+pub fn stored(db: &Path, series: &str) -> Vec<shared::candle::Candle> {
+    use server::store::CandleStore as _;
+    let store = server::store::sqlite::SqliteStore::open(db).unwrap();
+    store.candles(&series.parse().unwrap(), Some(i64::MIN / 2), None, 10_000_000).unwrap()
+}
