@@ -70,9 +70,11 @@ impl ChartWidget {
         feed.subscribe(
             Stream::Kline(series_id),
             Handlers {
-                on_push: Box::new(move |data| match serde_json::from_value::<KlineEvent>(data.clone()) {
-                    Ok(ev) => on_push.on_kline(&ev),
-                    Err(e) => leptos::logging::warn!("bad kline: {e}"),
+                on_push: Box::new(move |data| {
+                    match serde_json::from_value::<KlineEvent>(data.clone()) {
+                        Ok(ev) => on_push.on_kline(&ev),
+                        Err(e) => leptos::logging::warn!("bad kline: {e}"),
+                    }
                 }),
                 on_live: Box::new(move || {
                     on_live.live.set(true);
@@ -139,7 +141,7 @@ impl ChartWidget {
                 }
                 Err(e) => {
                     leptos::logging::warn!("{e}");
-                    *me.error.borrow_mut() = Some(e);
+                    *me.error.borrow_mut() = Some(e.to_string());
                 }
             }
             me.slot.request(&me);
@@ -188,7 +190,14 @@ impl Paint for ChartWidget {
                 c.volume.raw() as f64 / 1e8,
             ]);
         }
-        paint_chart(&el, changes == Changes::All, &data, series.price_decimals(), series.len() as u32, &status);
+        paint_chart(
+            &el,
+            changes == Changes::All,
+            &data,
+            series.price_decimals(),
+            series.len() as u32,
+            &status,
+        );
         *self.status.borrow_mut() = status;
     }
 }

@@ -21,13 +21,16 @@ use std::time::Duration;
 
 use leptos::prelude::*;
 use send_wrapper::SendWrapper;
+use shared::backoff::Backoff;
 use shared::book::DepthLadder;
 use shared::protocol::{DepthSnapshotEvent, DepthUpdateEvent, InstrumentId, Stream};
-use shared::sync::{BookSync, ContinuityRule, SyncConfig, SyncEvent, SyncMode, SyncState, SyncStats};
+use shared::sync::{
+    BookSync, ContinuityRule, SyncConfig, SyncEvent, SyncMode, SyncState, SyncStats,
+};
 use web_sys::Element;
 
 use crate::api;
-use crate::feed::{Feed, Handlers, Subscription};
+use crate::feed::{Feed, FeedSubscription, Handlers};
 use crate::paint::{paint_book, FrameSlot, Paint};
 
 /// Levels per side the ladder shows (and the snapshot stream carries).
@@ -114,7 +117,8 @@ pub fn book_text(badge: &BookBadge, stale: &str, ladder: &DepthLadder) -> String
         ladder.bids.len(),
     );
     for r in ladder.asks.iter().chain(&ladder.bids) {
-        let _ = write!(t, "\t{}\t{}\t{}\t{}", r.price, r.qty, r.cumulative, bar_scale(r.bar_permille));
+        let _ =
+            write!(t, "\t{}\t{}\t{}\t{}", r.price, r.qty, r.cumulative, bar_scale(r.bar_permille));
     }
     t
 }
@@ -130,10 +134,12 @@ pub struct BookWidget {
     fetching: Cell<bool>,
     /// The machine asked for a snapshot (or a verification) that has not been requested yet.
     want_snapshot: Cell<bool>,
-    /// Snapshot requests that failed in a row: the next waits `backoff_ms(failures)`.
-    failures: Cell<u32>,
+    /// Waits between failed snapshot requests (500 ms doubling to 10 s; reset by a good one).
+    backoff: RefCell<Backoff>,
+    /// The wait before the next request, after a failure.
+    retry_in: Cell<Option<Duration>>,
     /// `depth@{instrument},20`, held while the machine is in snapshot mode.
-    snapshot_stream: RefCell<Option<Subscription>>,
+    snapshot_stream: RefCell<Option<FeedSubscription>>,
     /// When the last message for this book arrived (`Date.now()`), 0 before the first.
     last_message_ms: Cell<f64>,
     /// The ladder drawn and its update id.
@@ -160,7 +166,10 @@ impl BookWidget {
             live: Cell::new(false),
             fetching: Cell::new(false),
             want_snapshot: Cell::new(false),
-            failures: Cell::new(0),
+            backoff: RefCell::new(
+                Backoff::new(Duration::from_millis(500), Duration::from_secs(10)).with_jitter(0),
+            ),
+            retry_in: Cell::new(None),
             snapshot_stream: RefCell::new(None),
             last_message_ms: Cell::new(0.0),
             shown: RefCell::new((DepthLadder::default(), 0)),
@@ -174,13 +183,15 @@ impl BookWidget {
             feed.subscribe(
                 Stream::DepthUpdate(instrument),
                 Handlers {
-                    on_push: Box::new(move |data| match serde_json::from_value::<DepthUpdateEvent>(data.clone()) {
-                        Ok(ev) => {
-                            on_push.last_message_ms.set(js_sys::Date::now());
-                            on_push.sync.borrow_mut().handle_delta((&ev).into(), now_ms());
-                            on_push.drain();
+                    on_push: Box::new(move |data| {
+                        match serde_json::from_value::<DepthUpdateEvent>(data.clone()) {
+                            Ok(ev) => {
+                                on_push.last_message_ms.set(js_sys::Date::now());
+                                on_push.sync.borrow_mut().handle_delta((&ev).into(), now_ms());
+                                on_push.drain();
+                            }
+                            Err(e) => leptos::logging::warn!("bad depth_update: {e}"),
                         }
-                        Err(e) => leptos::logging::warn!("bad depth_update: {e}"),
                     }),
                     on_live: Box::new(move || {
                         on_live.live.set(true);
@@ -231,8 +242,12 @@ impl BookWidget {
             let mut sync = self.sync.borrow_mut();
             while let Some(ev) = sync.poll_event() {
                 match ev {
-                    SyncEvent::NeedSnapshot { .. } | SyncEvent::VerifyDue => self.want_snapshot.set(true),
-                    SyncEvent::BookChanged { .. } | SyncEvent::Synced { .. } | SyncEvent::Drift { .. } => {
+                    SyncEvent::NeedSnapshot { .. } | SyncEvent::VerifyDue => {
+                        self.want_snapshot.set(true)
+                    }
+                    SyncEvent::BookChanged { .. }
+                    | SyncEvent::Synced { .. }
+                    | SyncEvent::Drift { .. } => {
                         self.book_changed.set(true);
                         redraw = true;
                     }
@@ -297,9 +312,8 @@ impl BookWidget {
         self.fetching.set(true);
         let me = self.clone();
         leptos::task::spawn_local(async move {
-            let failures = me.failures.get();
-            if failures > 0 {
-                sleep_ms(crate::backoff_ms(failures)).await;
+            if let Some(wait) = me.retry_in.take() {
+                sleep_ms(u32::try_from(wait.as_millis()).unwrap_or(u32::MAX)).await;
             }
             let result = api::fetch_depth(&me.instrument, 1000).await;
             me.fetching.set(false);
@@ -307,12 +321,12 @@ impl BookWidget {
                 let mut sync = me.sync.borrow_mut();
                 match result {
                     Ok(depth) => {
-                        me.failures.set(0);
+                        me.backoff.borrow_mut().reset();
                         sync.handle_snapshot((&depth).into(), now_ms());
                     }
                     Err(e) => {
                         leptos::logging::warn!("{e}");
-                        me.failures.set(failures + 1);
+                        me.retry_in.set(Some(me.backoff.borrow_mut().next_delay(1 << 31)));
                         sync.handle_snapshot_failed(now_ms());
                     }
                 }
@@ -324,7 +338,10 @@ impl BookWidget {
     /// Why the book is stale, or `""`.
     fn stale_label(&self) -> String {
         let in_snapshot_mode = self.snapshot_stream.borrow().is_some();
-        if !in_snapshot_mode && !self.live.get() && self.feed.status().get_untracked() != crate::ConnStatus::Live {
+        if !in_snapshot_mode
+            && !self.live.get()
+            && self.feed.status().get_untracked() != crate::ConnStatus::Live
+        {
             return "disconnected".into();
         }
         let last = self.last_message_ms.get();

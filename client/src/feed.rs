@@ -2,7 +2,8 @@
 //! through [`Feed`]. Widgets subscribe to streams with handlers; the feed sends `SUBSCRIBE` for
 //! a stream when its first subscriber comes and `UNSUBSCRIBE` when its last one goes (so the
 //! server's job refcounts follow the page), re-subscribes everything after a reconnect, and
-//! reconnects with back-off ([`crate::backoff_ms`] plus jitter) when the socket closes.
+//! reconnects with the shared back-off (`shared::backoff::Backoff`, jittered) when the socket
+//! closes. The socket is `gloo-net`'s; a reader and a writer task own its halves.
 //! Everything is cleaned up (socket closed, timer cleared) when the owning component unmounts.
 
 use std::cell::{Cell, RefCell};
@@ -10,14 +11,23 @@ use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
+use futures_channel::mpsc;
+use futures_util::future::{abortable, AbortHandle};
+use futures_util::{SinkExt as _, StreamExt as _};
+use gloo_net::websocket::futures::WebSocket;
+use gloo_net::websocket::Message;
 use leptos::prelude::*;
+use leptos::task::spawn_local;
 use send_wrapper::SendWrapper;
+use shared::backoff::Backoff;
 use shared::protocol::{ClientRequest, Heartbeat, Method, ServerFrame, Stream};
-use wasm_bindgen::closure::Closure;
-use wasm_bindgen::JsCast;
-use web_sys::{CloseEvent, Event, MessageEvent, WebSocket};
 
-use crate::{backoff_ms, ConnStatus};
+use crate::ConnStatus;
+
+/// The feed's reconnect delays: 500 ms doubling to 10 s, ±20 % jitter.
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(500), Duration::from_secs(10))
+}
 
 /// What a subscriber is told about its stream.
 pub struct Handlers {
@@ -45,8 +55,9 @@ impl Feed {
         let conn = Rc::new(Connection {
             url: url.into(),
             socket: RefCell::new(None),
+            generation: Cell::new(0),
             retry: Cell::new(None),
-            attempt: Cell::new(0),
+            backoff: RefCell::new(reconnect_backoff()),
             stopped: Cell::new(false),
             status,
             set_status,
@@ -81,9 +92,9 @@ impl Feed {
     }
 
     /// Subscribes to `stream` until the returned handle is dropped.
-    pub fn subscription(&self, stream: Stream, handlers: Handlers) -> Subscription {
+    pub fn subscription(&self, stream: Stream, handlers: Handlers) -> FeedSubscription {
         let id = self.0.add(stream, Rc::new(handlers));
-        Subscription { conn: Rc::downgrade(&self.0), id }
+        FeedSubscription { conn: Rc::downgrade(&self.0), id }
     }
 
     /// How many widgets subscribe to `stream` on this page.
@@ -94,12 +105,12 @@ impl Feed {
 
 /// A subscription held by its owner: dropping it unsubscribes (the last one of a stream sends
 /// `UNSUBSCRIBE`).
-pub struct Subscription {
+pub struct FeedSubscription {
     conn: Weak<Connection>,
     id: u64,
 }
 
-impl Drop for Subscription {
+impl Drop for FeedSubscription {
     fn drop(&mut self) {
         if let Some(c) = self.conn.upgrade() {
             c.remove(self.id);
@@ -126,13 +137,15 @@ pub fn use_heartbeat_feed() -> HeartbeatFeed {
     feed.subscribe(
         Stream::Heartbeat,
         Handlers {
-            on_push: Box::new(move |data| match serde_json::from_value::<Heartbeat>(data.clone()) {
-                Ok(hb) => {
-                    status.set(ConnStatus::Live);
-                    set_last.set(Some(hb));
-                    set_received.set(js_sys::Date::now());
+            on_push: Box::new(move |data| {
+                match serde_json::from_value::<Heartbeat>(data.clone()) {
+                    Ok(hb) => {
+                        status.set(ConnStatus::Live);
+                        set_last.set(Some(hb));
+                        set_received.set(js_sys::Date::now());
+                    }
+                    Err(e) => leptos::logging::warn!("bad heartbeat: {e}"),
                 }
-                Err(e) => leptos::logging::warn!("bad heartbeat: {e}"),
             }),
             on_live: Box::new(|| {}),
             on_lost: Box::new(|| {}),
@@ -149,24 +162,21 @@ fn ws_url() -> String {
     format!("{scheme}://{host}/ws")
 }
 
-/// An open socket and the JS callbacks it holds (dropping them invalidates the callbacks).
+/// One WebSocket connection: what its reader and writer tasks need to be stopped. Dropping it
+/// stops both; the socket closes when they let go of its halves.
 struct Socket {
-    ws: WebSocket,
-    _on_open: Closure<dyn FnMut(Event)>,
-    _on_message: Closure<dyn FnMut(MessageEvent)>,
-    _on_close: Closure<dyn FnMut(CloseEvent)>,
+    /// Text frames for the writer task (which waits for the socket to open first).
+    out: mpsc::UnboundedSender<String>,
+    /// Set once the socket is open and the subscriptions were re-sent.
+    open: Cell<bool>,
+    reader: AbortHandle,
+    writer: AbortHandle,
 }
 
-impl Socket {
-    fn shut(self) {
-        self.ws.set_onopen(None);
-        self.ws.set_onmessage(None);
-        self.ws.set_onclose(None);
-        let _ = self.ws.close();
-    }
-
-    fn is_open(&self) -> bool {
-        self.ws.ready_state() == WebSocket::OPEN
+impl Drop for Socket {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.writer.abort();
     }
 }
 
@@ -180,10 +190,12 @@ struct Connection {
     url: String,
     /// The current socket, if one is open or opening.
     socket: RefCell<Option<Socket>>,
+    /// Counts sockets, so the tasks of a replaced one cannot touch its successor.
+    generation: Cell<u64>,
     /// The pending reconnect timer, if any.
     retry: Cell<Option<TimeoutHandle>>,
-    /// Reconnect attempts since the feed was last live.
-    attempt: Cell<u32>,
+    /// Delays between reconnect attempts (reset when the feed is live).
+    backoff: RefCell<Backoff>,
     /// Set on cleanup: never reconnect again.
     stopped: Cell<bool>,
     status: ReadSignal<ConnStatus>,
@@ -231,56 +243,91 @@ impl Connection {
     /// Sends a request on the open socket (a closed one re-subscribes everything when it opens).
     fn request(&self, method: Method, streams: Vec<Stream>) {
         let socket = self.socket.borrow();
-        let Some(socket) = socket.as_ref().filter(|s| s.is_open()) else { return };
+        let Some(socket) = socket.as_ref().filter(|s| s.open.get()) else { return };
         let id = self.fresh_id();
-        let request = ClientRequest { method, params: streams.iter().map(Stream::to_string).collect(), id };
+        let request =
+            ClientRequest { method, params: streams.iter().map(Stream::to_string).collect(), id };
         let text = serde_json::to_string(&request).expect("a request always serializes");
         if method == Method::Subscribe {
             self.pending.borrow_mut().insert(id, streams);
         }
-        let _ = socket.ws.send_with_str(&text);
+        let _ = socket.out.unbounded_send(text);
     }
 
     fn open(self: &Rc<Self>) {
         if self.stopped.get() {
             return;
         }
-        let ws = match WebSocket::new(&self.url) {
+        let ws = match WebSocket::open(&self.url) {
             Ok(ws) => ws,
             Err(e) => {
-                leptos::logging::warn!("cannot open {}: {e:?}", self.url);
+                leptos::logging::warn!("cannot open {}: {e}", self.url);
                 return self.schedule_reconnect();
             }
         };
+        let generation = self.generation.get() + 1;
+        self.generation.set(generation);
+        let (mut write, mut read) = ws.split();
+        let (out, mut outgoing) = mpsc::unbounded::<String>();
+        // The writer waits for the socket to open, tells the connection (which re-sends the
+        // subscriptions), then sends what it is given.
         let weak = Rc::downgrade(self);
-        let on_open = callback(&weak, |c, _: Event| c.on_open());
-        let on_message = callback(&weak, |c, e: MessageEvent| {
-            if let Some(text) = e.data().as_string() {
-                c.on_text(&text);
+        let (writer, writer_handle) = abortable(async move {
+            if futures_util::future::poll_fn(|cx| write.poll_ready_unpin(cx)).await.is_err() {
+                return;
+            }
+            if let Some(c) = weak.upgrade().filter(|c| c.generation.get() == generation) {
+                c.on_open();
+            }
+            while let Some(text) = outgoing.next().await {
+                if write.send(Message::Text(text)).await.is_err() {
+                    return;
+                }
             }
         });
-        let on_close = callback(&weak, |c, _: CloseEvent| c.on_close());
-        ws.set_onopen(Some(on_open.as_ref().unchecked_ref()));
-        ws.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-        ws.set_onclose(Some(on_close.as_ref().unchecked_ref()));
+        // The reader hands frames to the connection until the socket closes.
+        let weak = Rc::downgrade(self);
+        let (reader, reader_handle) = abortable(async move {
+            while let Some(frame) = read.next().await {
+                let Some(c) = weak.upgrade() else { return };
+                match frame {
+                    Ok(Message::Text(text)) => c.on_text(&text),
+                    Ok(Message::Bytes(_)) => {
+                        leptos::logging::warn!("binary frame from the server ignored")
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(c) = weak.upgrade().filter(|c| c.generation.get() == generation) {
+                c.on_close();
+            }
+        });
+        spawn_local(async move {
+            let _ = writer.await;
+        });
+        spawn_local(async move {
+            let _ = reader.await;
+        });
         let old = self.socket.replace(Some(Socket {
-            ws,
-            _on_open: on_open,
-            _on_message: on_message,
-            _on_close: on_close,
+            out,
+            open: Cell::new(false),
+            reader: reader_handle,
+            writer: writer_handle,
         }));
-        if let Some(old) = old {
-            old.shut();
-        }
+        drop(old);
     }
 
     fn on_open(&self) {
+        if let Some(socket) = self.socket.borrow().as_ref() {
+            socket.open.set(true);
+        }
         self.pending.borrow_mut().clear();
-        let mut streams: Vec<Stream> = self.subs.borrow().iter().map(|s| s.stream.clone()).collect();
+        let mut streams: Vec<Stream> =
+            self.subs.borrow().iter().map(|s| s.stream.clone()).collect();
         streams.sort();
         streams.dedup();
         if streams.is_empty() {
-            self.attempt.set(0);
+            self.backoff.borrow_mut().reset();
             self.set_status.set(ConnStatus::Live);
         } else {
             self.request(Method::Subscribe, streams);
@@ -295,7 +342,7 @@ impl Connection {
                     leptos::logging::warn!("server refused request: {reply:?}");
                     return;
                 }
-                self.attempt.set(0);
+                self.backoff.borrow_mut().reset();
                 self.set_status.set(ConnStatus::Live);
                 let Some(streams) = streams else { return };
                 let live: Vec<Rc<Handlers>> = self
@@ -310,8 +357,13 @@ impl Connection {
                 }
             }
             Ok(ServerFrame::Push(push)) => {
-                let to: Vec<Rc<Handlers>> =
-                    self.subs.borrow().iter().filter(|s| s.stream == push.stream).map(|s| s.handlers.clone()).collect();
+                let to: Vec<Rc<Handlers>> = self
+                    .subs
+                    .borrow()
+                    .iter()
+                    .filter(|s| s.stream == push.stream)
+                    .map(|s| s.handlers.clone())
+                    .collect();
                 for h in to {
                     (h.on_push)(&push.data);
                 }
@@ -321,11 +373,10 @@ impl Connection {
     }
 
     fn on_close(self: &Rc<Self>) {
-        if let Some(old) = self.socket.take() {
-            old.shut();
-        }
+        drop(self.socket.take());
         self.pending.borrow_mut().clear();
-        let all: Vec<Rc<Handlers>> = self.subs.borrow().iter().map(|s| s.handlers.clone()).collect();
+        let all: Vec<Rc<Handlers>> =
+            self.subs.borrow().iter().map(|s| s.handlers.clone()).collect();
         for h in all {
             (h.on_lost)();
         }
@@ -336,11 +387,11 @@ impl Connection {
         if self.stopped.get() {
             return;
         }
-        let attempt = self.attempt.get() + 1;
-        self.attempt.set(attempt);
+        // Jitter so many tabs do not reconnect in lockstep after a server restart.
+        let random = (js_sys::Math::random() * f64::from(u32::MAX)) as u32;
+        let delay = self.backoff.borrow_mut().next_delay(random);
+        let attempt = self.backoff.borrow().attempt();
         self.set_status.set(ConnStatus::Reconnecting { attempt });
-        // Up to 20% jitter so many tabs do not reconnect in lockstep after a server restart.
-        let delay = f64::from(backoff_ms(attempt)) * (1.0 + 0.2 * js_sys::Math::random());
         let weak = Rc::downgrade(self);
         let handle = set_timeout_with_handle(
             move || {
@@ -349,7 +400,7 @@ impl Connection {
                     c.open();
                 }
             },
-            Duration::from_millis(delay as u64),
+            delay,
         );
         match handle {
             Ok(h) => {
@@ -366,21 +417,6 @@ impl Connection {
         if let Some(h) = self.retry.take() {
             h.clear();
         }
-        if let Some(old) = self.socket.take() {
-            old.shut();
-        }
+        drop(self.socket.take());
     }
-}
-
-/// A JS callback that forwards to the connection while it exists.
-fn callback<E: wasm_bindgen::convert::FromWasmAbi + 'static>(
-    weak: &Weak<Connection>,
-    f: impl Fn(&Rc<Connection>, E) + 'static,
-) -> Closure<dyn FnMut(E)> {
-    let weak = weak.clone();
-    Closure::new(move |e: E| {
-        if let Some(c) = weak.upgrade() {
-            f(&c, e);
-        }
-    })
 }

@@ -29,7 +29,7 @@ use leptos::prelude::*;
 use shared::protocol::Heartbeat;
 
 pub use depth::{bar_scale, book_text, BadgeState, BookBadge, BookCard, BookWidget};
-pub use feed::{use_heartbeat_feed, Feed, HeartbeatFeed};
+pub use feed::{use_heartbeat_feed, Feed, FeedSubscription, HeartbeatFeed};
 
 /// State of the dashboard's WebSocket to the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,13 +53,6 @@ impl ConnStatus {
     }
 }
 
-/// Delay before reconnect attempt `attempt` (1, 2, ...): 500 ms doubling up to 10 s.
-pub fn backoff_ms(attempt: u32) -> u32 {
-    const FIRST_MS: u32 = 500;
-    const MAX_MS: u32 = 10_000;
-    FIRST_MS.saturating_mul(1 << attempt.saturating_sub(1).min(16)).min(MAX_MS)
-}
-
 /// `HH:MM:SS.mmm` UTC of a Unix time in ms.
 pub fn format_utc_time(ms: i64) -> String {
     let day_ms = ms.rem_euclid(86_400_000);
@@ -71,7 +64,7 @@ pub fn format_utc_time(ms: i64) -> String {
 /// The whole dashboard.
 #[component]
 pub fn App() -> impl IntoView {
-    let fetched = RwSignal::new(None::<Result<String, String>>);
+    let fetched = RwSignal::new(None::<Result<String, api::FetchError>>);
     leptos::task::spawn_local(async move {
         fetched.set(Some(api::fetch_version().await));
     });
@@ -82,7 +75,8 @@ pub fn App() -> impl IntoView {
         Some(Ok(v)) => Some(v),
         _ => feed.last.with(|hb| hb.as_ref().map(|hb| hb.version.clone())),
     });
-    let version_error = move || matches!(fetched.get(), Some(Err(_))) && version.with(Option::is_none);
+    let version_error =
+        move || matches!(fetched.get(), Some(Err(_))) && version.with(Option::is_none);
     let tab = RwSignal::new(current_tab());
     let on_hash = window_event_listener(leptos::ev::hashchange, move |_| tab.set(current_tab()));
     on_cleanup(move || on_hash.remove());
@@ -149,14 +143,20 @@ pub fn HeartbeatPanel(
         ConnStatus::Reconnecting { attempt } => format!("attempt {attempt}"),
         _ => String::new(),
     };
-    let seq = move || heartbeat.with(|hb| hb.as_ref().map_or("—".to_string(), |hb| hb.seq.to_string()));
+    let seq =
+        move || heartbeat.with(|hb| hb.as_ref().map_or("—".to_string(), |hb| hb.seq.to_string()));
     let time = move || {
-        heartbeat.with(|hb| hb.as_ref().map_or("—".to_string(), |hb| format_utc_time(hb.server_time_ms) + " UTC"))
+        heartbeat.with(|hb| {
+            hb.as_ref().map_or("—".to_string(), |hb| format_utc_time(hb.server_time_ms) + " UTC")
+        })
     };
     // re-evaluated every second: a socket that stays open but goes quiet is stale, not live
     let now = RwSignal::new(js_sys::Date::now());
     if received.is_some() {
-        if let Ok(h) = set_interval_with_handle(move || now.set(js_sys::Date::now()), Duration::from_millis(1000)) {
+        if let Ok(h) = set_interval_with_handle(
+            move || now.set(js_sys::Date::now()),
+            Duration::from_millis(1000),
+        ) {
             on_cleanup(move || h.clear());
         }
     }

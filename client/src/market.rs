@@ -6,11 +6,11 @@
 //! one never remounts (or resubscribes) the others.
 
 use leptos::prelude::*;
-use serde::Deserialize;
 use shared::candle::Timeframe;
+use shared::protocol::ops::{Catalog, ShardsReport};
 use shared::protocol::{InstrumentId, SeriesId};
 
-use crate::api;
+use crate::api::{self, FetchError};
 use crate::chart::ChartPanel;
 use crate::depth::BookCard;
 
@@ -22,39 +22,6 @@ pub struct PickerEntry {
     pub chart: bool,
     /// What to show beside the id: the exchange symbol or the venue.
     pub note: String,
-}
-
-#[derive(Deserialize)]
-struct SeriesInfo {
-    #[serde(default)]
-    timeframes: Vec<String>,
-    #[serde(default)]
-    instruments: Vec<SourceInstrument>,
-}
-
-#[derive(Deserialize)]
-struct SourceInstrument {
-    id: String,
-    #[serde(default)]
-    symbol: String,
-}
-
-#[derive(Deserialize)]
-struct ShardsInfo {
-    engine: EngineInfo,
-}
-
-#[derive(Deserialize)]
-struct EngineInfo {
-    #[serde(default)]
-    symbols: Vec<L3Symbol>,
-}
-
-#[derive(Deserialize)]
-struct L3Symbol {
-    instrument: String,
-    #[serde(default)]
-    venue: String,
 }
 
 /// Entries whose id or note contains every word of `query` (case-insensitive), in order.
@@ -70,25 +37,26 @@ pub fn filter_entries<'a>(entries: &'a [PickerEntry], query: &str) -> Vec<&'a Pi
 }
 
 /// Everything the server offers: source instruments (charts and books) and tick-by-tick books.
-async fn load_entries() -> Result<(Vec<PickerEntry>, Vec<Timeframe>), String> {
-    let series: SeriesInfo = api::get_json("/api/v1/series").await?;
-    let mut entries: Vec<PickerEntry> = series
+async fn load_entries() -> Result<(Vec<PickerEntry>, Vec<Timeframe>), FetchError> {
+    let catalog: Catalog = api::get_json("/api/v1/series").await?;
+    let mut entries: Vec<PickerEntry> = catalog
         .instruments
         .into_iter()
-        .filter_map(|i| Some(PickerEntry { id: i.id.parse().ok()?, chart: true, note: i.symbol }))
+        .map(|i| PickerEntry { id: i.id, chart: true, note: i.symbol })
         .collect();
     // the tick-by-tick books (book only); a failure here still leaves the sources' instruments
-    if let Ok(shards) = api::get_json::<ShardsInfo>("/api/v1/ops/shards").await {
+    if let Ok(shards) = api::get_json::<ShardsReport>("/api/v1/ops/shards").await {
         for s in shards.engine.symbols {
-            if let Ok(id) = s.instrument.parse::<InstrumentId>() {
-                if !entries.iter().any(|e| e.id == id) {
-                    entries.push(PickerEntry { id, chart: false, note: s.venue });
-                }
+            if !entries.iter().any(|e| e.id == s.instrument) {
+                entries.push(PickerEntry {
+                    id: s.instrument,
+                    chart: false,
+                    note: s.venue.as_str().into(),
+                });
             }
         }
     }
-    let timeframes = series.timeframes.iter().filter_map(|t| t.parse().ok()).collect();
-    Ok((entries, timeframes))
+    Ok((entries, catalog.timeframes))
 }
 
 /// What the page's URL asks to open.
@@ -111,7 +79,10 @@ impl OpenSet {
         let (charts, books) = (value("charts="), value("books="));
         if charts.is_none() && books.is_none() {
             let btc: InstrumentId = "sim:spot:BTC/USDT".parse().expect("a valid id");
-            return OpenSet { charts: vec![SeriesId { instrument: btc.clone(), timeframe: Timeframe::M1 }], books: vec![btc] };
+            return OpenSet {
+                charts: vec![SeriesId { instrument: btc.clone(), timeframe: Timeframe::M1 }],
+                books: vec![btc],
+            };
         }
         OpenSet { charts: parse_list(charts.as_deref()), books: parse_list(books.as_deref()) }
     }
@@ -160,8 +131,10 @@ pub fn MarketView() -> impl IntoView {
             })
             .collect::<Vec<_>>()
     };
-    let charts = RwSignal::new(keyed(start.charts.len()).into_iter().zip(start.charts).collect::<Vec<_>>());
-    let books = RwSignal::new(keyed(start.books.len()).into_iter().zip(start.books).collect::<Vec<_>>());
+    let charts =
+        RwSignal::new(keyed(start.charts.len()).into_iter().zip(start.charts).collect::<Vec<_>>());
+    let books =
+        RwSignal::new(keyed(start.books.len()).into_iter().zip(start.books).collect::<Vec<_>>());
     // keep the URL in step, so a reload reopens the same view
     Effect::new(move |_| {
         let set = OpenSet {
@@ -170,7 +143,11 @@ pub fn MarketView() -> impl IntoView {
         };
         if let Some(history) = web_sys::window().and_then(|w| w.history().ok()) {
             let hash = web_sys::window().and_then(|w| w.location().hash().ok()).unwrap_or_default();
-            let _ = history.replace_state_with_url(&wasm_bindgen::JsValue::NULL, "", Some(&(set.to_query() + &hash)));
+            let _ = history.replace_state_with_url(
+                &wasm_bindgen::JsValue::NULL,
+                "",
+                Some(&(set.to_query() + &hash)),
+            );
         }
     });
 
@@ -183,7 +160,7 @@ pub fn MarketView() -> impl IntoView {
                 entries.set(e);
                 offered.set(t);
             }
-            Err(e) => load_error.set(Some(e)),
+            Err(e) => load_error.set(Some(e.to_string())),
         }
     });
 
@@ -234,7 +211,8 @@ pub fn InstrumentPicker(
     let open = RwSignal::new(false);
     let matches = move || {
         let q = query.get();
-        entries.with(|all| filter_entries(all, &q).into_iter().take(60).cloned().collect::<Vec<_>>())
+        entries
+            .with(|all| filter_entries(all, &q).into_iter().take(60).cloned().collect::<Vec<_>>())
     };
     view! {
         <div class="picker" on:focusin=move |_| open.set(true)>

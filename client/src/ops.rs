@@ -17,128 +17,72 @@ use std::time::Duration;
 
 use leptos::prelude::*;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use shared::protocol::ops::{
+    AdminResult, AutoBalanceReply, AutoBalanceRequest, BackfillReport, BackfillTask, Capacity,
+    HotspotReply, HotspotRequest, JobReport, JobsReport, MigrateReply, MigrateRequest, SeriesReply,
+    SeriesRequest, ShardStats, ShardsReport, SymbolStats,
+};
 
-use crate::api::{self, AdminError};
+use crate::api::{self, FetchError};
 
 const TOKEN_KEY: &str = "millrace.admin_token";
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-pub struct Capacity {
-    pub pinned_jobs: u64,
-    pub ondemand_jobs: u64,
-    pub ondemand_max_jobs: u64,
-    pub ondemand_idle_ttl_s: u64,
-    pub evictions: u64,
-    pub refusals: u64,
-    pub reaped: u64,
+/// An admin action: its request (a `shared` type) and the reply type it is read into.
+#[derive(Debug, Clone, PartialEq)]
+enum AdminAction {
+    Migrate(MigrateRequest),
+    AutoBalance(AutoBalanceRequest),
+    Hotspot(HotspotRequest),
+    BackfillStart(SeriesRequest),
+    BackfillStop(SeriesRequest),
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-pub struct Job {
-    pub instrument: String,
-    pub kind: String,
-    pub series_id: String,
-    pub pinned: bool,
-    /// -1 for pinned jobs.
-    pub refcount: i64,
-    pub idle_since_ms: Option<i64>,
-    pub crashes: u64,
-    pub last_error: Option<String>,
-    pub connected: bool,
-    pub messages: u64,
-    pub malformed: u64,
+impl AdminAction {
+    /// What it did, as the server says (`result` of its reply).
+    async fn send(&self, token: &str) -> Result<AdminResult, FetchError> {
+        let r = match self {
+            AdminAction::Migrate(r) => {
+                api::admin_post::<_, MigrateReply>("/api/v1/admin/shards/migrate", r, token)
+                    .await?
+                    .result
+            }
+            AdminAction::AutoBalance(r) => {
+                api::admin_post::<_, AutoBalanceReply>(
+                    "/api/v1/admin/shards/auto_balance",
+                    r,
+                    token,
+                )
+                .await?
+                .result
+            }
+            AdminAction::Hotspot(r) => {
+                api::admin_post::<_, HotspotReply>("/api/v1/admin/sim/hotspot", r, token)
+                    .await?
+                    .result
+            }
+            AdminAction::BackfillStart(r) => {
+                api::admin_post::<_, SeriesReply>("/api/v1/admin/backfill/start", r, token)
+                    .await?
+                    .result
+            }
+            AdminAction::BackfillStop(r) => {
+                api::admin_post::<_, SeriesReply>("/api/v1/admin/backfill/stop", r, token)
+                    .await?
+                    .result
+            }
+        };
+        Ok(r)
+    }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-struct JobGroup {
-    capacity: Capacity,
-    jobs: Vec<Job>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-struct JobsSnapshot {
-    capacity: Capacity,
-    jobs: Vec<Job>,
-    depth: JobGroup,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-pub struct Shard {
-    pub id: i64,
-    pub pending: u64,
-    pub processed_per_s: u64,
-    pub lag_ms: u64,
-    pub symbols: u64,
-    pub top_pending: Vec<Value>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-pub struct L3Symbol {
-    pub instrument: String,
-    pub venue: String,
-    pub shard: i64,
-    pub pending: u64,
-    pub lag_ms: u64,
-    pub processed_per_s: u64,
-    pub health: String,
-    pub gaps: u64,
-    pub migrating: bool,
-    pub migrations: u64,
-    /// A simulator's hot spot; `None` for symbols of other sources.
-    pub hot: Option<bool>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-struct Engine {
-    auto_balance: bool,
-    max_shards: u64,
-    shards: Vec<Shard>,
-    symbols: Vec<L3Symbol>,
-    migrations: Value,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-struct ShardsSnapshot {
-    engine: Engine,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-pub struct BackfillTask {
-    pub series: String,
-    pub state: String,
-    pub running: bool,
-    pub progress: f64,
-    pub candles_written: u64,
-    pub stop_reason: Option<String>,
-    pub last_error: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(default)]
-struct BackfillSnapshot {
-    tasks: Vec<BackfillTask>,
-}
-
-/// `name pending` of a `top_pending` entry, whatever its shape (`[name, n]` or an object).
-fn top_pending_label(v: &Value) -> String {
-    match v {
-        Value::Array(a) if a.len() == 2 => format!("{} {}", a[0].as_str().unwrap_or_default(), a[1]),
-        Value::Object(o) => {
-            let name = o.get("instrument").or_else(|| o.get("symbol")).map(|n| n.as_str().map_or(n.to_string(), str::to_string));
-            format!("{} {}", name.unwrap_or_default(), o.get("pending").cloned().unwrap_or(Value::Null))
-        }
-        other => other.to_string(),
+/// The result word shown in `#ops-status`.
+fn result_word(r: AdminResult) -> &'static str {
+    match r {
+        AdminResult::Ok => "ok",
+        AdminResult::Started => "started",
+        AdminResult::Stopping => "stopping",
+        AdminResult::Stopped => "stopped",
+        AdminResult::Migrating => "migrating",
     }
 }
 
@@ -154,7 +98,11 @@ fn ago(ms: Option<i64>) -> String {
 }
 
 /// A value polled from `path` every second while the view is open.
-fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(path: &'static str, errors: RwSignal<Vec<(String, String)>>, tick: ReadSignal<u64>) -> RwSignal<Option<T>> {
+fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(
+    path: &'static str,
+    errors: RwSignal<Vec<(String, String)>>,
+    tick: ReadSignal<u64>,
+) -> RwSignal<Option<T>> {
     let data = RwSignal::new(None::<T>);
     // one request at a time: a slow server is not sent a pile of them
     let busy = StoredValue::new(false);
@@ -174,7 +122,7 @@ fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(path: &'static 
                         data.set(Some(v));
                     }
                 }
-                Err(e) => errors.update(|list| list.push((path.to_string(), e))),
+                Err(e) => errors.update(|list| list.push((path.to_string(), e.to_string()))),
             }
         });
     });
@@ -185,7 +133,7 @@ fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(path: &'static 
 #[derive(Clone, Copy)]
 struct Admin {
     token: RwSignal<Option<String>>,
-    waiting: RwSignal<Option<(String, Value, String)>>,
+    waiting: RwSignal<Option<(AdminAction, String)>>,
     status: RwSignal<(bool, String)>,
     refresh: WriteSignal<u64>,
 }
@@ -196,8 +144,15 @@ impl Admin {
     }
 
     fn new(refresh: WriteSignal<u64>) -> Admin {
-        let stored = Self::storage().and_then(|s| s.get_item(TOKEN_KEY).ok().flatten()).filter(|t| !t.is_empty());
-        Admin { token: RwSignal::new(stored), waiting: RwSignal::new(None), status: RwSignal::new((true, String::new())), refresh }
+        let stored = Self::storage()
+            .and_then(|s| s.get_item(TOKEN_KEY).ok().flatten())
+            .filter(|t| !t.is_empty());
+        Admin {
+            token: RwSignal::new(stored),
+            waiting: RwSignal::new(None),
+            status: RwSignal::new((true, String::new())),
+            refresh,
+        }
     }
 
     fn set_token(self, token: Option<String>) {
@@ -210,27 +165,26 @@ impl Admin {
         self.token.set(token);
     }
 
-    /// Runs `POST path body`, asking for the token first if there is none.
-    fn run(self, path: &str, body: Value, label: String) {
+    /// Runs `action`, asking for the token first if there is none.
+    fn run(self, action: AdminAction, label: String) {
         let Some(token) = self.token.get_untracked() else {
-            self.waiting.set(Some((path.to_string(), body, label)));
+            self.waiting.set(Some((action, label)));
             self.status.set((true, "admin token needed".into()));
             return;
         };
-        let path = path.to_string();
         self.status.set((true, format!("{label}…")));
         leptos::task::spawn_local(async move {
-            match api::admin_post(&path, &body, &token).await {
-                Ok(reply) => {
-                    self.status.set((true, format!("{label}: {}", reply.get("result").and_then(Value::as_str).unwrap_or("ok"))));
+            match action.send(&token).await {
+                Ok(result) => {
+                    self.status.set((true, format!("{label}: {}", result_word(result))));
                     self.refresh.update(|t| *t += 1);
                 }
-                Err(AdminError::Unauthorized(msg)) => {
+                Err(e) if e.is_unauthorized() => {
                     self.set_token(None);
-                    self.waiting.set(Some((path, body, label)));
-                    self.status.set((false, format!("token refused: {msg}")));
+                    self.waiting.set(Some((action, label)));
+                    self.status.set((false, format!("token refused: {}", e.message())));
                 }
-                Err(AdminError::Failed(msg)) => self.status.set((false, format!("{label} failed: {msg}"))),
+                Err(e) => self.status.set((false, format!("{label} failed: {e}"))),
             }
         });
     }
@@ -240,13 +194,15 @@ impl Admin {
 #[component]
 pub fn OpsView() -> impl IntoView {
     let (tick, set_tick) = signal(0u64);
-    if let Ok(h) = set_interval_with_handle(move || set_tick.update(|t| *t += 1), Duration::from_millis(1000)) {
+    if let Ok(h) =
+        set_interval_with_handle(move || set_tick.update(|t| *t += 1), Duration::from_millis(1000))
+    {
         on_cleanup(move || h.clear());
     }
     let errors = RwSignal::new(Vec::<(String, String)>::new());
-    let jobs = poll::<JobsSnapshot>("/api/v1/ops/jobs", errors, tick);
-    let shards = poll::<ShardsSnapshot>("/api/v1/ops/shards", errors, tick);
-    let backfill = poll::<BackfillSnapshot>("/api/v1/ops/backfill", errors, tick);
+    let jobs = poll::<JobsReport>("/api/v1/ops/jobs", errors, tick);
+    let shards = poll::<ShardsReport>("/api/v1/ops/shards", errors, tick);
+    let backfill = poll::<BackfillReport>("/api/v1/ops/backfill", errors, tick);
     let admin = Admin::new(set_tick);
 
     view! {
@@ -274,14 +230,14 @@ fn TokenForm(admin: Admin) -> impl IntoView {
             return;
         }
         admin.set_token(Some(value));
-        if let Some((path, body, label)) = admin.waiting.get_untracked() {
+        if let Some((action, label)) = admin.waiting.get_untracked() {
             admin.waiting.set(None);
-            admin.run(&path, body, label);
+            admin.run(action, label);
         }
     };
     view! {
         <form id="token-form" class="card token-form" class:hidden=move || admin.waiting.with(Option::is_none) on:submit=submit>
-            <label for="admin-token">"Admin token for "<b>{move || admin.waiting.with(|w| w.as_ref().map(|(_, _, l)| l.clone()).unwrap_or_default())}</b></label>
+            <label for="admin-token">"Admin token for "<b>{move || admin.waiting.with(|w| w.as_ref().map(|(_, l)| l.clone()).unwrap_or_default())}</b></label>
             <input id="admin-token" type="password" autocomplete="off" node_ref=input />
             <button type="submit">"Run"</button>
             <button type="button" on:click=move |_| admin.waiting.set(None)>"Cancel"</button>
@@ -293,22 +249,48 @@ fn TokenForm(admin: Admin) -> impl IntoView {
 fn capacity_line(label: &'static str, c: &Capacity) -> String {
     format!(
         "{label}: {} pinned, {} / {} on demand (idle jobs stop after {} s), {} evicted, {} refused",
-        c.pinned_jobs, c.ondemand_jobs, c.ondemand_max_jobs, c.ondemand_idle_ttl_s, c.evictions, c.refusals
+        c.pinned_jobs,
+        c.ondemand_jobs,
+        c.ondemand_max_jobs,
+        c.ondemand_idle_ttl_s,
+        c.evictions,
+        c.refusals
     )
 }
 
+/// `f` of the value, or the default text while there is none.
+fn or_blank<T, R: Default>(v: &Option<T>, f: impl FnOnce(&T) -> R) -> R {
+    v.as_ref().map(f).unwrap_or_default()
+}
+
 #[component]
-fn JobsCard(jobs: RwSignal<Option<JobsSnapshot>>) -> impl IntoView {
+fn JobsCard(jobs: RwSignal<Option<JobsReport>>) -> impl IntoView {
     let all = Memo::new(move |_| {
-        jobs.with(|j| j.as_ref().map(|j| j.jobs.iter().chain(&j.depth.jobs).cloned().collect::<Vec<_>>()).unwrap_or_default())
+        jobs.with(|j| {
+            j.as_ref()
+                .map(|j| {
+                    j.jobs
+                        .iter()
+                        .chain(j.depth.jobs.iter().map(|d| &d.job))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
     });
-    let row = move |key: (String, String)| {
-        let job = Memo::new(move |_| all.with(|a| a.iter().find(|j| j.instrument == key.0 && j.kind == key.1).cloned().unwrap_or_default()));
-        let f = move |g: fn(&Job) -> String| move || job.with(g);
+    let row = move |key: (String, &'static str)| {
+        let job = Memo::new(move |_| {
+            all.with(|a| {
+                a.iter()
+                    .find(|j| j.instrument.to_string() == key.0 && j.kind.as_str() == key.1)
+                    .cloned()
+            })
+        });
+        let f = move |g: fn(&JobReport) -> String| move || job.with(|j| or_blank(j, g));
         view! {
-            <tr class="job-row" data-instrument=move || job.with(|j| j.instrument.clone()) data-kind=move || job.with(|j| j.kind.clone())>
-                <td class="mono">{f(|j| j.instrument.clone())}</td>
-                <td>{f(|j| j.kind.clone())}</td>
+            <tr class="job-row" data-instrument=f(|j| j.instrument.to_string()) data-kind=f(|j| j.kind.as_str().into())>
+                <td class="mono">{f(|j| j.instrument.to_string())}</td>
+                <td>{f(|j| j.kind.as_str().into())}</td>
                 <td>{f(|j| if j.pinned { "pinned".into() } else { "on demand".into() })}</td>
                 <td class="refcount mono num">{f(|j| if j.refcount < 0 { "—".into() } else { j.refcount.to_string() })}</td>
                 <td class="mono">{f(|j| if j.refcount == 0 { ago(j.idle_since_ms) } else { "—".into() })}</td>
@@ -322,13 +304,13 @@ fn JobsCard(jobs: RwSignal<Option<JobsSnapshot>>) -> impl IntoView {
     view! {
         <section class="card ops-card">
             <h2>"Ingest jobs"</h2>
-            <p class="muted detail">{move || jobs.with(|j| j.as_ref().map(|j| capacity_line("candles", &j.capacity)).unwrap_or_default())}</p>
-            <p class="muted detail">{move || jobs.with(|j| j.as_ref().map(|j| capacity_line("books", &j.depth.capacity)).unwrap_or_default())}</p>
+            <p class="muted detail">{move || jobs.with(|j| or_blank(j, |j| capacity_line("candles", &j.capacity)))}</p>
+            <p class="muted detail">{move || jobs.with(|j| or_blank(j, |j| capacity_line("books", &j.depth.capacity)))}</p>
             <div class="table-scroll">
                 <table>
                     <thead><tr><th>"instrument"</th><th>"kind"</th><th>"mode"</th><th>"refcount"</th><th>"idle since"</th><th>"crashes"</th><th>"messages"</th><th>"feed"</th><th>"last error"</th></tr></thead>
                     <tbody>
-                        <For each=move || all.with(|a| a.iter().map(|j| (j.instrument.clone(), j.kind.clone())).collect::<Vec<_>>()) key=|k| k.clone() children=row />
+                        <For each=move || all.with(|a| a.iter().map(|j| (j.instrument.to_string(), j.kind.as_str())).collect::<Vec<_>>()) key=|k| k.clone() children=row />
                     </tbody>
                 </table>
             </div>
@@ -337,53 +319,70 @@ fn JobsCard(jobs: RwSignal<Option<JobsSnapshot>>) -> impl IntoView {
 }
 
 #[component]
-fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl IntoView {
-    let engine = Memo::new(move |_| shards.with(|s| s.as_ref().map(|s| s.engine.clone()).unwrap_or_default()));
-    let shard_ids = Memo::new(move |_| engine.with(|e| e.shards.iter().map(|s| s.id).collect::<Vec<_>>()));
-    let bar = move |id: i64| {
-        let shard = Memo::new(move |_| engine.with(|e| e.shards.iter().find(|s| s.id == id).cloned().unwrap_or_default()));
-        let max = Memo::new(move |_| engine.with(|e| e.shards.iter().map(|s| s.pending).max().unwrap_or(0)).max(1));
+fn ShardsCard(shards: RwSignal<Option<ShardsReport>>, admin: Admin) -> impl IntoView {
+    let engine = Memo::new(move |_| shards.with(|s| s.as_ref().map(|s| s.engine.clone())));
+    let shard_ids = Memo::new(move |_| {
+        engine.with(|e| or_blank(e, |e| e.shards.iter().map(|s| s.id).collect::<Vec<_>>()))
+    });
+    let bar = move |id: u32| {
+        let shard =
+            Memo::new(move |_| engine.with(|e| e.as_ref().and_then(|e| e.shard(id).cloned())));
+        let max = Memo::new(move |_| {
+            engine
+                .with(|e| or_blank(e, |e| e.shards.iter().map(|s| s.pending).max().unwrap_or(0)))
+                .max(1)
+        });
+        let f = move |g: fn(&ShardStats) -> String| move || shard.with(|s| or_blank(s, g));
         view! {
             <div class="shard-bar" data-shard=id>
                 <span class="mono">"shard "{id}</span>
-                <span class="track"><span class="fill" style=move || format!("width:{:.1}%", shard.with(|s| s.pending) as f64 * 100.0 / max.get() as f64)></span></span>
-                <span class="mono num">{move || shard.with(|s| s.pending)}" pending"</span>
-                <span class="muted mono">{move || shard.with(|s| format!("{} sym · {}/s · lag {} ms", s.symbols, s.processed_per_s, s.lag_ms))}</span>
-                <span class="muted top-pending">{move || shard.with(|s| s.top_pending.iter().map(top_pending_label).collect::<Vec<_>>().join(", "))}</span>
+                <span class="track"><span class="fill" style=move || format!("width:{:.1}%", shard.with(|s| or_blank(s, |s| s.pending)) as f64 * 100.0 / max.get() as f64)></span></span>
+                <span class="mono num">{f(|s| s.pending.to_string())}" pending"</span>
+                <span class="muted mono">{f(|s| format!("{} sym · {}/s · lag {} ms", s.symbols, s.processed_per_s, s.lag_ms))}</span>
+                <span class="muted top-pending">{f(|s| s.top_pending.iter().map(|p| format!("{} {}", p.instrument, p.pending)).collect::<Vec<_>>().join(", "))}</span>
             </div>
         }
     };
     let row = move |instrument: String| {
         let key = instrument.clone();
-        let sym = Memo::new(move |_| engine.with(|e| e.symbols.iter().find(|s| s.instrument == key).cloned().unwrap_or_default()));
+        let sym = Memo::new(move |_| {
+            engine.with(|e| {
+                e.as_ref().and_then(|e| {
+                    e.symbols.iter().find(|s| s.instrument.to_string() == key).cloned()
+                })
+            })
+        });
         let target = RwSignal::new(None::<i64>);
         let (migrate_name, hot_name) = (instrument.clone(), instrument.clone());
+        let f = move |g: fn(&SymbolStats) -> String| move || sym.with(|s| or_blank(s, g));
         view! {
             <tr class="symbol-row" data-symbol=instrument.clone()>
                 <td class="mono">{instrument.clone()}</td>
-                <td>{move || sym.with(|s| s.venue.clone())}</td>
-                <td class="shard mono num">{move || sym.with(|s| s.shard)}</td>
-                <td class="mono num">{move || sym.with(|s| s.pending)}</td>
-                <td class="mono num">{move || sym.with(|s| s.lag_ms)}</td>
-                <td class="rate mono num">{move || sym.with(|s| s.processed_per_s)}</td>
-                <td>{move || sym.with(|s| if s.migrating { "migrating".to_string() } else { s.health.clone() })}</td>
+                <td>{f(|s| s.venue.as_str().into())}</td>
+                <td class="shard mono num">{f(|s| s.shard.to_string())}</td>
+                <td class="mono num">{f(|s| s.pending.to_string())}</td>
+                <td class="mono num">{f(|s| s.lag_ms.to_string())}</td>
+                <td class="rate mono num">{f(|s| s.processed_per_s.to_string())}</td>
+                <td>{f(|s| if s.migrating { "migrating".into() } else { s.health.as_str().into() })}</td>
                 <td class="actions">
                     <select class="migrate-target" on:change=move |ev| target.set(event_target_value(&ev).parse().ok())>
                         <option value="" selected=move || target.get().is_none()>"move to…"</option>
-                        {move || shard_ids.get().into_iter().map(|id| view! { <option value=id.to_string() selected=move || target.get() == Some(id)>"shard "{id}</option> }).collect_view()}
+                        {move || shard_ids.get().into_iter().map(|id| view! { <option value=id.to_string() selected=move || target.get() == Some(i64::from(id))>"shard "{id}</option> }).collect_view()}
                         <option value="-1" selected=move || target.get() == Some(-1)>"a new shard"</option>
                     </select>
                     <button class="migrate" disabled=move || target.get().is_none() on:click=move |_| {
                         if let Some(t) = target.get_untracked() {
                             let where_ = if t < 0 { "a new shard".to_string() } else { format!("shard {t}") };
-                            admin.run("/api/v1/admin/shards/migrate", json!({"symbol": migrate_name, "target": t}), format!("migrate {migrate_name} to {where_}"));
+                            let action = AdminAction::Migrate(MigrateRequest { symbol: migrate_name.clone(), target: t });
+                            admin.run(action, format!("migrate {migrate_name} to {where_}"));
                         }
                     }>"migrate"</button>
-                    {move || sym.with(|s| s.hot).map(|on| {
+                    {move || sym.with(|s| s.as_ref().and_then(|s| s.hot)).map(|on| {
                         let name = hot_name.clone();
                         view! {
                             <button class="hotspot" class:active=on title="simulator hot spot: this symbol's order rate x2000" on:click=move |_| {
-                                admin.run("/api/v1/admin/sim/hotspot", json!({"symbol": name, "hot": !on}), format!("hot spot {} {name}", if on { "off" } else { "on" }));
+                                let action = AdminAction::Hotspot(HotspotRequest { symbol: name.clone(), hot: !on });
+                                admin.run(action, format!("hot spot {} {name}", if on { "off" } else { "on" }));
                             }>{if on { "hot ✓" } else { "hot" }}</button>
                         }
                     })}
@@ -395,12 +394,12 @@ fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl In
         <section class="card ops-card">
             <h2>"Book shards"</h2>
             <div class="shard-head">
-                <label><input id="auto-balance" type="checkbox" prop:checked=move || engine.with(|e| e.auto_balance)
+                <label><input id="auto-balance" type="checkbox" prop:checked=move || engine.with(|e| or_blank(e, |e| e.auto_balance))
                     on:change=move |ev| {
                         let on = event_target_checked(&ev);
-                        admin.run("/api/v1/admin/shards/auto_balance", json!({"on": on}), format!("auto-balance {}", if on { "on" } else { "off" }));
+                        admin.run(AdminAction::AutoBalance(AutoBalanceRequest { on }), format!("auto-balance {}", if on { "on" } else { "off" }));
                     } />" auto-balance"</label>
-                <span class="muted detail">{move || engine.with(|e| format!("{} shards (max {}) · migrations: {}", e.shards.len(), e.max_shards, e.migrations.get("completed").map_or("0".into(), |c| c.to_string())))}</span>
+                <span class="muted detail">{move || engine.with(|e| or_blank(e, |e| format!("{} shards (max {}) · migrations: {}", e.shards.len(), e.max_shards, e.migrations.completed)))}</span>
             </div>
             <div class="shard-bars">
                 <For each=move || shard_ids.get() key=|id| *id children=bar />
@@ -409,7 +408,7 @@ fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl In
                 <table>
                     <thead><tr><th>"symbol"</th><th>"venue"</th><th>"shard"</th><th>"pending"</th><th>"lag ms"</th><th>"events/s"</th><th>"health"</th><th>"actions"</th></tr></thead>
                     <tbody>
-                        <For each=move || engine.with(|e| e.symbols.iter().map(|s| s.instrument.clone()).collect::<Vec<_>>()) key=|k| k.clone() children=row />
+                        <For each=move || engine.with(|e| or_blank(e, |e| e.symbols.iter().map(|s| s.instrument.to_string()).collect::<Vec<_>>())) key=|k| k.clone() children=row />
                     </tbody>
                 </table>
             </div>
@@ -418,31 +417,38 @@ fn ShardsCard(shards: RwSignal<Option<ShardsSnapshot>>, admin: Admin) -> impl In
 }
 
 #[component]
-fn BackfillCard(backfill: RwSignal<Option<BackfillSnapshot>>, admin: Admin) -> impl IntoView {
-    let tasks = Memo::new(move |_| backfill.with(|b| b.as_ref().map(|b| b.tasks.clone()).unwrap_or_default()));
+fn BackfillCard(backfill: RwSignal<Option<BackfillReport>>, admin: Admin) -> impl IntoView {
+    let tasks = Memo::new(move |_| {
+        backfill.with(|b| b.as_ref().map(|b| b.tasks.clone()).unwrap_or_default())
+    });
     let row = move |series: String| {
         let key = series.clone();
-        let task = Memo::new(move |_| tasks.with(|t| t.iter().find(|x| x.series == key).cloned().unwrap_or_default()));
+        let task = Memo::new(move |_| {
+            tasks.with(|t| t.iter().find(|x| x.series.to_string() == key).cloned())
+        });
         let (start, stop) = (series.clone(), series.clone());
+        let progress = move || task.with(|t| or_blank(t, |t| t.progress));
+        let running = move || task.with(|t| or_blank(t, |t| t.running));
+        let f = move |g: fn(&BackfillTask) -> String| move || task.with(|t| or_blank(t, g));
         view! {
             <div class="backfill-row" data-series=series.clone()>
                 <span class="mono">{series.clone()}</span>
-                <progress max="1" value=move || task.with(|t| t.progress)></progress>
-                <span class="mono num">{move || task.with(|t| format!("{:.0}%", t.progress * 100.0))}</span>
-                <span>{move || task.with(|t| t.state.clone())}</span>
-                <span class="mono muted">{move || task.with(|t| format!("{} candles", t.candles_written))}</span>
-                <span class="muted">{move || task.with(|t| t.last_error.clone().or_else(|| t.stop_reason.clone()).unwrap_or_default())}</span>
-                <button class="backfill-start" disabled=move || task.with(|t| t.running)
-                    on:click=move |_| admin.run("/api/v1/admin/backfill/start", json!({"series": start}), format!("start backfill {start}"))>"start"</button>
-                <button class="backfill-stop" disabled=move || task.with(|t| !t.running)
-                    on:click=move |_| admin.run("/api/v1/admin/backfill/stop", json!({"series": stop}), format!("stop backfill {stop}"))>"stop"</button>
+                <progress max="1" value=progress></progress>
+                <span class="mono num">{move || format!("{:.0}%", progress() * 100.0)}</span>
+                <span>{f(|t| t.state.as_str().into())}</span>
+                <span class="mono muted">{f(|t| format!("{} candles", t.candles_written))}</span>
+                <span class="muted">{f(|t| t.last_error.clone().or_else(|| t.stop_reason.clone()).unwrap_or_default())}</span>
+                <button class="backfill-start" disabled=running
+                    on:click=move |_| admin.run(AdminAction::BackfillStart(SeriesRequest { series: start.clone() }), format!("start backfill {start}"))>"start"</button>
+                <button class="backfill-stop" disabled=move || !running()
+                    on:click=move |_| admin.run(AdminAction::BackfillStop(SeriesRequest { series: stop.clone() }), format!("stop backfill {stop}"))>"stop"</button>
             </div>
         }
     };
     view! {
         <section class="card ops-card">
             <h2>"Backfill"</h2>
-            <For each=move || tasks.with(|t| t.iter().map(|x| x.series.clone()).collect::<Vec<_>>()) key=|k| k.clone() children=row />
+            <For each=move || tasks.with(|t| t.iter().map(|x| x.series.to_string()).collect::<Vec<_>>()) key=|k| k.clone() children=row />
         </section>
     }
 }

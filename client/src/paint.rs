@@ -17,7 +17,14 @@ extern "C" {
     /// Draws a book card's body (see `paint.js` for the tab-separated layout of `text`).
     pub fn paint_book(el: &Element, levels: u32, text: &str);
     /// Draws candles: 6 numbers per candle (open time in s, o, h, l, c, volume).
-    pub fn paint_chart(el: &Element, reset: bool, data: &[f64], decimals: u32, count: u32, status: &str);
+    pub fn paint_chart(
+        el: &Element,
+        reset: bool,
+        data: &[f64],
+        decimals: u32,
+        count: u32,
+        status: &str,
+    );
     /// Removes a chart.
     pub fn drop_chart(el: &Element);
 }

@@ -2,7 +2,9 @@
 //! Run by scripts/test with `wasm-pack test --headless --chrome client`.
 
 use client::paint::paint_book;
-use client::{backoff_ms, bar_scale, book_text, format_utc_time, BadgeState, BookBadge, ConnStatus, HeartbeatPanel};
+use client::{
+    bar_scale, book_text, format_utc_time, BadgeState, BookBadge, ConnStatus, HeartbeatPanel,
+};
 use leptos::prelude::*;
 use shared::book::{DepthLadder, Level, OrderBook};
 use shared::fixed::{Price, Qty};
@@ -14,7 +16,11 @@ wasm_bindgen_test_configure!(run_in_browser);
 
 fn text(selector: &str) -> String {
     let doc = web_sys::window().unwrap().document().unwrap();
-    doc.query_selector(selector).unwrap().unwrap_or_else(|| panic!("{selector} missing")).text_content().unwrap()
+    doc.query_selector(selector)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{selector} missing"))
+        .text_content()
+        .unwrap()
 }
 
 #[wasm_bindgen_test]
@@ -25,13 +31,20 @@ async fn heartbeat_panel_follows_its_signals() {
 
     let status = RwSignal::new(ConnStatus::Connecting);
     let heartbeat = RwSignal::new(None::<Heartbeat>);
-    let mounted = leptos::mount::mount_to(host, move || view! { <HeartbeatPanel status=status heartbeat=heartbeat /> });
+    let mounted = leptos::mount::mount_to(
+        host,
+        move || view! { <HeartbeatPanel status=status heartbeat=heartbeat /> },
+    );
 
     assert_eq!(text("#conn-status"), "connecting");
     assert_eq!(text("#heartbeat-seq"), "—");
 
     status.set(ConnStatus::Live);
-    heartbeat.set(Some(Heartbeat { seq: 42, server_time_ms: 1_700_000_000_123, version: "0.1.0".into() }));
+    heartbeat.set(Some(Heartbeat {
+        seq: 42,
+        server_time_ms: 1_700_000_000_123,
+        version: "0.1.0".into(),
+    }));
     leptos::task::tick().await;
     assert_eq!(text("#conn-status"), "live");
     assert_eq!(text("#heartbeat-seq"), "42");
@@ -42,13 +55,6 @@ async fn heartbeat_panel_follows_its_signals() {
     assert_eq!(text("#conn-status"), "reconnecting");
     assert_eq!(text("#heartbeat-seq"), "42", "the last heartbeat stays visible while reconnecting");
     drop(mounted);
-}
-
-#[wasm_bindgen_test]
-fn backoff_doubles_up_to_ten_seconds() {
-    let delays: Vec<u32> = (1..=7).map(backoff_ms).collect();
-    assert_eq!(delays, [500, 1000, 2000, 4000, 8000, 10_000, 10_000]);
-    assert_eq!(backoff_ms(u32::MAX), 10_000);
 }
 
 #[wasm_bindgen_test]
@@ -85,7 +91,13 @@ fn ladder_shows_asks_above_bids_with_depth_bars_spread_and_mid() {
     doc.body().unwrap().append_child(&card).unwrap();
 
     let first = book(&[("100", "1"), ("99", "2"), ("98", "3")], &[("101", "4"), ("102.5", "1")]);
-    let badge = BookBadge { state: BadgeState::Synced, update_id: 41, gaps: 1, resyncs: 2, checksum_mismatches: 3 };
+    let badge = BookBadge {
+        state: BadgeState::Synced,
+        update_id: 41,
+        gaps: 1,
+        resyncs: 2,
+        checksum_mismatches: 3,
+    };
     paint(&card, &badge, "", &DepthLadder::of(&first, 20));
 
     // asks worst first, so the best ask is next to the spread row; bids best first; every side
@@ -105,14 +117,22 @@ fn ladder_shows_asks_above_bids_with_depth_bars_spread_and_mid() {
     assert_eq!(first_bar.style().get_property_value("transform").unwrap(), "scaleX(0.166)");
     // the badge and the card's attributes
     assert_eq!(rows(&card, ".badge"), ["synced"]);
-    assert_eq!((rows(&card, ".gaps"), rows(&card, ".resyncs"), rows(&card, ".mismatches")), (vec!["1".to_string()], vec!["2".to_string()], vec!["3".to_string()]));
+    assert_eq!(
+        (rows(&card, ".gaps"), rows(&card, ".resyncs"), rows(&card, ".mismatches")),
+        (vec!["1".to_string()], vec!["2".to_string()], vec!["3".to_string()])
+    );
     assert_eq!(card.get_attribute("data-update-id").as_deref(), Some("41"));
     assert_eq!(card.get_attribute("data-state").as_deref(), Some("synced"));
     assert!(!card.class_list().contains("stale"));
 
     // the book moves: rows, totals and the middle row follow; a stale flag shows
     let badge = BookBadge { state: BadgeState::Resyncing, update_id: 42, ..badge };
-    paint(&card, &badge, "stale 6s", &DepthLadder::of(&book(&[("100.25", "2")], &[("100.5", "1")]), 20));
+    paint(
+        &card,
+        &badge,
+        "stale 6s",
+        &DepthLadder::of(&book(&[("100.25", "2")], &[("100.5", "1")]), 20),
+    );
     assert_eq!(rows(&card, ".ladder .ask-row:not(.empty) .price"), ["100.5"]);
     assert_eq!(rows(&card, ".ladder .bid-row:not(.empty) .qty"), ["2"]);
     assert_eq!(rows(&card, ".ladder .spread"), ["0.25"]);
@@ -123,7 +143,10 @@ fn ladder_shows_asks_above_bids_with_depth_bars_spread_and_mid() {
 
     // an empty book shows dashes, not stale numbers
     paint(&card, &badge, "", &DepthLadder::default());
-    assert!(rows(&card, ".ladder .bid-row:not(.empty)").is_empty() && rows(&card, ".ladder .ask-row:not(.empty)").is_empty());
+    assert!(
+        rows(&card, ".ladder .bid-row:not(.empty)").is_empty()
+            && rows(&card, ".ladder .ask-row:not(.empty)").is_empty()
+    );
     assert_eq!(rows(&card, ".ladder .mid"), ["—"]);
     card.remove();
 }
@@ -147,8 +170,9 @@ async fn feed_subscribes_while_a_widget_lives_and_unsubscribes_when_it_goes() {
     use client::feed::{Feed, Handlers};
     use shared::protocol::Stream;
 
-    let url = option_env!("MILLRACE_TEST_WS")
-        .expect("build with MILLRACE_TEST_WS=ws://host:port/ws of a running `millrace serve` (scripts/test does)");
+    let Some(url) = option_env!("MILLRACE_TEST_WS") else {
+        panic!("build with MILLRACE_TEST_WS=ws://host:port/ws of a running `millrace serve` (scripts/test does)")
+    };
     let page = Owner::new();
     page.set();
     let feed = Feed::open_url(url);
@@ -161,14 +185,22 @@ async fn feed_subscribes_while_a_widget_lives_and_unsubscribes_when_it_goes() {
     let (b, k) = (count(&beats), count(&klines));
     feed.subscribe(
         Stream::Heartbeat,
-        Handlers { on_push: Box::new(move |_| b()), on_live: Box::new(|| {}), on_lost: Box::new(|| {}) },
+        Handlers {
+            on_push: Box::new(move |_| b()),
+            on_live: Box::new(|| {}),
+            on_lost: Box::new(|| {}),
+        },
     );
     let kline: Stream = "kline@sim:spot:BTC/USDT:1m".parse().unwrap();
     let widget = page.child();
     widget.with(|| {
         feed.subscribe(
             kline.clone(),
-            Handlers { on_push: Box::new(move |_| k()), on_live: count(&kline_lives), on_lost: Box::new(|| {}) },
+            Handlers {
+                on_push: Box::new(move |_| k()),
+                on_live: count(&kline_lives),
+                on_lost: Box::new(|| {}),
+            },
         )
     });
     assert_eq!(feed.subscribers(&kline), 1);
@@ -178,7 +210,12 @@ async fn feed_subscribes_while_a_widget_lives_and_unsubscribes_when_it_goes() {
         sleep_ms(100).await;
         waited += 100;
     }
-    assert!(klines.get() >= 3 && beats.get() >= 1, "pushes: {} klines, {} heartbeats in {waited} ms", klines.get(), beats.get());
+    assert!(
+        klines.get() >= 3 && beats.get() >= 1,
+        "pushes: {} klines, {} heartbeats in {waited} ms",
+        klines.get(),
+        beats.get()
+    );
     assert_eq!(feed.status().get_untracked(), ConnStatus::Live);
     assert_eq!(kline_lives.get(), 1, "on_live once per connection");
 
@@ -189,6 +226,11 @@ async fn feed_subscribes_while_a_widget_lives_and_unsubscribes_when_it_goes() {
     let (k0, b0) = (klines.get(), beats.get());
     sleep_ms(3_000).await;
     assert_eq!(klines.get(), k0, "klines still pushed after the last subscriber went");
-    assert!(beats.get() >= b0 + 2, "the page's other stream keeps flowing: {} -> {}", b0, beats.get());
+    assert!(
+        beats.get() >= b0 + 2,
+        "the page's other stream keeps flowing: {} -> {}",
+        b0,
+        beats.get()
+    );
     page.cleanup();
 }
