@@ -13,6 +13,7 @@ pub mod backoff;
 pub mod book;
 pub mod candle;
 pub mod chart;
+pub mod cluster;
 pub mod fixed;
 pub mod l3;
 pub mod protocol;

@@ -177,8 +177,8 @@ pub struct Capacity {
     pub reaped: u64,
 }
 
-/// What a supervisor's jobs do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// What a supervisor's jobs do; in a cluster, the kind of a worker's task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobKind {
     /// An instrument's 1m kline stream into the candle pipeline.
@@ -188,10 +188,23 @@ pub enum JobKind {
 }
 
 impl JobKind {
+    pub const ALL: [JobKind; 2] = [JobKind::Kline, JobKind::Depth];
+
     pub fn as_str(self) -> &'static str {
         match self {
             JobKind::Kline => "kline",
             JobKind::Depth => "depth",
+        }
+    }
+}
+
+impl std::str::FromStr for JobKind {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "kline" => Ok(JobKind::Kline),
+            "depth" => Ok(JobKind::Depth),
+            _ => Err(()),
         }
     }
 }
@@ -671,6 +684,127 @@ pub struct HotspotReply {
     pub result: AdminResult,
     pub symbol: InstrumentId,
     pub hot: bool,
+}
+
+/// `GET /api/v1/ops/cluster`: the supervisor's view of the cluster (seed 004).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterReport {
+    pub supervisor: SupervisorInfo,
+    pub workers: Vec<ClusterWorker>,
+    /// Every wanted task, with the workers holding it.
+    pub tasks: Vec<ClusterTask>,
+    /// Tasks held by fewer workers than the redundancy asks, and why.
+    pub unassigned: Vec<Shortfall>,
+    /// The last assignment events, newest last.
+    pub events: Vec<AssignmentRecord>,
+}
+
+/// Where the supervisor is in its life (seed 004 "生命周期").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SupervisorState {
+    /// Not the leader: collects statuses, assigns nothing.
+    Standby,
+    /// Leader, collecting worker statuses before the first assignment.
+    WarmingUp,
+    /// Leader, waiting for the first task query's answer.
+    AwaitingTasks,
+    /// Leader, assigning on events.
+    Running,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupervisorInfo {
+    pub state: SupervisorState,
+    /// The id of the leading supervisor, if one is known.
+    pub leader: Option<String>,
+    /// The leader's epoch (its lease revision); instructions carry it.
+    pub epoch: u64,
+    /// Time left of the warm-up, while warming up.
+    pub warmup_remaining_ms: Option<u64>,
+    pub redundancy: u32,
+    /// Handler invocations since start: statuses, demands, ticks, timer checks, assignment
+    /// events and instruction sets sent (at steady state only the first three grow).
+    pub stats: SupervisorStats,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupervisorStats {
+    pub statuses: u64,
+    pub demands: u64,
+    pub task_lists: u64,
+    pub ticks: u64,
+    pub timer_checks: u64,
+    pub assignments: u64,
+    pub instructions_sent: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterWorker {
+    pub id: String,
+    pub max_load: u32,
+    /// Tasks assigned to it.
+    pub running: u32,
+    pub active: bool,
+    pub leaving: bool,
+    /// Milliseconds since its last status.
+    pub last_seen_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTask {
+    /// `kind:instrument`.
+    pub id: String,
+    pub kind: JobKind,
+    pub instrument: InstrumentId,
+    /// Workers holding it, by id.
+    pub workers: Vec<String>,
+    /// Milliseconds since the freshest holder last had upstream data (`None`: none yet).
+    pub last_data_age_ms: Option<u64>,
+}
+
+/// Why a task has fewer holders than the redundancy asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShortCause {
+    /// Workers that could take it are at their max load.
+    NoCapacity,
+    /// Fewer active workers than the redundancy (every one of them holds it).
+    FewWorkers,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shortfall {
+    pub task: String,
+    /// Replicas missing.
+    pub missing: u32,
+    pub cause: ShortCause,
+    pub since_ms: u64,
+}
+
+/// One assignment event (seed 004 "任务分配") and what it did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssignmentRecord {
+    /// Supervisor time of the event (ms).
+    pub at_ms: u64,
+    /// What triggered it: `task query (reset)`, `worker w2 timed out`, `demand`, ...
+    pub reason: String,
+    pub reset: bool,
+    /// Replicas assigned ("add task" instructions, kept sessions of a reset not counted).
+    pub added: u32,
+    /// "end task" instructions.
+    pub ended: u32,
+    /// Replicas still missing afterwards.
+    pub unassigned: u32,
+    /// Instruction sets sent.
+    pub instructions: u32,
 }
 
 #[cfg(test)]
