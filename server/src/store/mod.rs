@@ -13,6 +13,7 @@
 //! The trait is synchronous: callers on the async runtime run it on a blocking thread
 //! (`tokio::task::spawn_blocking`), SQLite being a blocking library.
 
+pub mod postgres;
 pub mod sqlite;
 
 use shared::candle::Candle;
@@ -122,6 +123,30 @@ impl BackfillProgress {
             updated_at_ms: 0,
         }
     }
+}
+
+/// The name a backfill state is stored as.
+pub(crate) fn backfill_state_name(s: BackfillState) -> &'static str {
+    match s {
+        BackfillState::Idle => "idle",
+        BackfillState::Running => "running",
+        BackfillState::Done => "done",
+        BackfillState::Stopped => "stopped",
+        BackfillState::Failed => "failed",
+    }
+}
+
+/// The backfill state stored as `name`.
+pub(crate) fn backfill_state_of(name: &str) -> Option<BackfillState> {
+    [
+        BackfillState::Idle,
+        BackfillState::Running,
+        BackfillState::Done,
+        BackfillState::Stopped,
+        BackfillState::Failed,
+    ]
+    .into_iter()
+    .find(|s| backfill_state_name(*s) == name)
 }
 
 /// Candle storage. Implementations are cheap to share (`Arc<dyn CandleStore>`).

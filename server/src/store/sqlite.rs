@@ -82,12 +82,14 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Statement, TransactionBehavior};
 use shared::candle::Candle;
 use shared::fixed::{Price, Volume};
-use shared::protocol::ops::BackfillState;
 use shared::protocol::SeriesId;
 
 use crate::lock::lock;
 
-use super::{BackfillProgress, BackfillStore, CandleStore, SeriesInfo, SeriesRows, StoreError};
+use super::{
+    backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
+    SeriesInfo, SeriesRows, StoreError,
+};
 
 /// The schema version this build writes (the number of [`MIGRATIONS`]).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -626,7 +628,7 @@ fn save_progress(conn: &Connection, p: &BackfillProgress) -> Result<(), StoreErr
         covered,
         p.run_started_from,
         p.cursor,
-        state_name(p.state),
+        backfill_state_name(p.state),
         p.stop_reason,
         p.candles_written as i64,
         p.batches as i64,
@@ -635,28 +637,6 @@ fn save_progress(conn: &Connection, p: &BackfillProgress) -> Result<(), StoreErr
     ])
     .map_err(db)?;
     Ok(())
-}
-
-fn state_name(s: BackfillState) -> &'static str {
-    match s {
-        BackfillState::Idle => "idle",
-        BackfillState::Running => "running",
-        BackfillState::Done => "done",
-        BackfillState::Stopped => "stopped",
-        BackfillState::Failed => "failed",
-    }
-}
-
-fn state_of(name: &str) -> Option<BackfillState> {
-    [
-        BackfillState::Idle,
-        BackfillState::Running,
-        BackfillState::Done,
-        BackfillState::Stopped,
-        BackfillState::Failed,
-    ]
-    .into_iter()
-    .find(|s| state_name(*s) == name)
 }
 
 fn decode_progress(row: &Row<'_>) -> Result<BackfillProgress, StoreError> {
@@ -671,7 +651,8 @@ fn decode_progress(row: &Row<'_>) -> Result<BackfillProgress, StoreError> {
         cursor: opt_int(row, 3, T, "cursor")?,
         state: {
             let name = text(row, 4, T, "state")?;
-            state_of(&name).ok_or_else(|| corrupt(T, format!("task {task}: state {name:?}")))?
+            backfill_state_of(&name)
+                .ok_or_else(|| corrupt(T, format!("task {task}: state {name:?}")))?
         },
         stop_reason: opt_text(row, 5, T, "stop_reason")?,
         candles_written: int(row, 6, T, "candles_written")? as u64,

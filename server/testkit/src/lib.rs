@@ -378,3 +378,55 @@ pub fn stored(db: &Path, series: &str) -> Vec<shared::candle::Candle> {
     let store = server::store::sqlite::SqliteStore::open(db).unwrap();
     store.candles(&series.parse().unwrap(), Some(i64::MIN / 2), None, 10_000_000).unwrap()
 }
+
+/// The PostgreSQL server the tests use: `MILLRACE_TEST_PG` (a URL of its `postgres` database),
+/// by default the local one (`scripts/services` starts it; `scripts/setup` gives a fresh
+/// install's user `postgres` this password; trust auth ignores it).
+pub fn pg_admin_url() -> String {
+    std::env::var("MILLRACE_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// A database of its own for one test, created fresh and dropped (with its connections) when
+/// this is dropped, so test runs never collide.
+pub struct PgDb {
+    name: String,
+    url: String,
+}
+
+impl PgDb {
+    /// Creates `millrace_<tag>_<pid>_<n>`.
+    pub fn fresh(tag: &str) -> PgDb {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("millrace_{tag}_{}_{n}", std::process::id());
+        let admin = pg_admin_url();
+        let mut client = postgres::Client::connect(&admin, postgres::NoTls)
+            .unwrap_or_else(|e| panic!("PostgreSQL at {admin} (run scripts/services): {e}"));
+        client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
+        client.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        let url = match admin.rfind('/') {
+            Some(i) if admin[..i].contains("://") => format!("{}/{name}", &admin[..i]),
+            _ => panic!("MILLRACE_TEST_PG must be a postgres:// URL ending in /DATABASE"),
+        };
+        PgDb { name, url }
+    }
+
+    /// The URL of this database.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A direct connection (to inspect or break things).
+    pub fn client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.url, postgres::NoTls).unwrap()
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&pg_admin_url(), postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        }
+    }
+}

@@ -22,4 +22,5 @@ mod l3engine;
 mod log_spans;
 mod seams;
 mod store;
+mod store_pg;
 mod supervisor;

@@ -20,7 +20,7 @@ use shared::fixed::{Price, Volume};
 use shared::protocol::ops::BackfillState;
 use shared::protocol::SeriesId;
 
-const MIN: i64 = 60_000;
+pub(crate) const MIN: i64 = 60_000;
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -48,12 +48,12 @@ impl Drop for TempDir {
     }
 }
 
-fn sid(s: &str) -> SeriesId {
+pub(crate) fn sid(s: &str) -> SeriesId {
     s.parse().unwrap()
 }
 
 /// A 1m candle whose values are all derived from `t` and `tag`, so every field is checked.
-fn candle(t: i64, tag: i64) -> Candle {
+pub(crate) fn candle(t: i64, tag: i64) -> Candle {
     let p = 100_000 + tag * 1000 + t / MIN;
     Candle {
         open_time: t,
@@ -67,16 +67,16 @@ fn candle(t: i64, tag: i64) -> Candle {
     }
 }
 
-fn run(from: i64, n: i64, tag: i64) -> Vec<Candle> {
+pub(crate) fn run(from: i64, n: i64, tag: i64) -> Vec<Candle> {
     (0..n).map(|i| candle(from + i * MIN, tag)).collect()
 }
 
-fn rows<'a>(series: &'a SeriesId, candles: &'a [Candle]) -> SeriesRows<'a> {
+pub(crate) fn rows<'a>(series: &'a SeriesId, candles: &'a [Candle]) -> SeriesRows<'a> {
     SeriesRows { series, candles }
 }
 
 /// Every candle of `series`.
-fn all(store: &SqliteStore, series: &SeriesId) -> Vec<Candle> {
+pub(crate) fn all(store: &dyn CandleStore, series: &SeriesId) -> Vec<Candle> {
     store.candles(series, Some(i64::MIN), None, usize::MAX).unwrap()
 }
 
@@ -97,7 +97,7 @@ fn table_of(conn: &Connection, series: &str) -> String {
     format!("candles_{id}")
 }
 
-fn progress(task: &str) -> BackfillProgress {
+pub(crate) fn progress(task: &str) -> BackfillProgress {
     BackfillProgress {
         task: task.into(),
         covered: vec![(0, 59 * MIN), (120 * MIN, 600 * MIN)],
@@ -176,15 +176,19 @@ fn refuses_a_newer_schema_without_touching_it() {
 #[test]
 fn writes_are_idempotent_and_replace_by_key() {
     let dir = TempDir::new("idempotent");
-    let store = SqliteStore::open(&dir.db()).unwrap();
+    writes_are_idempotent(&SqliteStore::open(&dir.db()).unwrap());
+}
+
+/// Store behaviour every [`CandleStore`] keeps (also run on PostgreSQL, `store_pg.rs`).
+pub(crate) fn writes_are_idempotent(store: &dyn CandleStore) {
     let (a, b) = (sid("sim:spot:BTC/USDT:1m"), sid("sim:spot:BTC/USDT:5m"));
     let ca = run(0, 50, 1);
     let cb = run(0, 10, 2);
     let batch = [rows(&a, &ca), rows(&b, &cb)];
     assert_eq!(store.write(&batch).unwrap(), 60);
     assert_eq!(store.write(&batch).unwrap(), 60);
-    assert_eq!(all(&store, &a), ca);
-    assert_eq!(all(&store, &b), cb);
+    assert_eq!(all(store, &a), ca);
+    assert_eq!(all(store, &b), cb);
 
     // The same keys with other values replace the rows; unsorted input is fine.
     let mut newer = run(20 * MIN, 40, 3);
@@ -192,7 +196,7 @@ fn writes_are_idempotent_and_replace_by_key() {
     store.write(&[rows(&a, &newer)]).unwrap();
     let mut expected = run(0, 20, 1);
     expected.extend(run(20 * MIN, 40, 3));
-    assert_eq!(all(&store, &a), expected);
+    assert_eq!(all(store, &a), expected);
 
     // Within one batch the later duplicate wins.
     let dup = [candle(0, 8), candle(0, 9)];
@@ -273,7 +277,10 @@ fn a_failing_batch_leaves_nothing() {
 #[test]
 fn range_and_limit_queries() {
     let dir = TempDir::new("ranges");
-    let store = SqliteStore::open(&dir.db()).unwrap();
+    range_and_limit(&SqliteStore::open(&dir.db()).unwrap());
+}
+
+pub(crate) fn range_and_limit(store: &dyn CandleStore) {
     let s = sid("binance:spot:BTC/USDT:1m");
     let other = sid("binance:spot:BTC/USDT:3m");
     let base = 1_700_000_040_000 - 1_700_000_040_000 % MIN;
@@ -311,7 +318,10 @@ fn range_and_limit_queries() {
 #[test]
 fn last_open_time_and_series() {
     let dir = TempDir::new("series");
-    let store = SqliteStore::open(&dir.db()).unwrap();
+    newest_and_series(&SqliteStore::open(&dir.db()).unwrap());
+}
+
+pub(crate) fn newest_and_series(store: &dyn CandleStore) {
     let (a, b) = (sid("sim:spot:BTC/USDT:1m"), sid("sim:futures:ETH/USDT:1h"));
     assert_eq!(store.last_open_time(&a).unwrap(), None);
     assert_eq!(store.series().unwrap(), vec![]);
@@ -342,7 +352,14 @@ fn last_open_time_and_series() {
 fn backfill_progress_round_trips() {
     let dir = TempDir::new("progress");
     let path = dir.db();
-    let store = SqliteStore::open(&path).unwrap();
+    progress_round_trips(&|| Box::new(SqliteStore::open(&path).unwrap()));
+}
+
+/// A store opened by `open`, which opens the same database again when called again.
+pub(crate) type Open<'a> = &'a dyn Fn() -> Box<dyn BackfillStore>;
+
+pub(crate) fn progress_round_trips(open: Open<'_>) {
+    let store = open();
     assert_eq!(store.backfill_progress("nope").unwrap(), None);
     let p = progress("binance:spot:BTC/USDT:1m");
     store.save_backfill_progress(&p).unwrap();
@@ -369,16 +386,29 @@ fn backfill_progress_round_trips() {
     let r = BackfillProgress { covered: vec![(0, 299 * MIN)], candles_written: 300, ..p.clone() };
     assert_eq!(store.write_with_progress(&[rows(&s, &cs)], &r).unwrap(), 300);
     drop(store);
-    let store = SqliteStore::open(&path).unwrap();
+    let store = open();
     assert_eq!(store.backfill_progress(&p.task).unwrap(), Some(r));
-    assert_eq!(all(&store, &s), cs);
+    assert_eq!(all(&*store, &s), cs);
 }
 
 #[test]
 fn extreme_values_round_trip_exactly() {
     let dir = TempDir::new("extremes");
     let path = dir.db();
-    let store = SqliteStore::open(&path).unwrap();
+    extremes_round_trip(&|| Box::new(SqliteStore::open(&path).unwrap()));
+    // Volumes that fit an i64 are plain integers to SQL.
+    let conn = Connection::open(&path).unwrap();
+    let table = table_of(&conn, "sim:spot:BTC/USDT:1d");
+    let v: i64 = conn
+        .query_row(&format!("SELECT volume FROM {table} WHERE open_time = 86400000"), [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(v, 1);
+}
+
+pub(crate) fn extremes_round_trip(open: Open<'_>) {
+    let store = open();
     let s = sid("sim:spot:BTC/USDT:1d");
     let volumes = [
         0,
@@ -412,20 +442,11 @@ fn extreme_values_round_trip_exactly() {
     cs.push(Candle { open_time: i64::MAX, ..cs[1] });
     store.write(&[rows(&s, &cs)]).unwrap();
     drop(store);
-    let store = SqliteStore::open(&path).unwrap();
+    let store = open();
     let mut expected = cs.clone();
     expected.sort_by_key(|c| c.open_time);
-    assert_eq!(all(&store, &s), expected);
+    assert_eq!(all(&*store, &s), expected);
     assert_eq!(store.last_open_time(&s).unwrap(), Some(i64::MAX));
-    // Volumes that fit an i64 are plain integers to SQL.
-    let conn = Connection::open(&path).unwrap();
-    let table = table_of(&conn, "sim:spot:BTC/USDT:1d");
-    let v: i64 = conn
-        .query_row(&format!("SELECT volume FROM {table} WHERE open_time = 86400000"), [], |r| {
-            r.get(0)
-        })
-        .unwrap();
-    assert_eq!(v, 1);
 }
 
 #[test]
@@ -494,7 +515,7 @@ fn reads_do_not_wait_for_a_writer() {
     let table = table_of(&other, "sim:spot:BTC/USDT:1m");
     other.execute_batch(&format!("BEGIN IMMEDIATE; DELETE FROM {table};")).unwrap();
     let t0 = Instant::now();
-    assert_eq!(all(&store, &s), run(0, 10, 1));
+    assert_eq!(all(&*store, &s), run(0, 10, 1));
     assert_eq!(store.last_open_time(&s).unwrap(), Some(9 * MIN));
     assert!(t0.elapsed() < Duration::from_secs(1), "reads waited {:?}", t0.elapsed());
     other.execute_batch("ROLLBACK").unwrap();
@@ -545,7 +566,7 @@ fn concurrent_writers_and_readers() {
         }
     });
     for (i, name) in names.iter().enumerate() {
-        assert_eq!(all(&store, name), run(0, 1000, i as i64));
+        assert_eq!(all(&*store, name), run(0, 1000, i as i64));
     }
 }
 

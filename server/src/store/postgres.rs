@@ -1,0 +1,686 @@
+//! [`PostgresStore`]: the [`CandleStore`] and [`BackfillStore`] in PostgreSQL, the shared history
+//! of a cluster (`[store] kind = "postgres"`).
+//!
+//! # Schema (version [`SCHEMA_VERSION`], kept in `millrace_schema`)
+//!
+//! ```sql
+//! series            (id integer identity PRIMARY KEY, name text UNIQUE)   -- exchange:market:SYMBOL:tf
+//! candles           (series_id, open_time, open, high, low, close, volume numeric(40,0),
+//!                    trades numeric(20,0), minutes, PRIMARY KEY (series_id, open_time))
+//! backfill_progress (task text PRIMARY KEY, covered jsonb, ...)
+//! ```
+//!
+//! One table for every series (PostgreSQL's heap appends wherever there is room and the
+//! primary-key b-tree splits pages cheaply; the per-series tables of the SQLite store answer an
+//! SQLite-specific page-split cost). Every value is exact: prices are the raw `i64` of
+//! [`Price`], volume (`i128`) and trades (`u64`) are `numeric`, which holds them whole.
+//!
+//! # Writes
+//!
+//! One [`CandleStore::write`] is one transaction. Rows are de-duplicated by key in the batch
+//! (the last wins, as in SQLite), then upserted (`ON CONFLICT (series_id, open_time) DO UPDATE`):
+//! writing a candle twice never duplicates it. How the rows reach the server is
+//! [`WriteMethod`]: by default COPY straight into `candles` under a savepoint (PostgreSQL's bulk
+//! path; new keys are the common case: live ingest, a new backfill page) and, when a key exists,
+//! COPY into a session-local staging table and one `INSERT … SELECT … ON CONFLICT` from it; or
+//! one `INSERT … SELECT FROM unnest($arrays) ON CONFLICT`. Chosen by benchmark
+//! (`benches/store_pg.rs`, BENCHMARKS.md).
+//!
+//! Writers of one series are serialised by a transaction-scoped advisory lock on its id, so two
+//! processes writing the same series (two persisters, two backfills) commit one after the
+//! other, never interleaved.
+//!
+//! # Migrations
+//!
+//! [`MIGRATIONS`] run in one transaction under an advisory lock, so processes starting together
+//! migrate once; a database newer than this build is refused ([`StoreError::SchemaTooNew`]).
+//!
+//! # Connections
+//!
+//! One writer connection behind a mutex and a small pool of readers (the trait is blocking: the
+//! service calls it on blocking threads). A connection found broken is dropped and the next call
+//! opens a new one, so a PostgreSQL restart costs the calls made while it is down an error each
+//! (the callers retry with back-off), never the process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::sync::Mutex;
+
+use postgres::{Client, NoTls, Row, Transaction};
+use shared::candle::Candle;
+use shared::fixed::{Price, Volume};
+use shared::protocol::SeriesId;
+
+use super::{
+    backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
+    SeriesInfo, SeriesRows, StoreError,
+};
+use crate::lock::lock;
+
+/// The schema version this build writes (the number of [`MIGRATIONS`]).
+pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
+
+/// Schema steps; step `i` takes a database from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: series dictionary, candles, backfill progress.
+    "CREATE TABLE series (
+         id   integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+         name text NOT NULL UNIQUE
+     );
+     CREATE TABLE candles (
+         series_id integer NOT NULL,
+         open_time bigint  NOT NULL,
+         open      bigint  NOT NULL,
+         high      bigint  NOT NULL,
+         low       bigint  NOT NULL,
+         close     bigint  NOT NULL,
+         volume    numeric(40, 0) NOT NULL,
+         trades    numeric(20, 0) NOT NULL,
+         minutes   bigint  NOT NULL,
+         PRIMARY KEY (series_id, open_time)
+     );
+     CREATE TABLE backfill_progress (
+         task             text   NOT NULL PRIMARY KEY,
+         covered          jsonb  NOT NULL,
+         run_started_from bigint,
+         cursor           bigint,
+         state            text   NOT NULL,
+         stop_reason      text,
+         candles_written  bigint NOT NULL,
+         batches          bigint NOT NULL,
+         last_error       text,
+         updated_at_ms    bigint NOT NULL
+     );",
+];
+
+/// The advisory lock key of migrations ("millrace" in ASCII, as an i64).
+const MIGRATION_LOCK: i64 = 0x6d69_6c6c_7261_6365;
+
+/// How a write's rows reach PostgreSQL (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteMethod {
+    /// `COPY` straight into `candles` (under a savepoint); when a key already exists, `COPY`
+    /// into a temporary staging table and one `INSERT … SELECT … ON CONFLICT` instead.
+    #[default]
+    CopyStaging,
+    /// One `INSERT … SELECT FROM unnest(arrays) … ON CONFLICT` with the rows as array
+    /// parameters.
+    Unnest,
+}
+
+/// The PostgreSQL store. See the module documentation.
+pub struct PostgresStore {
+    config: postgres::Config,
+    /// The URL without its password, for messages.
+    display: String,
+    method: WriteMethod,
+    writer: Mutex<Option<Client>>,
+    readers: Mutex<Vec<Client>>,
+    /// Series name -> id, for series whose row is committed.
+    ids: Mutex<HashMap<String, i32>>,
+}
+
+const READERS_KEPT: usize = 4;
+
+fn db(context: impl Into<String>) -> impl FnOnce(postgres::Error) -> StoreError {
+    let context = context.into();
+    move |e| StoreError::db(context, e)
+}
+
+/// Whether `e` may have left its connection unusable: an error of the client library that the
+/// server did not report (an IO error, a reset, a protocol error), or a server error that ends
+/// the session (`FATAL`, e.g. the backend terminated by an administrator or a restart). Such a
+/// connection is dropped and the next call opens a new one.
+fn connection_suspect(e: &StoreError) -> bool {
+    match e {
+        StoreError::Db { source, .. } => {
+            source.downcast_ref::<postgres::Error>().is_some_and(|pg| match pg.as_db_error() {
+                None => true,
+                Some(db) => matches!(db.severity(), "FATAL" | "PANIC"),
+            })
+        }
+        _ => false,
+    }
+}
+
+fn corrupt(table: &'static str, detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt { table, detail: detail.into() }
+}
+
+/// `url` without a password (for logs and errors).
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl PostgresStore {
+    /// Parses `url` (a `postgres://` URL or a `key=value` string), connects, and migrates the
+    /// database to [`SCHEMA_VERSION`].
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        Self::open_with(url, WriteMethod::default())
+    }
+
+    /// [`PostgresStore::open`] with a chosen [`WriteMethod`] (benchmarks).
+    pub fn open_with(url: &str, method: WriteMethod) -> Result<Self, StoreError> {
+        let display = redact(url);
+        let config: postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::db(format!("parsing the PostgreSQL URL {display}"), e))?;
+        let store = PostgresStore {
+            config,
+            display,
+            method,
+            writer: Mutex::new(None),
+            readers: Mutex::new(Vec::new()),
+            ids: Mutex::new(HashMap::new()),
+        };
+        let mut client = store.connect()?;
+        migrate(&mut client, &store.display)?;
+        *lock(&store.writer) = Some(client);
+        Ok(store)
+    }
+
+    /// Where this store is (the URL without a password).
+    pub fn location(&self) -> &str {
+        &self.display
+    }
+
+    fn connect(&self) -> Result<Client, StoreError> {
+        self.config
+            .connect(NoTls)
+            .map_err(|e| StoreError::db(format!("connecting to PostgreSQL at {}", self.display), e))
+    }
+
+    /// Runs `f` on a reader connection (a pooled one, or a new one); a connection that broke is
+    /// not returned to the pool.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = lock(&self.readers).pop();
+        let mut client = match pooled {
+            Some(c) if !c.is_closed() => c,
+            _ => self.connect()?,
+        };
+        let out = f(&mut client);
+        if !client.is_closed() && !out.as_ref().is_err_and(connection_suspect) {
+            let mut pool = lock(&self.readers);
+            if pool.len() < READERS_KEPT {
+                pool.push(client);
+            }
+        }
+        out
+    }
+
+    /// Runs `f` in one transaction on the writer connection; reconnects first if it broke.
+    fn write_tx<T>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut guard = lock(&self.writer);
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            *guard = None;
+            *guard = Some(self.connect()?);
+        }
+        let client = guard.as_mut().expect("connected above");
+        let result = (|| {
+            let mut tx = client.transaction().map_err(db("beginning a transaction"))?;
+            let out = f(&mut tx)?;
+            tx.commit().map_err(db("committing"))?;
+            Ok(out)
+        })();
+        if client.is_closed() || result.as_ref().is_err_and(connection_suspect) {
+            *guard = None;
+        }
+        result
+    }
+
+    /// Ids of `names` (creating the missing series in `tx`); returns the ones created, to be
+    /// cached once the transaction commits.
+    fn series_ids(
+        &self,
+        tx: &mut Transaction<'_>,
+        names: &[String],
+        out: &mut Vec<i32>,
+    ) -> Result<Vec<(String, i32)>, StoreError> {
+        let mut created = Vec::new();
+        for name in names {
+            let cached = lock(&self.ids).get(name).copied();
+            let id = match cached {
+                Some(id) => id,
+                None => {
+                    tx.execute(
+                        "INSERT INTO series (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
+                        &[name],
+                    )
+                    .map_err(db(format!("adding series {name}")))?;
+                    let id: i32 = tx
+                        .query_one("SELECT id FROM series WHERE name = $1", &[name])
+                        .map_err(db(format!("reading the id of series {name}")))?
+                        .get(0);
+                    created.push((name.clone(), id));
+                    id
+                }
+            };
+            out.push(id);
+        }
+        Ok(created)
+    }
+
+    fn write_batch(
+        &self,
+        batch: &[SeriesRows<'_>],
+        progress: Option<&BackfillProgress>,
+    ) -> Result<usize, StoreError> {
+        // the last row of a key wins, as in one SQLite transaction of INSERT OR REPLACE
+        let mut by_series: BTreeMap<String, BTreeMap<i64, &Candle>> = BTreeMap::new();
+        for rows in batch {
+            let m = by_series.entry(rows.series.to_string()).or_default();
+            for c in rows.candles {
+                m.insert(c.open_time, c);
+            }
+        }
+        let names: Vec<String> = by_series.keys().cloned().collect();
+        let written: usize = by_series.values().map(BTreeMap::len).sum();
+        let created = self.write_tx(|tx| {
+            let mut ids = Vec::with_capacity(names.len());
+            let created = self.series_ids(tx, &names, &mut ids)?;
+            // one writer per series at a time across processes, in id order (no deadlock)
+            let mut locks = ids.clone();
+            locks.sort_unstable();
+            if !locks.is_empty() {
+                tx.execute(
+                    "SELECT pg_advisory_xact_lock(1, id) FROM unnest($1::int4[]) AS id ORDER BY id",
+                    &[&locks],
+                )
+                .map_err(db("locking the series"))?;
+            }
+            let rows: Vec<(i32, &Candle)> = ids
+                .iter()
+                .zip(by_series.values())
+                .flat_map(|(id, m)| m.values().map(move |c| (*id, *c)))
+                .collect();
+            if !rows.is_empty() {
+                match self.method {
+                    WriteMethod::CopyStaging => copy_rows(tx, &rows)?,
+                    WriteMethod::Unnest => unnest_rows(tx, &rows)?,
+                }
+            }
+            if let Some(p) = progress {
+                save_progress(tx, p)?;
+            }
+            Ok(created)
+        })?;
+        lock(&self.ids).extend(created);
+        Ok(written)
+    }
+
+    fn series_id_for_read(
+        &self,
+        client: &mut Client,
+        series: &SeriesId,
+    ) -> Result<Option<i32>, StoreError> {
+        let name = series.to_string();
+        if let Some(id) = lock(&self.ids).get(&name) {
+            return Ok(Some(*id));
+        }
+        let row = client
+            .query_opt("SELECT id FROM series WHERE name = $1", &[&name])
+            .map_err(db(format!("reading the id of series {name}")))?;
+        let id = row.map(|r| r.get::<_, i32>(0));
+        if let Some(id) = id {
+            lock(&self.ids).insert(name, id);
+        }
+        Ok(id)
+    }
+}
+
+const UPSERT_SET: &str = "ON CONFLICT (series_id, open_time) DO UPDATE SET open = EXCLUDED.open, \
+     high = EXCLUDED.high, low = EXCLUDED.low, close = EXCLUDED.close, volume = EXCLUDED.volume, \
+     trades = EXCLUDED.trades, minutes = EXCLUDED.minutes";
+
+/// The rows as COPY text: `series_id open_time open high low close volume trades minutes`.
+fn copy_text(rows: &[(i32, &Candle)]) -> Vec<u8> {
+    let mut text = Vec::with_capacity(rows.len() * 96);
+    for (id, c) in rows {
+        writeln!(
+            text,
+            "{id}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            c.open_time,
+            c.open.raw(),
+            c.high.raw(),
+            c.low.raw(),
+            c.close.raw(),
+            c.volume.raw(),
+            c.trades,
+            c.minutes
+        )
+        .expect("writing to a Vec");
+    }
+    text
+}
+
+fn copy_into(tx: &mut Transaction<'_>, table: &str, text: &[u8]) -> Result<(), StoreError> {
+    let context = || format!("copying candles into {table}");
+    let mut w = tx.copy_in(&format!("COPY {table} FROM STDIN")).map_err(db(context()))?;
+    w.write_all(text).map_err(|e| StoreError::db(context(), e))?;
+    w.finish().map_err(db(context()))?;
+    Ok(())
+}
+
+fn is_unique_violation(e: &StoreError) -> bool {
+    matches!(e, StoreError::Db { source, .. } if source
+        .downcast_ref::<postgres::Error>()
+        .and_then(postgres::Error::code)
+        == Some(&postgres::error::SqlState::UNIQUE_VIOLATION))
+}
+
+/// COPY straight into `candles` under a savepoint: new keys (live ingest, a new backfill page)
+/// take PostgreSQL's bulk path. If a key exists (a replay, an overlapping gap fill), the COPY
+/// fails with a unique violation, the savepoint is rolled back, and the rows go through the
+/// staging table and one upsert.
+fn copy_rows(tx: &mut Transaction<'_>, rows: &[(i32, &Candle)]) -> Result<(), StoreError> {
+    let text = copy_text(rows);
+    {
+        let mut sp = tx.savepoint("fresh").map_err(db("starting a savepoint"))?;
+        match copy_into(&mut sp, "candles", &text) {
+            Ok(()) => {
+                sp.commit().map_err(db("releasing the savepoint"))?;
+                return Ok(());
+            }
+            Err(e) if is_unique_violation(&e) => {
+                sp.rollback().map_err(db("rolling back to the savepoint"))?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // (created here each time it is needed: a table created in a transaction that later
+    // rolled back is gone, and this path is the rare one)
+    tx.batch_execute(
+        "CREATE TEMPORARY TABLE IF NOT EXISTS candles_in \
+         (LIKE candles INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
+    )
+    .map_err(db("creating the staging table"))?;
+    copy_into(tx, "candles_in", &text)?;
+    tx.execute(&format!("INSERT INTO candles SELECT * FROM candles_in {UPSERT_SET}"), &[])
+        .map_err(db("upserting candles from the staging table"))?;
+    // the staging rows go at commit (ON COMMIT DELETE ROWS); a failed transaction rolls them
+    // back with everything else
+    Ok(())
+}
+
+fn unnest_rows(tx: &mut Transaction<'_>, rows: &[(i32, &Candle)]) -> Result<(), StoreError> {
+    let n = rows.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut times = Vec::with_capacity(n);
+    let mut prices: [Vec<i64>; 4] = std::array::from_fn(|_| Vec::with_capacity(n));
+    let mut volumes = Vec::with_capacity(n);
+    let mut trades = Vec::with_capacity(n);
+    let mut minutes = Vec::with_capacity(n);
+    for (id, c) in rows {
+        ids.push(*id);
+        times.push(c.open_time);
+        for (col, p) in prices.iter_mut().zip([c.open, c.high, c.low, c.close]) {
+            col.push(p.raw());
+        }
+        volumes.push(c.volume.raw().to_string());
+        trades.push(c.trades.to_string());
+        minutes.push(i64::from(c.minutes));
+    }
+    let sql = format!(
+        "INSERT INTO candles (series_id, open_time, open, high, low, close, volume, trades, minutes) \
+         SELECT s, t, o, h, l, c, v::numeric, n::numeric, m FROM unnest($1::int4[], $2::int8[], \
+         $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::text[], $8::text[], $9::int8[]) \
+         AS u(s, t, o, h, l, c, v, n, m) {UPSERT_SET}"
+    );
+    tx.execute(
+        &sql,
+        &[
+            &ids, &times, &prices[0], &prices[1], &prices[2], &prices[3], &volumes, &trades,
+            &minutes,
+        ],
+    )
+    .map_err(db("upserting candles"))?;
+    Ok(())
+}
+
+fn save_progress(tx: &mut Transaction<'_>, p: &BackfillProgress) -> Result<(), StoreError> {
+    let covered =
+        serde_json::to_string(&p.covered).map_err(|e| StoreError::db("encoding coverage", e))?;
+    tx.execute(
+        "INSERT INTO backfill_progress (task, covered, run_started_from, cursor, state, \
+         stop_reason, candles_written, batches, last_error, updated_at_ms) \
+         VALUES ($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8, $9, $10) \
+         ON CONFLICT (task) DO UPDATE SET covered = EXCLUDED.covered, \
+         run_started_from = EXCLUDED.run_started_from, cursor = EXCLUDED.cursor, \
+         state = EXCLUDED.state, stop_reason = EXCLUDED.stop_reason, \
+         candles_written = EXCLUDED.candles_written, batches = EXCLUDED.batches, \
+         last_error = EXCLUDED.last_error, updated_at_ms = EXCLUDED.updated_at_ms",
+        &[
+            &p.task,
+            &covered,
+            &p.run_started_from,
+            &p.cursor,
+            &backfill_state_name(p.state),
+            &p.stop_reason,
+            &(p.candles_written as i64),
+            &(p.batches as i64),
+            &p.last_error,
+            &p.updated_at_ms,
+        ],
+    )
+    .map_err(db(format!("saving the progress of backfill task {}", p.task)))?;
+    Ok(())
+}
+
+fn migrate(client: &mut Client, display: &str) -> Result<(), StoreError> {
+    let mut tx = client.transaction().map_err(db(format!("migrating {display}")))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(db("locking for migration"))?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS millrace_schema (version integer NOT NULL)")
+        .map_err(db("creating millrace_schema"))?;
+    let found: Option<i32> = tx
+        .query_opt("SELECT version FROM millrace_schema", &[])
+        .map_err(db("reading the schema version"))?
+        .map(|r| r.get(0));
+    let found = found.unwrap_or(0);
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            path: display.to_string(),
+            found: i64::from(found),
+            supported: i64::from(SCHEMA_VERSION),
+        });
+    }
+    if found < 0 {
+        return Err(corrupt("millrace_schema", format!("version {found}")));
+    }
+    for (i, step) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.batch_execute(step).map_err(db(format!("schema migration {}", i + 1)))?;
+    }
+    tx.execute("DELETE FROM millrace_schema", &[]).map_err(db("recording the schema version"))?;
+    tx.execute("INSERT INTO millrace_schema (version) VALUES ($1)", &[&SCHEMA_VERSION])
+        .map_err(db("recording the schema version"))?;
+    tx.commit().map_err(db(format!("committing the migration of {display}")))?;
+    Ok(())
+}
+
+fn decode_candle(row: &Row) -> Result<Candle, StoreError> {
+    const T: &str = "candles";
+    let open_time: i64 = row.get(0);
+    let at = |what: String| corrupt(T, format!("open_time {open_time}: {what}"));
+    let volume: String = row.get(5);
+    let trades: String = row.get(6);
+    let minutes: i64 = row.get(7);
+    Ok(Candle {
+        open_time,
+        open: Price::from_raw(row.get(1)),
+        high: Price::from_raw(row.get(2)),
+        low: Price::from_raw(row.get(3)),
+        close: Price::from_raw(row.get(4)),
+        volume: Volume::from_raw(
+            volume.parse().map_err(|_| at(format!("volume {volume:?} is not an i128")))?,
+        ),
+        trades: trades.parse().map_err(|_| at(format!("trades {trades:?} is not a u64")))?,
+        minutes: u32::try_from(minutes).map_err(|_| at(format!("minutes {minutes}")))?,
+    })
+}
+
+const CANDLE_COLUMNS: &str =
+    "open_time, open, high, low, close, volume::text, trades::text, minutes";
+
+impl CandleStore for PostgresStore {
+    fn write(&self, batch: &[SeriesRows<'_>]) -> Result<usize, StoreError> {
+        self.write_batch(batch, None)
+    }
+
+    fn candles(
+        &self,
+        series: &SeriesId,
+        start: Option<i64>,
+        end: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Candle>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let newest_first = start.is_none();
+        let (lo, hi) = (start.unwrap_or(i64::MIN), end.unwrap_or(i64::MAX));
+        if lo > hi {
+            return Ok(Vec::new());
+        }
+        self.read(|client| {
+            let Some(id) = self.series_id_for_read(client, series)? else {
+                return Ok(Vec::new());
+            };
+            let order = if newest_first { "DESC" } else { "ASC" };
+            let sql = format!(
+                "SELECT {CANDLE_COLUMNS} FROM candles WHERE series_id = $1 \
+                 AND open_time BETWEEN $2 AND $3 ORDER BY open_time {order} LIMIT $4"
+            );
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = client
+                .query(&sql, &[&id, &lo, &hi, &limit])
+                .map_err(db(format!("reading candles of {series}")))?;
+            let mut out = rows.iter().map(decode_candle).collect::<Result<Vec<_>, _>>()?;
+            if newest_first {
+                out.reverse();
+            }
+            Ok(out)
+        })
+    }
+
+    fn last_open_time(&self, series: &SeriesId) -> Result<Option<i64>, StoreError> {
+        self.read(|client| {
+            let Some(id) = self.series_id_for_read(client, series)? else {
+                return Ok(None);
+            };
+            let row = client
+                .query_one("SELECT max(open_time) FROM candles WHERE series_id = $1", &[&id])
+                .map_err(db(format!("reading the newest candle of {series}")))?;
+            Ok(row.get::<_, Option<i64>>(0))
+        })
+    }
+
+    /// Sorted by series name.
+    fn series(&self) -> Result<Vec<SeriesInfo>, StoreError> {
+        self.read(|client| {
+            let rows = client
+                .query(
+                    "SELECT s.name, c.n, c.first, c.last FROM series s \
+                     JOIN (SELECT series_id, count(*) AS n, min(open_time) AS first, \
+                           max(open_time) AS last FROM candles GROUP BY series_id) c \
+                     ON c.series_id = s.id ORDER BY s.name",
+                    &[],
+                )
+                .map_err(db("listing series"))?;
+            rows.iter()
+                .map(|r| {
+                    let name: String = r.get(0);
+                    let series = name
+                        .parse()
+                        .map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
+                    Ok(SeriesInfo {
+                        series,
+                        count: r.get::<_, i64>(1) as u64,
+                        first_open_time: r.get(2),
+                        last_open_time: r.get(3),
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
+impl BackfillStore for PostgresStore {
+    fn backfill_progress(&self, task: &str) -> Result<Option<BackfillProgress>, StoreError> {
+        const T: &str = "backfill_progress";
+        self.read(|client| {
+            let Some(r) = client
+                .query_opt(
+                    "SELECT task, covered::text, run_started_from, cursor, state, stop_reason, \
+                     candles_written, batches, last_error, updated_at_ms \
+                     FROM backfill_progress WHERE task = $1",
+                    &[&task],
+                )
+                .map_err(db(format!("reading the progress of backfill task {task}")))?
+            else {
+                return Ok(None);
+            };
+            let covered_json: String = r.get(1);
+            let covered: Vec<(i64, i64)> = serde_json::from_str(&covered_json)
+                .map_err(|e| corrupt(T, format!("task {task}: covered {covered_json:?}: {e}")))?;
+            let state: String = r.get(4);
+            Ok(Some(BackfillProgress {
+                task: r.get(0),
+                covered,
+                run_started_from: r.get(2),
+                cursor: r.get(3),
+                state: backfill_state_of(&state)
+                    .ok_or_else(|| corrupt(T, format!("task {task}: state {state:?}")))?,
+                stop_reason: r.get(5),
+                candles_written: r.get::<_, i64>(6) as u64,
+                batches: r.get::<_, i64>(7) as u64,
+                last_error: r.get(8),
+                updated_at_ms: r.get(9),
+            }))
+        })
+    }
+
+    fn save_backfill_progress(&self, progress: &BackfillProgress) -> Result<(), StoreError> {
+        self.write_batch(&[], Some(progress)).map(|_| ())
+    }
+
+    fn write_with_progress(
+        &self,
+        batch: &[SeriesRows<'_>],
+        progress: &BackfillProgress,
+    ) -> Result<usize, StoreError> {
+        self.write_batch(batch, Some(progress))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        assert_eq!(
+            redact("postgres://millrace:s3cret@db.example:5432/market"),
+            "postgres://millrace:***@db.example:5432/market"
+        );
+        assert_eq!(redact("postgres://postgres@127.0.0.1/x"), "postgres://postgres@127.0.0.1/x");
+        assert_eq!(
+            redact("host=/run/postgresql user=postgres"),
+            "host=/run/postgresql user=postgres"
+        );
+    }
+}
