@@ -31,6 +31,20 @@ pub enum Command {
     /// Replay recorded exchange data through millrace's market logic and check it.
     #[command(subcommand)]
     Replay(ReplayCommand),
+    /// Run seed 004's supervisor of a cluster (`[bus]` NATS, `[cluster]` settings): assigns
+    /// the tasks to the workers; several may run, one leads.
+    Supervisor(SupervisorArgs),
+}
+
+/// Arguments of `millrace supervisor`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SupervisorArgs {
+    /// Configuration file (TOML), the same keys as `serve`'s.
+    #[arg(long, env = "MILLRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This supervisor's id (shown as the leader) [default: supervisor-<host>-<pid>].
+    #[arg(long)]
+    pub id: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -115,6 +129,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(sim::run_until(&args, crate::shutdown::signal()))?;
             Ok(ExitCode::SUCCESS)
         }
+        Some(Command::Supervisor(args)) => supervisor(&args),
         Some(Command::Replay(cmd)) => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
@@ -132,6 +147,57 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Runtime::new().context("cannot start the tokio runtime")
+}
+
+/// `millrace supervisor`: until Ctrl-C / SIGTERM.
+fn supervisor(args: &SupervisorArgs) -> anyhow::Result<ExitCode> {
+    crate::telemetry::init();
+    let config = Config::load(args.config.as_deref(), std::env::vars(), &Overrides::default())?;
+    if config.bus.kind != crate::cluster::config::BusKind::Nats {
+        anyhow::bail!("configuration key `bus.kind`: must be \"nats\" for `millrace supervisor`");
+    }
+    let id = args.id.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("supervisor-{}-{}", host.trim(), std::process::id())
+    });
+    runtime()?.block_on(async {
+        let client = crate::cluster::connect(&config.bus, &id).await?;
+        let shutdown = crate::shutdown::Shutdown::new();
+        let sources = if config.cluster.symbol_pattern.is_some() {
+            let endpoints = crate::sources::remote_endpoints(&config.sources)?;
+            Some(
+                crate::sources::Sources::start(
+                    &config.sources,
+                    endpoints,
+                    &config.ingest.derived,
+                    &shutdown,
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
+        let subjects = crate::cluster::Subjects::new(&config.bus.prefix);
+        let run = crate::cluster::supervisor::run(
+            client,
+            subjects,
+            config.cluster.clone(),
+            sources,
+            id,
+            shutdown.clone(),
+        );
+        tokio::pin!(run);
+        tokio::select! {
+            r = &mut run => r?,
+            () = crate::shutdown::signal() => {
+                shutdown.stop();
+                run.await?;
+            }
+        }
+        shutdown.stopped(std::time::Duration::from_secs(5)).await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `millrace serve`: the service until Ctrl-C / SIGTERM.

@@ -102,6 +102,12 @@ pub struct Config {
     pub l3: L3Config,
     pub sources: Vec<SourceConfig>,
     pub backfill: Vec<BackfillTaskConfig>,
+    /// `[bus]`: in-process (default) or NATS.
+    pub bus: crate::cluster::config::BusConfig,
+    /// `[store]`: SQLite (default) or PostgreSQL.
+    pub store: crate::cluster::config::StoreConfig,
+    /// `[cluster]`: seed 004's supervisor, workers and gateways.
+    pub cluster: crate::cluster::config::ClusterConfig,
 }
 
 /// `[server]`
@@ -442,6 +448,9 @@ impl Default for Config {
                 retention_days: 3,
                 ..BackfillTaskConfig::default()
             }],
+            bus: Default::default(),
+            store: Default::default(),
+            cluster: Default::default(),
         }
     }
 }
@@ -569,6 +578,7 @@ impl Config {
         range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
         self.l3.validate()?;
+        crate::cluster::config::validate(&self.bus, &self.store, &self.cluster)?;
         range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
         range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;
         if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {

@@ -9,6 +9,7 @@ pub mod bus;
 pub mod candles;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod http;

@@ -98,6 +98,11 @@ impl Source {
         }
     }
 
+    /// Reloads the symbol list from the exchange's exchangeInfo (a cluster's task query).
+    pub async fn reload_symbols(&self) -> Result<usize, binance::rest::RestError> {
+        self.load_symbols().await
+    }
+
     async fn load_symbols(&self) -> Result<usize, binance::rest::RestError> {
         let info = self.rest.exchange_info().await?;
         let mut map = BTreeMap::new();
@@ -135,6 +140,38 @@ impl Source {
             }
         }
     }
+}
+
+/// The endpoints of sources that name their URLs (a cluster's roles never embed a simulator:
+/// they reach the exchange, or a `millrace sim`, at `rest_base` / `ws_base`).
+pub fn remote_endpoints(
+    configs: &[SourceConfig],
+) -> Result<Vec<Endpoint>, crate::config::ConfigError> {
+    configs
+        .iter()
+        .enumerate()
+        .map(|(i, sc)| {
+            let product = binance::Product::of_market(sc.market).ok_or_else(|| {
+                crate::config::ConfigError::Invalid {
+                    key: format!("sources[{i}].market"),
+                    problem: "is not served over the Binance protocol".into(),
+                }
+            })?;
+            let (rest_base, ws_base) = match (sc.kind, &sc.rest_base, &sc.ws_base) {
+                (crate::config::SourceKind::Sim, None, _) | (crate::config::SourceKind::Sim, _, None) => {
+                    return Err(crate::config::ConfigError::Invalid {
+                        key: format!("sources[{i}].rest_base"),
+                        problem: "a cluster role needs the URLs of a running `millrace sim` (rest_base and ws_base)".into(),
+                    })
+                }
+                (_, r, w) => (
+                    r.clone().unwrap_or_else(|| product.default_rest_url().to_string()),
+                    w.clone().unwrap_or_else(|| product.default_ws_url().to_string()),
+                ),
+            };
+            Ok(Endpoint { rest_base, ws_base, embedded: false })
+        })
+        .collect()
 }
 
 /// All sources, by name.

@@ -19,6 +19,7 @@
 
 mod fanout;
 mod inprocess;
+pub mod nats;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ use bytes::Bytes;
 
 pub use fanout::{Fanout, Subscription, DEFAULT_CAPACITY};
 pub use inprocess::InProcessBus;
+pub use nats::NatsBus;
 
 /// One published message: its topic and the frame's JSON text (valid UTF-8).
 #[derive(Debug, Clone)]

@@ -9,8 +9,10 @@
 mod api;
 mod api_shapes;
 mod backfill;
+mod bus_nats;
 mod cli_replay_klines;
 mod cli_replay_l3;
+mod cluster_supervisor;
 mod crash;
 mod depth_api;
 mod depth_faults;

@@ -1,0 +1,219 @@
+//! [`NatsBus`]: the [`Bus`] between processes, on core NATS (`[bus] kind = "nats"`).
+//!
+//! A topic `T` travels on the subject `{prefix}.bus.{encode(T)}` ([`subject_of`]). Publishing
+//! hands the frame to one task that writes it to the NATS connection (a bounded queue: a
+//! publisher never waits for the network; what does not fit is counted in
+//! [`NatsBusStats::dropped`], never silently). A process subscribes to a topic's subject when its
+//! first local subscriber arrives and unsubscribes when the last one has gone; messages reach the
+//! local subscribers through the same [`Fanout`] as the in-process bus, so sessions do not know
+//! which bus they are on.
+//!
+//! Core NATS is at-most-once. It carries what a newer message supersedes — forming candles,
+//! book deltas (a client that misses one resyncs by the seed 002 rule), heartbeats, stored
+//! closed candles as pushes. What must not be lost (closed candles on their way to the store)
+//! goes through JetStream, not through this bus.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use tokio::sync::mpsc;
+
+use super::{Bus, Fanout, Subscription};
+use crate::lock::lock;
+use crate::shutdown::Shutdown;
+
+/// Frames queued for the NATS connection before publishes are dropped.
+pub const PUBLISH_QUEUE: usize = 65_536;
+
+/// How often a topic's NATS subscription checks whether it still has local subscribers.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+/// Counters of a [`NatsBus`] (for `/metrics` and tests).
+#[derive(Debug, Default)]
+pub struct NatsBusStats {
+    pub published: AtomicU64,
+    /// Publishes dropped because the queue to the NATS connection was full or it failed.
+    pub dropped: AtomicU64,
+    /// Messages received from NATS for local subscribers.
+    pub received: AtomicU64,
+    /// NATS subscriptions opened (one per topic with local subscribers).
+    pub subscriptions: AtomicU64,
+}
+
+/// The subject of `topic` under `prefix`. Topics are browser stream names
+/// (`kline@sim:spot:BTC/USDT:5m`, `depth@…,20`); the characters NATS gives a meaning to — `.`
+/// (token separator), `*`, `>` and whitespace — and `%` are percent-encoded, so every topic is
+/// one subject token and distinct topics have distinct subjects.
+pub fn subject_of(prefix: &str, topic: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + 5 + topic.len());
+    s.push_str(prefix);
+    s.push_str(".bus.");
+    for c in topic.chars() {
+        match c {
+            '.' | '*' | '>' | '%' => s.push_str(&format!("%{:02X}", c as u32)),
+            c if c.is_whitespace() => {
+                for b in c.to_string().bytes() {
+                    s.push_str(&format!("%{b:02X}"));
+                }
+            }
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// The bus on NATS. See the module documentation.
+pub struct NatsBus {
+    client: async_nats::Client,
+    prefix: String,
+    fanout: Fanout,
+    queue: mpsc::Sender<(String, Bytes)>,
+    /// Topics with a NATS subscription (the task forwarding it into the fan-out).
+    subscribed: Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>,
+    stats: Arc<NatsBusStats>,
+    shutdown: Shutdown,
+}
+
+impl NatsBus {
+    /// A bus on `client` under `prefix`, delivering locally through a fan-out of `capacity`
+    /// messages per topic. Its tasks end with `shutdown`.
+    pub fn new(
+        client: async_nats::Client,
+        prefix: &str,
+        capacity: usize,
+        shutdown: &Shutdown,
+    ) -> Self {
+        let (queue, mut rx) = mpsc::channel::<(String, Bytes)>(PUBLISH_QUEUE);
+        let stats = Arc::new(NatsBusStats::default());
+        {
+            let (client, stats, token) = (client.clone(), stats.clone(), shutdown.token().clone());
+            shutdown.spawn(async move {
+                loop {
+                    let (subject, payload) = tokio::select! {
+                        m = rx.recv() => match m { Some(m) => m, None => break },
+                        () = token.cancelled() => break,
+                    };
+                    match client.publish(subject, payload).await {
+                        Ok(()) => stats.published.fetch_add(1, Relaxed),
+                        Err(_) => stats.dropped.fetch_add(1, Relaxed),
+                    };
+                }
+                let _ = client.flush().await;
+            });
+        }
+        NatsBus {
+            client,
+            prefix: prefix.to_string(),
+            fanout: Fanout::new(capacity),
+            queue,
+            subscribed: Arc::new(Mutex::new(HashMap::new())),
+            stats,
+            shutdown: shutdown.clone(),
+        }
+    }
+
+    pub fn stats(&self) -> &NatsBusStats {
+        &self.stats
+    }
+
+    /// The local fan-out (counts for the operations view).
+    pub fn fanout(&self) -> &Fanout {
+        &self.fanout
+    }
+
+    /// Whether the NATS connection is up.
+    pub fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Opens the NATS subscription of `topic` (the caller holds the `subscribed` lock).
+    fn open(&self, topic: &str) -> tokio::task::JoinHandle<()> {
+        let subject = subject_of(&self.prefix, topic);
+        let (client, fanout, stats) =
+            (self.client.clone(), self.fanout.clone(), self.stats.clone());
+        let (subscribed, token, topic) =
+            (self.subscribed.clone(), self.shutdown.token().clone(), topic.to_string());
+        stats.subscriptions.fetch_add(1, Relaxed);
+        self.shutdown.spawn(async move {
+            let mut sub = match client.subscribe(subject.clone()).await {
+                Ok(sub) => sub,
+                Err(e) => {
+                    tracing::warn!(%subject, error = %e, "bus: NATS subscribe failed");
+                    lock(&subscribed).remove(&topic);
+                    return;
+                }
+            };
+            let mut idle = tokio::time::interval(IDLE_CHECK);
+            idle.tick().await;
+            loop {
+                tokio::select! {
+                    m = sub.next() => match m {
+                        Some(m) => {
+                            stats.received.fetch_add(1, Relaxed);
+                            fanout.publish(&topic, m.payload);
+                        }
+                        None => break,
+                    },
+                    _ = idle.tick() => {
+                        // the last local subscriber has gone: leave, unless one arrives now (it
+                        // would take the same lock to find this subscription)
+                        let mut map = lock(&subscribed);
+                        if fanout.subscriber_count(&topic) == 0 {
+                            map.remove(&topic);
+                            break;
+                        }
+                    }
+                    () = token.cancelled() => break,
+                }
+            }
+            let _ = sub.unsubscribe().await;
+        })
+    }
+}
+
+impl Bus for NatsBus {
+    fn publish(&self, topic: &str, payload: Bytes) -> usize {
+        let local = self.fanout.subscriber_count(topic);
+        if self.queue.try_send((subject_of(&self.prefix, topic), payload)).is_err() {
+            self.stats.dropped.fetch_add(1, Relaxed);
+        }
+        local
+    }
+
+    fn subscribe(&self, topic: &str) -> Subscription {
+        let mut map = lock(&self.subscribed);
+        let sub = self.fanout.subscribe(topic);
+        if map.get(topic).is_none_or(|h| h.is_finished()) {
+            let handle = self.open(topic);
+            map.insert(topic.to_string(), handle);
+        }
+        sub
+    }
+
+    /// Subscribers may be in any process of the cluster: always true.
+    fn has_subscribers(&self, _topic: &str) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_become_one_subject_token_each() {
+        assert_eq!(
+            subject_of("mr", "kline@sim:spot:BTC/USDT:5m"),
+            "mr.bus.kline@sim:spot:BTC/USDT:5m"
+        );
+        assert_eq!(
+            subject_of("mr", "depth@x:spot:A.B/C*>:1 %"),
+            "mr.bus.depth@x:spot:A%2EB/C%2A%3E:1%20%25"
+        );
+        assert_ne!(subject_of("mr", "a.b"), subject_of("mr", "a%2Eb"));
+    }
+}

@@ -1,0 +1,280 @@
+//! `[bus]`, `[store]` and `[cluster]`: where messages and history go, and the cluster of
+//! seeds/supervisor-worker-load-balancing.md. The defaults are the single process: the
+//! in-process bus, SQLite under `server.data_dir`, no cluster.
+
+use serde::{Deserialize, Serialize};
+use shared::cluster::assign::AssignConfig;
+use shared::cluster::{TaskId, TaskKind};
+use shared::protocol::InstrumentId;
+
+use crate::config::ConfigError;
+
+/// `[bus] kind`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BusKind {
+    /// In this process only (the default).
+    Inprocess,
+    /// NATS (core NATS for live data, JetStream for what must not be lost).
+    Nats,
+}
+
+/// `[bus]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BusConfig {
+    pub kind: BusKind,
+    /// NATS server URL(s), comma-separated (`nats://127.0.0.1:4222`).
+    pub url: String,
+    /// First token of every subject, stream and bucket name, so several clusters (or test runs)
+    /// share one NATS server: letters, digits, `_` and `-`.
+    pub prefix: String,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        BusConfig {
+            kind: BusKind::Inprocess,
+            url: "nats://127.0.0.1:4222".into(),
+            prefix: "millrace".into(),
+        }
+    }
+}
+
+/// `[store] kind`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// One SQLite file under `server.data_dir` (the default).
+    Sqlite,
+    /// PostgreSQL at `url` (the shared history of a cluster).
+    Postgres,
+}
+
+/// `[store]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    /// PostgreSQL URL (`postgres://user:password@host:5432/db`); required with `kind = "postgres"`.
+    pub url: Option<String>,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { kind: StoreKind::Sqlite, url: None }
+    }
+}
+
+/// `[cluster]`: the seed's timings (its defaults), the redundancy and the task list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// `millrace serve` runs as a gateway of the cluster.
+    pub enabled: bool,
+    pub warmup_s: u64,
+    /// The one low-precision timer's period.
+    pub tick_ms: u64,
+    /// How often workers and gateways publish their status / demand.
+    pub status_interval_ms: u64,
+    pub worker_timeout_s: u64,
+    pub task_timeout_s: u64,
+    pub task_query_interval_s: u64,
+    /// Distinct workers per task (the seed's 2–3).
+    pub redundancy: u32,
+    /// Pinned instruments; each becomes one task per kind of `kinds`.
+    pub instruments: Vec<InstrumentId>,
+    /// The kinds of task of every pinned instrument and pattern match.
+    pub kinds: Vec<TaskKind>,
+    /// Symbols to add from each source's exchangeInfo at every task query: a glob over
+    /// `BASE/QUOTE` (`*` matches any run of characters), e.g. `"*/USDT"`.
+    pub symbol_pattern: Option<String>,
+    /// Lifetime of the leader lease (JetStream KV entry); a standby takes over after it.
+    pub lease_s: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            enabled: false,
+            warmup_s: 30,
+            tick_ms: 1000,
+            status_interval_ms: 1000,
+            worker_timeout_s: 30,
+            task_timeout_s: 30,
+            task_query_interval_s: 1800,
+            redundancy: 2,
+            instruments: Vec::new(),
+            kinds: TaskKind::ALL.to_vec(),
+            symbol_pattern: None,
+            lease_s: 10,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The supervisor state machine's settings.
+    pub fn assign_config(&self) -> AssignConfig {
+        AssignConfig {
+            tick_ms: self.tick_ms,
+            warmup_ms: self.warmup_s * 1000,
+            worker_timeout_ms: self.worker_timeout_s * 1000,
+            task_timeout_ms: self.task_timeout_s * 1000,
+            task_query_interval_ms: self.task_query_interval_s * 1000,
+            redundancy: self.redundancy,
+        }
+    }
+
+    /// The pinned tasks: every instrument × every kind.
+    pub fn pinned_tasks(&self) -> Vec<TaskId> {
+        self.instruments
+            .iter()
+            .flat_map(|i| self.kinds.iter().map(|k| TaskId::new(*k, i.clone())))
+            .collect()
+    }
+}
+
+/// Whether `symbol` (`BASE/QUOTE`) matches `pattern`, where `*` matches any run of characters.
+pub fn glob_match(pattern: &str, symbol: &str) -> bool {
+    let (p, s) = (pattern.as_bytes(), symbol.as_bytes());
+    let (mut pi, mut si) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, si));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == s[si] {
+            pi += 1;
+            si += 1;
+        } else if let Some((sp, ss)) = star {
+            pi = sp + 1;
+            si = ss + 1;
+            star = Some((sp, ss + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.into(), problem: problem.into() }
+}
+
+/// A subject token / bucket name: letters, digits, `_`, `-`.
+pub fn valid_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix.len() <= 64
+        && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Checks `[bus]`, `[store]` and `[cluster]`; the error names the key.
+pub fn validate(
+    bus: &BusConfig,
+    store: &StoreConfig,
+    cluster: &ClusterConfig,
+) -> Result<(), ConfigError> {
+    if !valid_prefix(&bus.prefix) {
+        return Err(invalid(
+            "bus.prefix",
+            format!("{:?} must be 1 to 64 letters, digits, `_` or `-`", bus.prefix),
+        ));
+    }
+    if bus.kind == BusKind::Nats {
+        for url in bus.url.split(',') {
+            url.trim().parse::<async_nats::ServerAddr>().map_err(|e| {
+                invalid("bus.url", format!("{url:?} is not a NATS server URL: {e}"))
+            })?;
+        }
+    }
+    match (store.kind, &store.url) {
+        (StoreKind::Postgres, None) => {
+            return Err(invalid("store.url", "is required with store.kind = \"postgres\""));
+        }
+        (StoreKind::Postgres, Some(url)) => {
+            url.parse::<postgres::Config>().map_err(|e| {
+                invalid(
+                    "store.url",
+                    format!("{} is not a PostgreSQL URL: {e}", crate::store::postgres::redact(url)),
+                )
+            })?;
+        }
+        (StoreKind::Sqlite, Some(_)) => {
+            return Err(invalid("store.url", "is only for store.kind = \"postgres\""));
+        }
+        (StoreKind::Sqlite, None) => {}
+    }
+    let c = cluster;
+    let range = |key: &str, v: u64, lo: u64, hi: u64| {
+        if v < lo || v > hi {
+            Err(invalid(key, format!("must be between {lo} and {hi}, got {v}")))
+        } else {
+            Ok(())
+        }
+    };
+    range("cluster.warmup_s", c.warmup_s, 0, 3600)?;
+    range("cluster.tick_ms", c.tick_ms, 10, 60_000)?;
+    range("cluster.status_interval_ms", c.status_interval_ms, 10, 60_000)?;
+    range("cluster.worker_timeout_s", c.worker_timeout_s, 1, 3600)?;
+    range("cluster.task_timeout_s", c.task_timeout_s, 1, 3600)?;
+    range("cluster.task_query_interval_s", c.task_query_interval_s, 1, 7 * 86_400)?;
+    range("cluster.redundancy", u64::from(c.redundancy), 1, 5)?;
+    range("cluster.lease_s", c.lease_s, 1, 3600)?;
+    if c.status_interval_ms >= c.worker_timeout_s * 1000 {
+        return Err(invalid(
+            "cluster.status_interval_ms",
+            "must be shorter than cluster.worker_timeout_s, or every worker times out",
+        ));
+    }
+    if c.kinds.is_empty() {
+        return Err(invalid("cluster.kinds", "must name at least one of kline, depth"));
+    }
+    if c.enabled && bus.kind != BusKind::Nats {
+        return Err(invalid("bus.kind", "must be \"nats\" with cluster.enabled = true"));
+    }
+    if c.enabled && store.kind != StoreKind::Postgres {
+        return Err(invalid("store.kind", "must be \"postgres\" with cluster.enabled = true"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*/USDT", "BTC/USDT"));
+        assert!(!glob_match("*/USDT", "BTC/USDC"));
+        assert!(glob_match("B*/*", "BTC/USDT"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("BTC/USDT", "BTC/USDT"));
+        assert!(!glob_match("BTC/USD", "BTC/USDT"));
+        assert!(glob_match("*T*T", "BTC/USDT"));
+    }
+
+    #[test]
+    fn keys_are_named_in_errors() {
+        let bus = BusConfig { kind: BusKind::Nats, url: "nats://[bad".into(), prefix: "t".into() };
+        let e = validate(&bus, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("bus.url"), "{e}");
+        let bus = BusConfig { prefix: "a.b".into(), ..BusConfig::default() };
+        let e = validate(&bus, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("bus.prefix"), "{e}");
+        let store = StoreConfig { kind: StoreKind::Postgres, url: None };
+        let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("store.url"), "{e}");
+        let cluster = ClusterConfig { enabled: true, ..ClusterConfig::default() };
+        let e = validate(&BusConfig::default(), &StoreConfig::default(), &cluster).unwrap_err();
+        assert!(e.to_string().contains("bus.kind"), "{e}");
+        let cluster = ClusterConfig { redundancy: 0, ..ClusterConfig::default() };
+        let e = validate(&BusConfig::default(), &StoreConfig::default(), &cluster).unwrap_err();
+        assert!(e.to_string().contains("cluster.redundancy"), "{e}");
+        assert!(validate(
+            &BusConfig::default(),
+            &StoreConfig::default(),
+            &ClusterConfig::default()
+        )
+        .is_ok());
+    }
+}

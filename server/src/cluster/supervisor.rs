@@ -1,0 +1,221 @@
+//! `millrace supervisor`: the shell of [`shared::cluster::assign::Assigner`] on NATS.
+//!
+//! One task owns the state machine and waits on four things: a worker status, a gateway
+//! demand, a report request, the answer of a task query, and the one timer (`tick_ms`). Each
+//! tick it also keeps the leader lease (module docs of [`crate::cluster`]). Between events
+//! nothing runs: at steady state the work is one status parse per worker per
+//! `status_interval_ms`, one lease renewal and one timer check per tick.
+//!
+//! The task query runs on its own task (it may call the sources' exchangeInfo): the pinned
+//! instruments × kinds, plus every symbol of every source matching `symbol_pattern`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use shared::cluster::assign::{Assigner, Output};
+use shared::cluster::{Demand, TaskId, WorkerStatus};
+use tokio::sync::mpsc;
+
+use super::config::{glob_match, ClusterConfig};
+use super::Subjects;
+use crate::shutdown::Shutdown;
+use crate::sources::Sources;
+
+/// Counters of the shell (the state machine counts its own handler invocations).
+#[derive(Debug, Default)]
+pub struct ShellStats {
+    /// Messages that were not valid JSON of their subject's type.
+    pub malformed: AtomicU64,
+    /// Lease operations that failed (NATS down): the supervisor stands by meanwhile.
+    pub lease_errors: AtomicU64,
+    /// Instruction sets that could not be published.
+    pub publish_errors: AtomicU64,
+}
+
+/// Why the supervisor stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot create the lease bucket {bucket} in JetStream")]
+    Bucket {
+        bucket: String,
+        #[source]
+        source: async_nats::Error,
+    },
+    #[error("cannot subscribe to {subject}")]
+    Subscribe {
+        subject: String,
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+}
+
+/// The pinned tasks and the pattern's matches over `sources` (as the sources list them now).
+pub fn query_tasks(cluster: &ClusterConfig, sources: Option<&Sources>) -> Vec<TaskId> {
+    let mut tasks = cluster.pinned_tasks();
+    if let (Some(pattern), Some(sources)) = (&cluster.symbol_pattern, sources) {
+        for info in sources.instruments() {
+            if glob_match(pattern, &info.id.symbol) {
+                for kind in &cluster.kinds {
+                    tasks.push(TaskId::new(*kind, info.id.clone()));
+                }
+            }
+        }
+    }
+    tasks.sort();
+    tasks.dedup();
+    tasks
+}
+
+/// The leader lease: who holds it and with which revision.
+struct Lease {
+    kv: async_nats::jetstream::kv::Store,
+    id: String,
+    /// The revision of our last write while we lead.
+    revision: Option<u64>,
+}
+
+impl Lease {
+    /// Renews or tries to take the lease; returns the epoch when this call made us leader,
+    /// `Err` when we lost it.
+    async fn keep(&mut self, stats: &ShellStats) -> Result<Option<u64>, ()> {
+        let value = Bytes::from(self.id.clone());
+        match self.revision {
+            Some(rev) => match self.kv.update("leader", value, rev).await {
+                Ok(r) => {
+                    self.revision = Some(r);
+                    Ok(None)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "lost the leader lease");
+                    stats.lease_errors.fetch_add(1, Relaxed);
+                    self.revision = None;
+                    Err(())
+                }
+            },
+            None => match self.kv.create("leader", value).await {
+                Ok(r) => {
+                    self.revision = Some(r);
+                    Ok(Some(r))
+                }
+                Err(_) => Ok(None), // someone leads (or NATS is away): stand by
+            },
+        }
+    }
+
+    /// The current leader's id, if any.
+    async fn holder(&self) -> Option<String> {
+        match self.kv.get("leader").await {
+            Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// Runs the supervisor `id` until `shutdown`.
+pub async fn run(
+    client: async_nats::Client,
+    subjects: Subjects,
+    cluster: ClusterConfig,
+    sources: Option<Arc<Sources>>,
+    id: String,
+    shutdown: Shutdown,
+) -> Result<(), SupervisorError> {
+    let js = async_nats::jetstream::new(client.clone());
+    let bucket = subjects.lease_bucket();
+    let kv = super::kv_bucket(&js, &bucket, Duration::from_secs(cluster.lease_s))
+        .await
+        .map_err(|source| SupervisorError::Bucket { bucket, source })?;
+    let mut lease = Lease { kv, id: id.clone(), revision: None };
+    let subscribe = |subject: String| {
+        let client = client.clone();
+        async move {
+            client
+                .subscribe(subject.clone())
+                .await
+                .map_err(|source| SupervisorError::Subscribe { subject, source })
+        }
+    };
+    let mut status = subscribe(subjects.status()).await?;
+    let mut demand = subscribe(subjects.demand()).await?;
+    let mut report = subscribe(subjects.report()).await?;
+    let stats = ShellStats::default();
+    let t0 = Instant::now();
+    let now = || t0.elapsed().as_millis() as u64;
+    let mut assigner = Assigner::new(cluster.assign_config(), id.clone(), now());
+    let (query_tx, mut query_rx) = mpsc::channel::<(Vec<TaskId>, bool)>(4);
+    let mut tick = tokio::time::interval(Duration::from_millis(cluster.tick_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tracing::info!(%id, prefix = %subjects.prefix, "supervisor started, standing by");
+    loop {
+        tokio::select! {
+            Some(m) = status.next() => match serde_json::from_slice::<WorkerStatus>(&m.payload) {
+                Ok(st) => assigner.handle_status(now(), &st),
+                Err(_) => { stats.malformed.fetch_add(1, Relaxed); }
+            },
+            Some(m) = demand.next() => match serde_json::from_slice::<Demand>(&m.payload) {
+                Ok(d) => assigner.handle_demand(now(), &d.gateway, &d.tasks),
+                Err(_) => { stats.malformed.fetch_add(1, Relaxed); }
+            },
+            Some(m) = report.next() => {
+                if let (true, Some(reply)) = (assigner.is_leader(), m.reply) {
+                    let body = serde_json::to_vec(&assigner.report(now())).expect("serialisable");
+                    let _ = client.publish(reply, body.into()).await;
+                }
+            }
+            Some((tasks, reset)) = query_rx.recv() => assigner.handle_task_list(now(), &tasks, reset),
+            _ = tick.tick() => {
+                match lease.keep(&stats).await {
+                    Ok(Some(epoch)) => {
+                        tracing::info!(%id, epoch, "leading");
+                        assigner.set_leader(now(), epoch);
+                    }
+                    Ok(None) => {
+                        if !assigner.is_leader() {
+                            assigner.set_leader_id(lease.holder().await);
+                        }
+                    }
+                    Err(()) => assigner.resign(),
+                }
+                assigner.tick(now());
+            }
+            () = shutdown.stopping() => break,
+        }
+        while let Some(out) = assigner.poll_output() {
+            match out {
+                Output::Send(set) => {
+                    let body = serde_json::to_vec(&set).expect("serialisable");
+                    if client
+                        .publish(subjects.instructions(&set.worker), body.into())
+                        .await
+                        .is_err()
+                    {
+                        stats.publish_errors.fetch_add(1, Relaxed);
+                    }
+                }
+                Output::QueryTasks { reset } => {
+                    let (cluster, sources, tx) =
+                        (cluster.clone(), sources.clone(), query_tx.clone());
+                    shutdown.spawn(async move {
+                        if let Some(s) = &sources {
+                            for source in s.all() {
+                                if let Err(e) = source.reload_symbols().await {
+                                    tracing::warn!(source = %source.config.name, error = %e, "task query: exchangeInfo failed, using the symbols known");
+                                }
+                            }
+                        }
+                        let tasks = query_tasks(&cluster, sources.as_deref());
+                        let _ = tx.send((tasks, reset)).await;
+                    });
+                }
+            }
+        }
+    }
+    if lease.revision.is_some() {
+        // hand over at once: a standby need not wait for the lease to age out
+        let _ = lease.kv.purge("leader").await;
+    }
+    Ok(())
+}

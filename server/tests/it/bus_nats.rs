@@ -1,0 +1,73 @@
+//! The NATS bus on the machine's real NATS: a frame published in one process's bus reaches the
+//! subscribers of another (two buses, two connections, one prefix), topics with NATS's special
+//! characters stay apart, other prefixes hear nothing, and a dropped subscription is left.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use server::bus::{Bus, NatsBus, Subscription};
+use server::shutdown::Shutdown;
+
+fn nats_url() -> String {
+    std::env::var("MILLRACE_TEST_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+async fn bus(prefix: &str, stop: &Shutdown) -> NatsBus {
+    let client = async_nats::connect(nats_url()).await.expect("NATS (run scripts/services)");
+    NatsBus::new(client, prefix, 64, stop)
+}
+
+/// Publishes `payload` on `from` until `sub` receives it (the subscription reaches the server
+/// asynchronously), then returns what was received.
+async fn first(
+    from: &NatsBus,
+    topic: &str,
+    payload: &'static str,
+    sub: &mut Subscription,
+) -> Bytes {
+    let t0 = Instant::now();
+    loop {
+        from.publish(topic, Bytes::from_static(payload.as_bytes()));
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
+            return m.payload;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "nothing received on {topic}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_cross_processes_by_topic_and_prefix() {
+    let stop = Shutdown::new();
+    let prefix = format!("tbus{}", std::process::id());
+    let (a, b) = (bus(&prefix, &stop).await, bus(&prefix, &stop).await);
+    let other = bus(&format!("{prefix}x"), &stop).await;
+    let t1 = "kline@sim:spot:BTC/USDT:5m";
+    let t2 = "kline@sim:spot:BTC.X/USDT:5m"; // a dot: must not become a second subject token
+    let mut s1 = b.subscribe(t1);
+    let mut s2 = b.subscribe(t2);
+    let mut elsewhere = other.subscribe(t1);
+    assert_eq!(&first(&a, t1, "one", &mut s1).await[..], b"one");
+    assert_eq!(&first(&a, t2, "two", &mut s2).await[..], b"two");
+    // in order, and nothing of t2 on t1
+    for i in 0..50 {
+        a.publish(t1, Bytes::from(format!("n{i}")));
+    }
+    let mut got = Vec::new();
+    while got.len() < 50 {
+        let m = tokio::time::timeout(Duration::from_secs(2), s1.recv()).await.unwrap().unwrap();
+        if m.payload.starts_with(b"n") {
+            got.push(String::from_utf8(m.payload.to_vec()).unwrap());
+        }
+    }
+    assert_eq!(got, (0..50).map(|i| format!("n{i}")).collect::<Vec<_>>());
+    while let Ok(Some(m)) = s2.try_recv() {
+        assert!(m.payload.starts_with(b"two"), "{:?}", m.payload);
+    }
+    // another prefix hears nothing
+    assert!(tokio::time::timeout(Duration::from_millis(300), elsewhere.recv()).await.is_err());
+    assert!(b.stats().received.load(std::sync::atomic::Ordering::Relaxed) >= 52);
+    assert_eq!(a.stats().dropped.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert!(a.connected() && b.connected());
+    stop.stop();
+    assert!(stop.stopped(Duration::from_secs(5)).await, "a bus task did not stop");
+}
