@@ -16,10 +16,11 @@ use tracing::Instrument as _;
 
 use crate::books::depth_job::DepthRunner;
 use crate::books::BookRegistry;
-use crate::bus::{Bus, InProcessBus};
+use crate::bus::{Bus, InProcessBus, NatsBus};
 use crate::candles::backfill::Backfill;
 use crate::candles::kline_job::{self, KlineJobDeps};
 use crate::candles::writer::CandleWriter;
+use crate::cluster::config::{BusKind, StoreKind};
 use crate::config::{Config, SourceConfig};
 use crate::jobs::supervisor::{JobContext, JobFuture, JobRunner};
 use crate::jobs::{Lease, SubscribeError, Supervisor};
@@ -27,6 +28,7 @@ use crate::l3::L3Books;
 use crate::metrics::{Column, Exposition, Metrics};
 use crate::shutdown::Shutdown;
 use crate::sources::{Endpoint, ResolveError, Sources};
+use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{blocking, BackfillStore, CandleStore, StoreError};
 
@@ -39,6 +41,8 @@ pub enum StartError {
         #[source]
         source: StoreError,
     },
+    #[error(transparent)]
+    Bus(#[from] crate::cluster::ConnectError),
     #[error("cannot load backfill progress")]
     Backfill(#[source] StoreError),
     #[error("cannot start the embedded simulator of source {name}")]
@@ -62,20 +66,50 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// The single-process defaults: the in-process bus and the SQLite file of the data directory.
+    /// The bus and store `[bus]` and `[store]` name: by default the in-process bus and the
+    /// SQLite file of the data directory; NATS and PostgreSQL when configured (an unreachable
+    /// server is an error naming the key).
     pub async fn open(config: &Config) -> Result<Backends, StartError> {
-        let path = config.db_path();
-        let file = path.clone();
-        let store = blocking(move || SqliteStore::open(&file))
-            .await
-            .map(Arc::new)
-            .map_err(|source| StartError::Store { path: path.display().to_string(), source })?;
-        tracing::info!(db = %path.display(), "store open");
-        Ok(Backends {
-            bus: Arc::new(InProcessBus::new(config.limits.bus_capacity)),
-            store: store.clone(),
-            backfill_store: store,
-        })
+        let (store, backfill_store): (Arc<dyn CandleStore>, Arc<dyn BackfillStore>) =
+            match config.store.kind {
+                StoreKind::Sqlite => {
+                    let path = config.db_path();
+                    let file = path.clone();
+                    let store =
+                        blocking(move || SqliteStore::open(&file)).await.map(Arc::new).map_err(
+                            |source| StartError::Store { path: path.display().to_string(), source },
+                        )?;
+                    tracing::info!(db = %path.display(), "store open");
+                    (store.clone(), store)
+                }
+                StoreKind::Postgres => {
+                    let url = config.store.url.clone().unwrap_or_default();
+                    let shown = crate::store::postgres::redact(&url);
+                    let store = blocking(move || PostgresStore::open(&url))
+                        .await
+                        .map(Arc::new)
+                        .map_err(|source| StartError::Store {
+                            path: format!("{shown} (configuration key `store.url`)"),
+                            source,
+                        })?;
+                    tracing::info!(db = %shown, "store open");
+                    (store.clone(), store)
+                }
+            };
+        let bus: Arc<dyn Bus> = match config.bus.kind {
+            BusKind::Inprocess => Arc::new(InProcessBus::new(config.limits.bus_capacity)),
+            BusKind::Nats => {
+                let client = crate::cluster::connect(&config.bus, "millrace serve").await?;
+                tracing::info!(url = %config.bus.url, prefix = %config.bus.prefix, "bus on NATS");
+                Arc::new(NatsBus::new(
+                    client,
+                    &config.bus.prefix,
+                    config.limits.bus_capacity,
+                    &Shutdown::new(),
+                ))
+            }
+        };
+        Ok(Backends { bus, store, backfill_store })
     }
 }
 

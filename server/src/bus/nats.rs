@@ -80,13 +80,14 @@ pub struct NatsBus {
 
 impl NatsBus {
     /// A bus on `client` under `prefix`, delivering locally through a fan-out of `capacity`
-    /// messages per topic. Its tasks end with `shutdown`.
+    /// messages per topic. Its tasks end with `shutdown`, or when the bus is dropped.
     pub fn new(
         client: async_nats::Client,
         prefix: &str,
         capacity: usize,
         shutdown: &Shutdown,
     ) -> Self {
+        let shutdown = shutdown.child();
         let (queue, mut rx) = mpsc::channel::<(String, Bytes)>(PUBLISH_QUEUE);
         let stats = Arc::new(NatsBusStats::default());
         {
@@ -112,7 +113,7 @@ impl NatsBus {
             queue,
             subscribed: Arc::new(Mutex::new(HashMap::new())),
             stats,
-            shutdown: shutdown.clone(),
+            shutdown,
         }
     }
 
@@ -172,6 +173,12 @@ impl NatsBus {
             }
             let _ = sub.unsubscribe().await;
         })
+    }
+}
+
+impl Drop for NatsBus {
+    fn drop(&mut self) {
+        self.shutdown.stop();
     }
 }
 

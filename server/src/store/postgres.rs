@@ -536,6 +536,21 @@ fn decode_candle(row: &Row) -> Result<Candle, StoreError> {
 const CANDLE_COLUMNS: &str =
     "open_time, open, high, low, close, volume::text, trades::text, minutes";
 
+impl Drop for PostgresStore {
+    /// Closing a blocking client runs a small runtime of its own, which must not happen on a
+    /// thread of the service's runtime (the last handle is often dropped there): the
+    /// connections are closed on a thread of their own then.
+    fn drop(&mut self) {
+        let writer = lock(&self.writer).take();
+        let readers = std::mem::take(&mut *lock(&self.readers));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::Builder::new()
+                .name("pg-close".into())
+                .spawn(move || drop((writer, readers)));
+        }
+    }
+}
+
 impl CandleStore for PostgresStore {
     fn write(&self, batch: &[SeriesRows<'_>]) -> Result<usize, StoreError> {
         self.write_batch(batch, None)

@@ -20,9 +20,16 @@ async fn next_kline(ws: &mut Ws) -> KlineEvent {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_candles_are_stored_before_any_client_sees_them() {
+    stored_before_seen(|_| {}).await;
+}
+
+/// Pushes of closed candles, checked against the REST API the moment they arrive, on the
+/// backends `backends` configures (the defaults, or PostgreSQL and NATS).
+pub(crate) async fn stored_before_seen(backends: impl FnOnce(&mut server::config::Config)) {
     // 600x: a simulated minute every 100 ms.
     let mut config = test_config(vec![embedded_sim_source(600.0)]);
     config.ingest.flush_ms = 50;
+    backends(&mut config);
     let server = TestServer::start(config).await;
     let mut ws = server.ws().await;
     let r = request(

@@ -23,6 +23,7 @@ mod l3_service;
 mod l3engine;
 mod log_spans;
 mod seams;
+mod serve_pg_nats;
 mod store;
 mod store_pg;
 mod supervisor;
