@@ -544,9 +544,14 @@ impl Drop for PostgresStore {
         let writer = lock(&self.writer).take();
         let readers = std::mem::take(&mut *lock(&self.readers));
         if tokio::runtime::Handle::try_current().is_ok() {
-            let _ = std::thread::Builder::new()
+            // joined at once: closing takes a round trip per connection, and nothing is left
+            // running after the store is gone
+            let closer = std::thread::Builder::new()
                 .name("pg-close".into())
                 .spawn(move || drop((writer, readers)));
+            if let Ok(closer) = closer {
+                let _ = closer.join();
+            }
         }
     }
 }
