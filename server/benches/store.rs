@@ -28,10 +28,11 @@ use server::bus::{Bus, InProcessBus};
 use server::store::sqlite::SqliteStore;
 use server::store::{CandleStore, SeriesRows};
 use shared::candle::Candle;
-use shared::fixed::{Price, Volume};
 use shared::protocol::SeriesId;
 
-const MIN: i64 = 60_000;
+mod common;
+
+use common::{candle, MIN};
 
 fn db_path(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-store");
@@ -45,21 +46,6 @@ fn db_path(name: &str) -> PathBuf {
 
 fn series(n: usize) -> Vec<SeriesId> {
     (0..n).map(|i| format!("binance:spot:SYM{i}/USDT:1m").parse().unwrap()).collect()
-}
-
-/// Realistic BTC-like values: prices around 6.5e12 raw, volumes of a few coins.
-fn candle(t: i64, salt: i64) -> Candle {
-    let p = 6_500_000_000_000 + (t / MIN * 7919 + salt * 104_729) % 10_000_000_000;
-    Candle {
-        open_time: t,
-        open: Price::from_raw(p),
-        high: Price::from_raw(p + 1_500_000_000),
-        low: Price::from_raw(p - 1_200_000_000),
-        close: Price::from_raw(p + 300_000_000),
-        volume: Volume::from_raw(1_234_567_890 + (t / MIN % 1000) as i128 * 1_000_003),
-        trades: 1500 + (t / MIN % 300) as u64,
-        minutes: 1,
-    }
 }
 
 /// Fills `out[s]` with `per_series` candles of series `s` starting at minute `*next`.

@@ -15,28 +15,15 @@
 use std::io::Write as _;
 use std::time::Instant;
 
-use server::store::postgres::{PostgresStore, WriteMethod};
+use server::store::postgres::{copy_text, PostgresStore, WriteMethod};
 use server::store::{CandleStore, SeriesRows};
 use shared::candle::Candle;
-use shared::fixed::{Price, Volume};
 use shared::protocol::SeriesId;
 use testkit::PgDb;
 
-const MIN: i64 = 60_000;
+mod common;
 
-fn candle(t: i64, salt: i64) -> Candle {
-    let p = 6_500_000_000_000 + (t / MIN * 7919 + salt * 104_729) % 10_000_000_000;
-    Candle {
-        open_time: t,
-        open: Price::from_raw(p),
-        high: Price::from_raw(p + 1_500_000_000),
-        low: Price::from_raw(p - 1_200_000_000),
-        close: Price::from_raw(p + 300_000_000),
-        volume: Volume::from_raw(1_234_567_890 + (t / MIN % 1000) as i128 * 1_000_003),
-        trades: 1500 + (t / MIN % 300) as u64,
-        minutes: 1,
-    }
-}
+use common::{candle, MIN};
 
 /// `batches` batches of `rows` rows over `series` series, new minutes each batch.
 fn batches(n: usize, rows: usize, series: usize) -> Vec<Vec<Vec<Candle>>> {
@@ -75,25 +62,13 @@ fn raw_copy(db: &PgDb, data: &[Vec<Vec<Candle>>]) -> f64 {
     let t0 = Instant::now();
     let mut rows = 0;
     for batch in data {
-        let mut text = Vec::new();
-        for (s, candles) in batch.iter().enumerate() {
-            for c in candles {
-                writeln!(
-                    text,
-                    "{s}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    c.open_time,
-                    c.open.raw(),
-                    c.high.raw(),
-                    c.low.raw(),
-                    c.close.raw(),
-                    c.volume.raw(),
-                    c.trades,
-                    c.minutes
-                )
-                .unwrap();
-                rows += 1;
-            }
-        }
+        let batch_rows: Vec<(i32, &Candle)> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(s, candles)| candles.iter().map(move |c| (s as i32, c)))
+            .collect();
+        rows += batch_rows.len();
+        let text = copy_text(&batch_rows);
         let mut tx = client.transaction().unwrap();
         let mut w = tx.copy_in("COPY raw FROM STDIN").unwrap();
         w.write_all(&text).unwrap();

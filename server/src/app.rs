@@ -603,11 +603,7 @@ async fn start_simulators(
                 simulators.push((sc.name.clone(), sim));
                 endpoint
             }
-            (_, r, w) => Endpoint {
-                rest_base: r.clone().unwrap_or_else(|| product.default_rest_url().to_string()),
-                ws_base: w.clone().unwrap_or_else(|| product.default_ws_url().to_string()),
-                embedded: false,
-            },
+            _ => Endpoint::remote(sc, product),
         };
         endpoints.push(endpoint);
     }

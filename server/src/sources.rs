@@ -50,6 +50,21 @@ pub struct Endpoint {
     pub embedded: bool,
 }
 
+impl Endpoint {
+    /// The endpoint of a source reached over the network: its configured URLs, else the
+    /// exchange's own for `product`.
+    pub fn remote(sc: &SourceConfig, product: binance::Product) -> Endpoint {
+        Endpoint {
+            rest_base: sc
+                .rest_base
+                .clone()
+                .unwrap_or_else(|| product.default_rest_url().to_string()),
+            ws_base: sc.ws_base.clone().unwrap_or_else(|| product.default_ws_url().to_string()),
+            embedded: false,
+        }
+    }
+}
+
 /// One configured source.
 pub struct Source {
     pub config: SourceConfig,
@@ -157,19 +172,15 @@ pub fn remote_endpoints(
                     problem: "is not served over the Binance protocol".into(),
                 }
             })?;
-            let (rest_base, ws_base) = match (sc.kind, &sc.rest_base, &sc.ws_base) {
-                (crate::config::SourceKind::Sim, None, _) | (crate::config::SourceKind::Sim, _, None) => {
-                    return Err(crate::config::ConfigError::Invalid {
-                        key: format!("sources[{i}].rest_base"),
-                        problem: "a cluster role needs the URLs of a running `millrace sim` (rest_base and ws_base)".into(),
-                    })
-                }
-                (_, r, w) => (
-                    r.clone().unwrap_or_else(|| product.default_rest_url().to_string()),
-                    w.clone().unwrap_or_else(|| product.default_ws_url().to_string()),
-                ),
-            };
-            Ok(Endpoint { rest_base, ws_base, embedded: false })
+            if sc.kind == crate::config::SourceKind::Sim
+                && (sc.rest_base.is_none() || sc.ws_base.is_none())
+            {
+                return Err(crate::config::ConfigError::Invalid {
+                    key: format!("sources[{i}].rest_base"),
+                    problem: "a cluster role needs the URLs of a running `millrace sim` (rest_base and ws_base)".into(),
+                });
+            }
+            Ok(Endpoint::remote(sc, product))
         })
         .collect()
 }

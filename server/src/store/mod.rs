@@ -125,6 +125,54 @@ impl BackfillProgress {
     }
 }
 
+/// The rows a [`CandleStore::candles`] call asks for, in the terms of a query: an inclusive
+/// open-time range, its order and its limit. `None` when the answer is empty whatever is stored
+/// (a zero limit, `start` after `end`). Every store reads with this, so the Binance-like forms
+/// mean the same on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeQuery {
+    pub lo: i64,
+    pub hi: i64,
+    /// Without a start: the newest `limit` rows up to `hi`, read newest first and handed back
+    /// oldest first ([`RangeQuery::finish`]).
+    pub newest_first: bool,
+    pub limit: usize,
+}
+
+impl RangeQuery {
+    pub fn new(start: Option<i64>, end: Option<i64>, limit: usize) -> Option<RangeQuery> {
+        let (lo, hi) = (start.unwrap_or(i64::MIN), end.unwrap_or(i64::MAX));
+        (limit > 0 && lo <= hi).then_some(RangeQuery {
+            lo,
+            hi,
+            newest_first: start.is_none(),
+            limit,
+        })
+    }
+
+    /// `ASC` or `DESC`, for the query's `ORDER BY open_time`.
+    pub fn order(&self) -> &'static str {
+        if self.newest_first {
+            "DESC"
+        } else {
+            "ASC"
+        }
+    }
+
+    /// The limit as an SQL integer.
+    pub fn sql_limit(&self) -> i64 {
+        i64::try_from(self.limit).unwrap_or(i64::MAX)
+    }
+
+    /// The rows as read, oldest first.
+    pub fn finish(&self, mut rows: Vec<Candle>) -> Vec<Candle> {
+        if self.newest_first {
+            rows.reverse();
+        }
+        rows
+    }
+}
+
 /// The name a backfill state is stored as.
 pub(crate) fn backfill_state_name(s: BackfillState) -> &'static str {
     match s {

@@ -53,7 +53,7 @@ use shared::protocol::SeriesId;
 
 use super::{
     backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
-    SeriesInfo, SeriesRows, StoreError,
+    RangeQuery, SeriesInfo, SeriesRows, StoreError,
 };
 use crate::lock::lock;
 
@@ -347,8 +347,9 @@ const UPSERT_SET: &str = "ON CONFLICT (series_id, open_time) DO UPDATE SET open 
      high = EXCLUDED.high, low = EXCLUDED.low, close = EXCLUDED.close, volume = EXCLUDED.volume, \
      trades = EXCLUDED.trades, minutes = EXCLUDED.minutes";
 
-/// The rows as COPY text: `series_id open_time open high low close volume trades minutes`.
-fn copy_text(rows: &[(i32, &Candle)]) -> Vec<u8> {
+/// The rows as COPY text (the columns of `candles`, in order: `series_id open_time open high
+/// low close volume trades minutes`).
+pub fn copy_text(rows: &[(i32, &Candle)]) -> Vec<u8> {
     let mut text = Vec::with_capacity(rows.len() * 96);
     for (id, c) in rows {
         writeln!(
@@ -568,32 +569,23 @@ impl CandleStore for PostgresStore {
         end: Option<i64>,
         limit: usize,
     ) -> Result<Vec<Candle>, StoreError> {
-        if limit == 0 {
+        let Some(q) = RangeQuery::new(start, end, limit) else {
             return Ok(Vec::new());
-        }
-        let newest_first = start.is_none();
-        let (lo, hi) = (start.unwrap_or(i64::MIN), end.unwrap_or(i64::MAX));
-        if lo > hi {
-            return Ok(Vec::new());
-        }
+        };
         self.read(|client| {
             let Some(id) = self.series_id_for_read(client, series)? else {
                 return Ok(Vec::new());
             };
-            let order = if newest_first { "DESC" } else { "ASC" };
             let sql = format!(
                 "SELECT {CANDLE_COLUMNS} FROM candles WHERE series_id = $1 \
-                 AND open_time BETWEEN $2 AND $3 ORDER BY open_time {order} LIMIT $4"
+                 AND open_time BETWEEN $2 AND $3 ORDER BY open_time {} LIMIT $4",
+                q.order()
             );
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             let rows = client
-                .query(&sql, &[&id, &lo, &hi, &limit])
+                .query(&sql, &[&id, &q.lo, &q.hi, &q.sql_limit()])
                 .map_err(db(format!("reading candles of {series}")))?;
-            let mut out = rows.iter().map(decode_candle).collect::<Result<Vec<_>, _>>()?;
-            if newest_first {
-                out.reverse();
-            }
-            Ok(out)
+            let out = rows.iter().map(decode_candle).collect::<Result<Vec<_>, _>>()?;
+            Ok(q.finish(out))
         })
     }
 

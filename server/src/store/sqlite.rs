@@ -88,7 +88,7 @@ use crate::lock::lock;
 
 use super::{
     backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
-    SeriesInfo, SeriesRows, StoreError,
+    RangeQuery, SeriesInfo, SeriesRows, StoreError,
 };
 
 /// The schema version this build writes (the number of [`MIGRATIONS`]).
@@ -687,34 +687,26 @@ impl CandleStore for SqliteStore {
         end: Option<i64>,
         limit: usize,
     ) -> Result<Vec<Candle>, StoreError> {
-        if limit == 0 {
+        let Some(q) = RangeQuery::new(start, end, limit) else {
             return Ok(Vec::new());
-        }
-        let newest_first = start.is_none();
-        let (lo, hi) = (start.unwrap_or(i64::MIN), end.unwrap_or(i64::MAX));
-        if lo > hi {
-            return Ok(Vec::new());
-        }
+        };
         self.read(|conn| {
             let Some(id) = series_id_for_read(conn, series)? else {
                 return Ok(Vec::new());
             };
-            let order = if newest_first { "DESC" } else { "ASC" };
             let sql = format!(
                 "SELECT open_time, open, high, low, close, volume, trades, minutes FROM candles_{id} \
-                 WHERE open_time BETWEEN ?1 AND ?2 ORDER BY open_time {order} LIMIT ?3"
+                 WHERE open_time BETWEEN ?1 AND ?2 ORDER BY open_time {} LIMIT ?3",
+                q.order()
             );
             let mut stmt = conn.prepare_cached(&sql).map_err(on_table(id))?;
-            let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
-            let mut rows = stmt.query(rusqlite::params![lo, hi, limit_sql]).map_err(on_table(id))?;
-            let mut out = Vec::with_capacity(limit.min(4096));
+            let mut rows =
+                stmt.query(rusqlite::params![q.lo, q.hi, q.sql_limit()]).map_err(on_table(id))?;
+            let mut out = Vec::with_capacity(q.limit.min(4096));
             while let Some(row) = rows.next().map_err(on_table(id))? {
                 out.push(decode_candle(row)?);
             }
-            if newest_first {
-                out.reverse();
-            }
-            Ok(out)
+            Ok(q.finish(out))
         })
     }
 
