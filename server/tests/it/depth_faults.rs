@@ -34,9 +34,9 @@ fn depth_config(sim: &SimHandle, pinned: &[&str]) -> Config {
     c.depth.verify_interval_ms = 1_000;
     c.depth.snapshot_retry_base_ms = 100;
     c.depth.snapshot_retry_cap_ms = 400;
-    // Long enough for the snapshot-mode check to catch the published top 20 equal to the
-    // exchange's at the same id on a loaded 2-core machine (2 s was missed once in CI), well
-    // inside PATIENCE for the recovery that follows.
+    // Snapshot mode lasts long enough to be seen on a loaded 2-core machine (the check compares
+    // with the exchange's partial frame of the same id, recorded on the side), well inside
+    // PATIENCE for the recovery that follows.
     c.depth.snapshot_mode_retry_ms = 6_000;
     c
 }
@@ -124,6 +124,7 @@ async fn matches_sim(
     symbol: &str,
     expect: BookHealth,
 ) -> DepthJobStatus {
+    assert_ne!(expect, BookHealth::SnapshotMode, "use matches_partial_stream");
     let inst = id(instrument);
     let what = format!("{instrument} published book equal to the exchange's ({expect:?})");
     eventually(&what, || async {
@@ -137,19 +138,77 @@ async fn matches_sim(
         {
             return None;
         }
-        let levels = if expect == BookHealth::SnapshotMode { 20 } else { usize::MAX };
-        let floor = after.trusted_bid_floor;
-        let ceiling = after.trusted_ask_ceiling;
-        let want_b: Vec<Level> =
-            bids.into_iter().take(levels).filter(|l| floor.is_none_or(|f| l.price >= f)).collect();
-        let want_a: Vec<Level> = asks
-            .into_iter()
-            .take(levels)
-            .filter(|l| ceiling.is_none_or(|c| l.price <= c))
-            .collect();
-        (published.bids == want_b && published.asks == want_a).then_some(after)
+        trusted_equal(&published, &after, bids, asks).then_some(after)
     })
     .await
+}
+
+/// The published book equals `bids`/`asks` inside the job's trusted range.
+fn trusted_equal(
+    published: &server::books::PublishedBook,
+    status: &DepthJobStatus,
+    bids: Vec<Level>,
+    asks: Vec<Level>,
+) -> bool {
+    let floor = status.trusted_bid_floor;
+    let ceiling = status.trusted_ask_ceiling;
+    let want_b: Vec<Level> =
+        bids.into_iter().filter(|l| floor.is_none_or(|f| l.price >= f)).collect();
+    let want_a: Vec<Level> =
+        asks.into_iter().filter(|l| ceiling.is_none_or(|c| l.price <= c)).collect();
+    published.bids == want_b && published.asks == want_a
+}
+
+/// The exchange's partial book frames (`<symbol>@depth20@100ms`) by `lastUpdateId`, read on a
+/// connection of the test's own: what a book in snapshot mode must show, frame for frame. (The
+/// exchange's live book moves every 50 ms tick and a partial frame comes every other tick, so
+/// comparing with the live book races the next tick.)
+struct PartialFrames {
+    frames: Arc<Mutex<std::collections::HashMap<u64, binance::wire::DepthBody>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PartialFrames {
+    async fn record(sim: &SimHandle, symbol: &str) -> PartialFrames {
+        use futures_util::StreamExt;
+        let url = format!("{}/ws/{}@depth20@100ms", sim.ws_base(), symbol.to_lowercase());
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.expect("partial stream");
+        let frames = Arc::new(Mutex::new(std::collections::HashMap::new()));
+        let keep = frames.clone();
+        let task = tokio::spawn(async move {
+            while let Some(Ok(msg)) = ws.next().await {
+                let Ok(text) = msg.into_text() else { continue };
+                if let Ok(body) = serde_json::from_str::<binance::wire::DepthBody>(&text) {
+                    keep.lock().unwrap().insert(body.last_update_id, body);
+                }
+            }
+        });
+        PartialFrames { frames, task }
+    }
+
+    /// Waits until `instrument` is published in snapshot mode and its book is, at the same id,
+    /// the exchange's partial frame.
+    async fn matches(&self, server: &TestServer, instrument: &str) -> DepthJobStatus {
+        let inst = id(instrument);
+        let what = format!("{instrument} published book equal to the exchange's partial frame");
+        eventually(&what, || async {
+            let (before, _) = status(server, instrument);
+            let (published, health) = server.app.books.snapshot(&inst)?;
+            let (after, _) = status(server, instrument);
+            if health != BookHealth::SnapshotMode || before.last_update_id != after.last_update_id {
+                return None;
+            }
+            let frame = self.frames.lock().unwrap().get(&after.last_update_id).cloned()?;
+            trusted_equal(&published, &after, frame.bids, frame.asks).then_some(after)
+        })
+        .await
+    }
+}
+
+impl Drop for PartialFrames {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// While `instrument` is not synced, the registry never says it is and no delta goes out.
@@ -302,9 +361,11 @@ async fn failing_snapshots_fall_back_to_snapshot_mode_and_recover() {
     assert!(s.snapshot_failures >= 2);
 
     // Three in a row: snapshot mode on the partial book stream, published as such.
+    let partial = PartialFrames::record(&sim, "BTCUSDT").await;
     faults.fail_rest(3, 500, Some("/api/v3/depth"), None);
     faults.skip(btc_depth(), 1);
-    let s = matches_sim(&server, &sim, BTC, "BTCUSDT", BookHealth::SnapshotMode).await;
+    let s = partial.matches(&server, BTC).await;
+    drop(partial);
     assert!(s.stream.contains("@depth20@100ms"), "{}", s.stream);
     assert_eq!(s.sync.snapshot_mode_entries, 1);
     assert!(s.bid_levels <= 20 && s.ask_levels <= 20);
