@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shared::protocol::ops::{JobKind, SourceKind};
-use shared::protocol::{InstrumentId, SeriesId};
+use shared::protocol::InstrumentId;
 use sim::{Sim, SimConfig, SimHandle};
 use tracing::Instrument as _;
 
@@ -18,16 +18,19 @@ use crate::books::depth_job::DepthRunner;
 use crate::books::BookRegistry;
 use crate::bus::{Bus, InProcessBus, NatsBus};
 use crate::candles::backfill::Backfill;
-use crate::candles::kline_job::{self, KlineJobDeps};
+use crate::candles::kline_job::KlineRunner;
 use crate::candles::writer::CandleWriter;
+use crate::cluster::candles::{Persister, PersisterStats};
 use crate::cluster::config::{BusKind, StoreKind};
+use crate::cluster::gateway::{DemandRunner, DemandSet};
+use crate::cluster::Subjects;
 use crate::config::{Config, SourceConfig};
-use crate::jobs::supervisor::{JobContext, JobFuture, JobRunner};
+use crate::jobs::supervisor::JobRunner;
 use crate::jobs::{Lease, SubscribeError, Supervisor};
 use crate::l3::L3Books;
 use crate::metrics::{Column, Exposition, Metrics};
 use crate::shutdown::Shutdown;
-use crate::sources::{Endpoint, ResolveError, Sources};
+use crate::sources::{Endpoint, Sources};
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{blocking, BackfillStore, CandleStore, StoreError};
@@ -53,6 +56,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Source(#[from] crate::sources::SourceError),
+    #[error("configuration key `bus.kind`: a gateway (cluster.enabled) needs NATS")]
+    NotOnNats,
     #[error("cannot start the tick-by-tick books")]
     TickBooks(#[source] crate::l3::L3Error),
 }
@@ -63,6 +68,8 @@ pub struct Backends {
     pub bus: Arc<dyn Bus>,
     pub store: Arc<dyn CandleStore>,
     pub backfill_store: Arc<dyn BackfillStore>,
+    /// The NATS connection, with `[bus] kind = "nats"` (a gateway's demand and persister use it).
+    pub nats: Option<async_nats::Client>,
 }
 
 impl Backends {
@@ -96,20 +103,21 @@ impl Backends {
                     (store.clone(), store)
                 }
             };
-        let bus: Arc<dyn Bus> = match config.bus.kind {
-            BusKind::Inprocess => Arc::new(InProcessBus::new(config.limits.bus_capacity)),
+        let (bus, nats): (Arc<dyn Bus>, _) = match config.bus.kind {
+            BusKind::Inprocess => (Arc::new(InProcessBus::new(config.limits.bus_capacity)), None),
             BusKind::Nats => {
                 let client = crate::cluster::connect(&config.bus, "millrace serve").await?;
                 tracing::info!(url = %config.bus.url, prefix = %config.bus.prefix, "bus on NATS");
-                Arc::new(NatsBus::new(
-                    client,
+                let bus = NatsBus::new(
+                    client.clone(),
                     &config.bus.prefix,
                     config.limits.bus_capacity,
                     &Shutdown::new(),
-                ))
+                );
+                (Arc::new(bus), Some(client))
             }
         };
-        Ok(Backends { bus, store, backfill_store })
+        Ok(Backends { bus, store, backfill_store, nats })
     }
 }
 
@@ -133,44 +141,19 @@ pub struct App {
     depth_runner: Arc<DepthRunner>,
     /// The simulators this process runs for its `sim` sources, by source name.
     simulators: Vec<(String, SimHandle)>,
+    /// The gateway's parts, with `[cluster] enabled = true`.
+    pub gateway: Option<Gateway>,
     /// The whole service's part of the shutdown; every subsystem's is a child of it.
     shutdown: Shutdown,
 }
 
-/// Starts kline jobs for the supervisor.
-struct KlineRunner {
-    config: Config,
-    sources: Arc<Sources>,
-    writer: CandleWriter,
-}
-
-impl JobRunner for KlineRunner {
-    fn validate(&self, series: &SeriesId) -> Result<(), ResolveError> {
-        self.sources.validate_series(series)
-    }
-
-    fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
-        self.sources.resolve(instrument).map(|_| ())
-    }
-
-    fn run(&self, ctx: JobContext) -> JobFuture {
-        let sources = self.sources.clone();
-        let config = self.config.ingest.clone();
-        let writer = self.writer.clone();
-        Box::pin(async move {
-            let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
-                return;
-            };
-            let deps = KlineJobDeps {
-                config,
-                rest: source.rest.clone(),
-                ws_base: source.endpoint.ws_base.clone(),
-                symbol,
-                writer,
-            };
-            kline_job::run(ctx, deps).await;
-        })
-    }
+/// What a gateway runs besides the service (see [`crate::cluster::gateway`]).
+pub struct Gateway {
+    pub id: String,
+    pub client: async_nats::Client,
+    pub subjects: Subjects,
+    pub demand: Arc<DemandSet>,
+    pub persister: Arc<PersisterStats>,
 }
 
 impl App {
@@ -183,7 +166,7 @@ impl App {
     /// Starts the embedded simulators and sources, the pinned jobs, the auto-start backfill tasks
     /// and the tick-by-tick books, on the given bus and store.
     pub async fn start_with(config: Config, backends: Backends) -> Result<App, StartError> {
-        let Backends { bus, store, backfill_store } = backends;
+        let Backends { bus, store, backfill_store, nats } = backends;
         let shutdown = Shutdown::new();
         // The simulators stop with the service, after everything that talks to them.
         let (endpoints, simulators) =
@@ -192,15 +175,24 @@ impl App {
             Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
                 .await?;
         let writer = CandleWriter::new(store.clone(), bus.clone());
-        let runner = KlineRunner {
-            config: config.clone(),
-            sources: sources.clone(),
-            writer: writer.clone(),
+        let gateway = match (config.cluster.enabled, nats) {
+            (false, _) => None,
+            (true, Some(client)) => Some(start_gateway(&config, client, writer.clone(), &shutdown)),
+            (true, None) => return Err(StartError::NotOnNats),
         };
-        let supervisor =
-            Supervisor::new(JobKind::Kline, config.ingest.clone(), Arc::new(runner), &shutdown);
+        let runner: Arc<dyn JobRunner> = match &gateway {
+            Some(g) => Arc::new(DemandRunner::new(
+                shared::cluster::TaskKind::Kline,
+                sources.clone(),
+                g.demand.clone(),
+            )),
+            None => Arc::new(KlineRunner::new(&config, sources.clone(), writer.clone())),
+        };
+        let supervisor = Supervisor::new(JobKind::Kline, config.ingest.clone(), runner, &shutdown);
         supervisor.start(&config.pinned_instruments());
-        let tasks = config.backfill_tasks();
+        // A gateway's history comes from the cluster's persister; backfill stays off (not yet
+        // run cluster-wide).
+        let tasks = if gateway.is_some() { Vec::new() } else { config.backfill_tasks() };
         let backfill = {
             let (derived, sources, shutdown) =
                 (config.ingest.derived.clone(), sources.clone(), shutdown.clone());
@@ -240,6 +232,7 @@ impl App {
             depth_runner,
             l3,
             simulators,
+            gateway,
             shutdown,
         })
     }
@@ -571,6 +564,46 @@ impl App {
 
 /// Starts an embedded simulator for every `sim` source without URLs (stopping when `stop` is
 /// cancelled); returns every source's endpoint (in order) and the simulators started.
+/// Starts a gateway's demand publisher and persister (see [`crate::cluster::gateway`]).
+fn start_gateway(
+    config: &Config,
+    client: async_nats::Client,
+    writer: CandleWriter,
+    shutdown: &Shutdown,
+) -> Gateway {
+    let id = config.cluster.id.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("gateway-{}-{}", host.trim(), std::process::id())
+    });
+    let subjects = Subjects::new(&config.bus.prefix);
+    let demand = DemandSet::new(&id);
+    let every = Duration::from_millis(config.cluster.status_interval_ms);
+    shutdown.spawn(demand.clone().publish(
+        client.clone(),
+        subjects.clone(),
+        every,
+        shutdown.clone(),
+    ));
+    let persister = Arc::new(PersisterStats::default());
+    let run = Persister {
+        client: client.clone(),
+        subjects: subjects.clone(),
+        cluster: config.cluster.clone(),
+        derived: config.ingest.derived.clone(),
+        writer,
+        id: id.clone(),
+        stats: persister.clone(),
+    }
+    .run(shutdown.clone());
+    shutdown.spawn(async move {
+        if let Err(e) = run.await {
+            tracing::error!("the persister stopped: {}", crate::error::report(&e));
+        }
+    });
+    tracing::info!(%id, prefix = %subjects.prefix, "gateway of the cluster");
+    Gateway { id, client, subjects, demand, persister }
+}
+
 async fn start_simulators(
     sources: &[SourceConfig],
     stop: &tokio_util::sync::CancellationToken,

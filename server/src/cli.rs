@@ -34,6 +34,26 @@ pub enum Command {
     /// Run seed 004's supervisor of a cluster (`[bus]` NATS, `[cluster]` settings): assigns
     /// the tasks to the workers; several may run, one leads.
     Supervisor(SupervisorArgs),
+    /// Run one of seed 004's workers (`[bus]` NATS, `[store]` PostgreSQL): holds the upstream
+    /// sessions the leading supervisor assigns it.
+    Worker(WorkerArgs),
+}
+
+/// Arguments of `millrace worker`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// Configuration file (TOML), the same keys as `serve`'s.
+    #[arg(long, env = "MILLRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This worker's id, unique in the cluster (letters, digits, `_`, `-`).
+    #[arg(long)]
+    pub id: String,
+    /// The most sessions this worker holds.
+    #[arg(long, default_value_t = 50)]
+    pub max_load: u32,
+    /// On SIGTERM, the longest wait for the supervisor to move the tasks before stopping them.
+    #[arg(long, default_value_t = 5)]
+    pub drain_s: u64,
 }
 
 /// Arguments of `millrace supervisor`.
@@ -130,6 +150,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Supervisor(args)) => supervisor(&args),
+        Some(Command::Worker(args)) => worker(&args),
         Some(Command::Replay(cmd)) => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
@@ -194,6 +215,43 @@ fn supervisor(args: &SupervisorArgs) -> anyhow::Result<ExitCode> {
                 run.await?;
             }
         }
+        shutdown.stopped(std::time::Duration::from_secs(5)).await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `millrace worker`: until Ctrl-C / SIGTERM, which drains it.
+fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
+    crate::telemetry::init();
+    let config = Config::load(args.config.as_deref(), std::env::vars(), &Overrides::default())?;
+    if config.bus.kind != crate::cluster::config::BusKind::Nats {
+        anyhow::bail!("configuration key `bus.kind`: must be \"nats\" for `millrace worker`");
+    }
+    if !crate::cluster::config::valid_prefix(&args.id) {
+        anyhow::bail!("--id {:?}: must be 1 to 64 letters, digits, `_` or `-`", args.id);
+    }
+    if args.max_load == 0 {
+        anyhow::bail!("--max-load must be at least 1");
+    }
+    let options = crate::cluster::worker::WorkerOptions {
+        id: args.id.clone(),
+        max_load: args.max_load,
+        drain: std::time::Duration::from_secs(args.drain_s),
+    };
+    runtime()?.block_on(async {
+        let client = crate::cluster::connect(&config.bus, &args.id).await?;
+        let shutdown = crate::shutdown::Shutdown::new();
+        crate::cluster::worker::run(
+            config,
+            client,
+            options,
+            Default::default(),
+            shutdown.clone(),
+            crate::shutdown::signal(),
+        )
+        .await?;
+        shutdown.stop();
         shutdown.stopped(std::time::Duration::from_secs(5)).await;
         anyhow::Ok(())
     })?;

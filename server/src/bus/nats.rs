@@ -8,6 +8,10 @@
 //! local subscribers through the same [`Fanout`] as the in-process bus, so sessions do not know
 //! which bus they are on.
 //!
+//! Kline topics are de-duplicated on the way in ([`KlineDedup`]): in a cluster every replica
+//! of a kline task publishes its forming candles, and a persister's redelivered batch publishes
+//! its closed candles again; local subscribers see each update once, never an older one.
+//!
 //! Core NATS is at-most-once. It carries what a newer message supersedes — forming candles,
 //! book deltas (a client that misses one resyncs by the seed 002 rule), heartbeats, stored
 //! closed candles as pushes. What must not be lost (closed candles on their way to the store)
@@ -20,6 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
+use shared::cluster::payload::{Admit, KlineDedup};
 use tokio::sync::mpsc;
 
 use super::{Bus, Fanout, Subscription};
@@ -42,6 +47,10 @@ pub struct NatsBusStats {
     pub received: AtomicU64,
     /// NATS subscriptions opened (one per topic with local subscribers).
     pub subscriptions: AtomicU64,
+    /// Kline pushes dropped as already delivered (the same update from another replica).
+    pub duplicates: AtomicU64,
+    /// Kline pushes dropped because they were not kline pushes.
+    pub malformed: AtomicU64,
 }
 
 /// The subject of `topic` under `prefix`. Topics are browser stream names
@@ -49,10 +58,13 @@ pub struct NatsBusStats {
 /// (token separator), `*`, `>` and whitespace — and `%` are percent-encoded, so every topic is
 /// one subject token and distinct topics have distinct subjects.
 pub fn subject_of(prefix: &str, topic: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + 5 + topic.len());
-    s.push_str(prefix);
-    s.push_str(".bus.");
-    for c in topic.chars() {
+    format!("{prefix}.bus.{}", token(topic))
+}
+
+/// `name` as one subject token (see [`subject_of`]).
+pub fn token(name: &str) -> String {
+    let mut s = String::with_capacity(name.len());
+    for c in name.chars() {
         match c {
             '.' | '*' | '>' | '%' => s.push_str(&format!("%{:02X}", c as u32)),
             c if c.is_whitespace() => {
@@ -150,12 +162,24 @@ impl NatsBus {
             };
             let mut idle = tokio::time::interval(IDLE_CHECK);
             idle.tick().await;
+            // Every replica of a kline task publishes its forming candles: pass each update once.
+            let mut dedup = topic.starts_with("kline@").then(KlineDedup::new);
             loop {
                 tokio::select! {
                     m = sub.next() => match m {
                         Some(m) => {
                             stats.received.fetch_add(1, Relaxed);
-                            fanout.publish(&topic, m.payload);
+                            match dedup.as_mut().map(|d| d.admit(&m.payload)) {
+                                None | Some(Admit::Pass) => {
+                                    fanout.publish(&topic, m.payload);
+                                }
+                                Some(Admit::Duplicate) => {
+                                    stats.duplicates.fetch_add(1, Relaxed);
+                                }
+                                Some(Admit::Malformed) => {
+                                    stats.malformed.fetch_add(1, Relaxed);
+                                }
+                            }
                         }
                         None => break,
                     },

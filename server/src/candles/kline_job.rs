@@ -29,10 +29,13 @@ use shared::backoff::Backoff;
 use super::pipeline::CandlePipeline;
 use super::writer::CandleWriter;
 use crate::clock::wall_clock_ms as now_ms;
-use crate::config::IngestConfig;
+use crate::config::{Config, IngestConfig};
 use crate::error::report;
 use crate::jitter::Jitter;
+use crate::jobs::supervisor::{JobFuture, JobRunner};
 use crate::jobs::{JobContext, JobHealth};
+use crate::sources::{ResolveError, Sources};
+use shared::protocol::{InstrumentId, SeriesId};
 
 /// Most rows per REST kline request (Binance's maximum).
 const REST_PAGE: u16 = 1000;
@@ -46,6 +49,49 @@ pub struct KlineJobDeps {
     /// The Binance symbol (`BTCUSDT`).
     pub symbol: String,
     pub writer: CandleWriter,
+}
+
+/// Starts kline jobs for a [`crate::jobs::Supervisor`] (the service's, or a cluster worker's
+/// with a forwarding writer).
+pub struct KlineRunner {
+    config: IngestConfig,
+    sources: Arc<Sources>,
+    writer: CandleWriter,
+}
+
+impl KlineRunner {
+    pub fn new(config: &Config, sources: Arc<Sources>, writer: CandleWriter) -> Self {
+        KlineRunner { config: config.ingest.clone(), sources, writer }
+    }
+}
+
+impl JobRunner for KlineRunner {
+    fn validate(&self, series: &SeriesId) -> Result<(), ResolveError> {
+        self.sources.validate_series(series)
+    }
+
+    fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
+        self.sources.resolve(instrument).map(|_| ())
+    }
+
+    fn run(&self, ctx: JobContext) -> JobFuture {
+        let sources = self.sources.clone();
+        let config = self.config.clone();
+        let writer = self.writer.clone();
+        Box::pin(async move {
+            let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
+                return;
+            };
+            let deps = KlineJobDeps {
+                config,
+                rest: source.rest.clone(),
+                ws_base: source.endpoint.ws_base.clone(),
+                symbol,
+                writer,
+            };
+            run(ctx, deps).await;
+        })
+    }
 }
 
 /// Runs the job until it is stopped; connection failures are counted as crashes and retried.

@@ -37,16 +37,40 @@ pub enum Derive {
 /// Rows of one write: the 1m series first, then derived series.
 pub type Rows = Vec<(SeriesId, Vec<Candle>)>;
 
+/// Where a cluster worker's closed 1m candles go instead of its store: JetStream, from which
+/// the persister writes them (with their derived candles, through a store-backed
+/// [`CandleWriter`]) and publishes them. `Ok` means the candles are durably accepted.
+pub trait ForwardClosed: Send + Sync + 'static {
+    fn forward(
+        &self,
+        series: SeriesId,
+        candles: Vec<Candle>,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), StoreError>>;
+}
+
 /// Writes closed candles, then publishes them (see the module docs). Cheap to clone.
 #[derive(Clone)]
 pub struct CandleWriter {
     store: Arc<dyn CandleStore>,
     bus: Arc<dyn Bus>,
+    forward: Option<Arc<dyn ForwardClosed>>,
 }
 
 impl CandleWriter {
     pub fn new(store: Arc<dyn CandleStore>, bus: Arc<dyn Bus>) -> Self {
-        Self { store, bus }
+        Self { store, bus, forward: None }
+    }
+
+    /// A cluster worker's writer: it reads `store` (where the job resumes, the derived
+    /// aggregator's primer) but hands closed 1m candles to `forward` and publishes nothing
+    /// closed itself — the persister does, after its commit. Forming candles still go out on
+    /// `bus`.
+    pub fn forwarding(
+        store: Arc<dyn CandleStore>,
+        bus: Arc<dyn Bus>,
+        forward: Arc<dyn ForwardClosed>,
+    ) -> Self {
+        Self { store, bus, forward: Some(forward) }
     }
 
     pub fn store(&self) -> &Arc<dyn CandleStore> {
@@ -63,6 +87,13 @@ impl CandleWriter {
     where
         C: FnOnce(&[SeriesRows<'_>]) -> Result<usize, StoreError> + Send + 'static,
     {
+        if let Some(forward) = &self.forward {
+            // The 1m candles only: the persister derives the rest from what is stored.
+            if let Some((series, m1)) = rows.first().filter(|(s, _)| s.timeframe == Timeframe::M1) {
+                forward.forward(series.clone(), m1.clone()).await?;
+            }
+            return Ok(rows);
+        }
         let store = self.store.clone();
         let rows = crate::store::blocking(move || {
             let mut rows = rows;

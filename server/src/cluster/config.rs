@@ -72,6 +72,8 @@ impl Default for StoreConfig {
 pub struct ClusterConfig {
     /// `millrace serve` runs as a gateway of the cluster.
     pub enabled: bool,
+    /// This gateway's id in demands and leases [default: gateway-<host>-<pid>].
+    pub id: Option<String>,
     pub warmup_s: u64,
     /// The one low-precision timer's period.
     pub tick_ms: u64,
@@ -91,12 +93,18 @@ pub struct ClusterConfig {
     pub symbol_pattern: Option<String>,
     /// Lifetime of the leader lease (JetStream KV entry); a standby takes over after it.
     pub lease_s: u64,
+    /// JetStream's duplicate window of the closed-candle stream: a candle sent again within it
+    /// (by another replica) is dropped before the persister.
+    pub dedup_window_s: u64,
+    /// How long closed candles wait in JetStream for a persister before they expire.
+    pub queue_max_age_s: u64,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             enabled: false,
+            id: None,
             warmup_s: 30,
             tick_ms: 1000,
             status_interval_ms: 1000,
@@ -108,6 +116,8 @@ impl Default for ClusterConfig {
             kinds: TaskKind::ALL.to_vec(),
             symbol_pattern: None,
             lease_s: 10,
+            dedup_window_s: 600,
+            queue_max_age_s: 7 * 86_400,
         }
     }
 }
@@ -220,11 +230,24 @@ pub fn validate(
     range("cluster.task_query_interval_s", c.task_query_interval_s, 1, 7 * 86_400)?;
     range("cluster.redundancy", u64::from(c.redundancy), 1, 5)?;
     range("cluster.lease_s", c.lease_s, 1, 3600)?;
+    range("cluster.dedup_window_s", c.dedup_window_s, 1, 86_400)?;
+    range("cluster.queue_max_age_s", c.queue_max_age_s, 60, 365 * 86_400)?;
+    if c.dedup_window_s > c.queue_max_age_s {
+        return Err(invalid("cluster.dedup_window_s", "must not exceed cluster.queue_max_age_s"));
+    }
     if c.status_interval_ms >= c.worker_timeout_s * 1000 {
         return Err(invalid(
             "cluster.status_interval_ms",
             "must be shorter than cluster.worker_timeout_s, or every worker times out",
         ));
+    }
+    if let Some(id) = &c.id {
+        if !valid_prefix(id) {
+            return Err(invalid(
+                "cluster.id",
+                format!("{id:?} must be 1 to 64 letters, digits, `_` or `-`"),
+            ));
+        }
     }
     if c.kinds.is_empty() {
         return Err(invalid("cluster.kinds", "must name at least one of kline, depth"));

@@ -10,14 +10,20 @@
 //! | `{prefix}.cluster.demand` | every gateway, likewise → supervisors | `Demand` |
 //! | `{prefix}.cluster.instr.{worker}` | the leader → one worker | `Instructions` |
 //! | `{prefix}.cluster.report` | request/reply: anyone → the leader | `ClusterReport` |
+//! | `{prefix}.candles.{series}` | workers → JetStream `{prefix}_candles` → the persister | `ClosedCandle` |
+//! | `{prefix}.bus.{topic}` | workers (forming), the persister (stored) → gateways | push frames |
 //!
 //! The leader holds the key `leader` of the JetStream KV bucket `{prefix}_cluster`, whose
 //! entries live `lease_s`: the leader renews it every tick with a revision-checked update; when
 //! it stops (killed, partitioned) the entry ages out and a standby creates it. The revision it
 //! was created with is the new leader's epoch, which every instruction set carries.
 
+pub mod candles;
 pub mod config;
+pub mod gateway;
+pub mod lease;
 pub mod supervisor;
+pub mod worker;
 
 use std::time::Duration;
 
@@ -45,7 +51,15 @@ impl Subjects {
     pub fn report(&self) -> String {
         format!("{}.cluster.report", self.prefix)
     }
-    /// The KV bucket of the leader lease.
+    /// The JetStream stream of closed candles on their way to the store.
+    pub fn candle_stream(&self) -> String {
+        format!("{}_candles", self.prefix)
+    }
+    /// The subject of `series`' closed candles in [`Subjects::candle_stream`].
+    pub fn candles(&self, series: &shared::protocol::SeriesId) -> String {
+        format!("{}.candles.{}", self.prefix, crate::bus::nats::token(&series.to_string()))
+    }
+    /// The KV bucket of the leases (`leader`, `persister`).
     pub fn lease_bucket(&self) -> String {
         format!("{}_cluster", self.prefix)
     }

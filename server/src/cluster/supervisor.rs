@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures_util::StreamExt as _;
 use shared::cluster::assign::{Assigner, Output};
 use shared::cluster::{Demand, TaskId, WorkerStatus};
 use tokio::sync::mpsc;
 
 use super::config::{glob_match, ClusterConfig};
+use super::lease::RoleLease;
 use super::Subjects;
 use crate::shutdown::Shutdown;
 use crate::sources::Sources;
@@ -69,51 +69,6 @@ pub fn query_tasks(cluster: &ClusterConfig, sources: Option<&Sources>) -> Vec<Ta
     tasks
 }
 
-/// The leader lease: who holds it and with which revision.
-struct Lease {
-    kv: async_nats::jetstream::kv::Store,
-    id: String,
-    /// The revision of our last write while we lead.
-    revision: Option<u64>,
-}
-
-impl Lease {
-    /// Renews or tries to take the lease; returns the epoch when this call made us leader,
-    /// `Err` when we lost it.
-    async fn keep(&mut self, stats: &ShellStats) -> Result<Option<u64>, ()> {
-        let value = Bytes::from(self.id.clone());
-        match self.revision {
-            Some(rev) => match self.kv.update("leader", value, rev).await {
-                Ok(r) => {
-                    self.revision = Some(r);
-                    Ok(None)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "lost the leader lease");
-                    stats.lease_errors.fetch_add(1, Relaxed);
-                    self.revision = None;
-                    Err(())
-                }
-            },
-            None => match self.kv.create("leader", value).await {
-                Ok(r) => {
-                    self.revision = Some(r);
-                    Ok(Some(r))
-                }
-                Err(_) => Ok(None), // someone leads (or NATS is away): stand by
-            },
-        }
-    }
-
-    /// The current leader's id, if any.
-    async fn holder(&self) -> Option<String> {
-        match self.kv.get("leader").await {
-            Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
-            _ => None,
-        }
-    }
-}
-
 /// Runs the supervisor `id` until `shutdown`.
 pub async fn run(
     client: async_nats::Client,
@@ -128,7 +83,7 @@ pub async fn run(
     let kv = super::kv_bucket(&js, &bucket, Duration::from_secs(cluster.lease_s))
         .await
         .map_err(|source| SupervisorError::Bucket { bucket, source })?;
-    let mut lease = Lease { kv, id: id.clone(), revision: None };
+    let mut lease = RoleLease::new(kv, "leader", &id);
     let subscribe = |subject: String| {
         let client = client.clone();
         async move {
@@ -167,7 +122,7 @@ pub async fn run(
             }
             Some((tasks, reset)) = query_rx.recv() => assigner.handle_task_list(now(), &tasks, reset),
             _ = tick.tick() => {
-                match lease.keep(&stats).await {
+                match lease.keep(&stats.lease_errors).await {
                     Ok(Some(epoch)) => {
                         tracing::info!(%id, epoch, "leading");
                         assigner.set_leader(now(), epoch);
@@ -213,9 +168,6 @@ pub async fn run(
             }
         }
     }
-    if lease.revision.is_some() {
-        // hand over at once: a standby need not wait for the lease to age out
-        let _ = lease.kv.purge("leader").await;
-    }
+    lease.release().await;
     Ok(())
 }

@@ -56,9 +56,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use shared::protocol::ops::{
     AdminResult, ApiErrorCode as Code, AutoBalanceReply, AutoBalanceRequest, BackfillReport,
-    BooksReport, Catalog, HotspotReply, HotspotRequest, InstrumentReply, InstrumentRequest,
-    JobsReport, KlineRow, MigrateReply, MigrateRequest, SeriesReply, SeriesRequest, ShardsReport,
-    SourcesReport, StoredSeries, TickSourceKind, TickSourceStats,
+    BooksReport, Catalog, ClusterReport, HotspotReply, HotspotRequest, InstrumentReply,
+    InstrumentRequest, JobsReport, KlineRow, MigrateReply, MigrateRequest, SeriesReply,
+    SeriesRequest, ShardsReport, SourcesReport, StoredSeries, TickSourceKind, TickSourceStats,
 };
 use shared::protocol::{InstrumentId, RestDepthResponse, SeriesId};
 
@@ -73,6 +73,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/ops/jobs", get(ops_jobs))
         .route("/api/v1/ops/backfill", get(ops_backfill))
         .route("/api/v1/ops/sources", get(ops_sources))
+        .route("/api/v1/ops/cluster", get(ops_cluster))
         .route("/metrics", get(metrics))
         .route("/fapi/v1/depth", get(rest_depth))
         .route("/api/v1/ops/books", get(ops_books))
@@ -195,6 +196,26 @@ async fn ops_backfill(State(state): State<AppState>) -> Json<BackfillReport> {
 
 async fn ops_sources(State(state): State<AppState>) -> Json<SourcesReport> {
     Json(SourcesReport { sources: state.app.sources.snapshot() })
+}
+
+/// The leading supervisor's report, asked over NATS (a gateway only).
+async fn ops_cluster(State(state): State<AppState>) -> Result<Json<ClusterReport>, ApiError> {
+    let Some(g) = &state.app.gateway else {
+        return Err(ApiError::not_found(
+            Code::NotFound,
+            "this server is not a gateway of a cluster ([cluster] enabled = false)",
+        ));
+    };
+    let unavailable =
+        |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, why);
+    let ask = g.client.request(g.subjects.report(), bytes::Bytes::new());
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(2), ask)
+        .await
+        .map_err(|_| unavailable("no leading supervisor answered within 2 s".into()))?
+        .map_err(|e| unavailable(format!("no leading supervisor answered: {e}")))?;
+    serde_json::from_slice(&answer.payload)
+        .map(Json)
+        .map_err(|e| unavailable(format!("the supervisor's report did not parse: {e}")))
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

@@ -240,16 +240,8 @@ impl Supervisor {
     /// Starts the pinned jobs and the idle reaper (on the current tokio runtime). The reaper
     /// stops with the supervisor.
     pub fn start(&self, pinned: &[InstrumentId]) {
-        {
-            let mut st = self.lock();
-            for inst in pinned {
-                if let Some(job) = st.jobs.get_mut(inst) {
-                    job.pinned = true;
-                    continue;
-                }
-                let job = self.spawn_job(&mut st, inst.clone(), true);
-                st.jobs.insert(inst.clone(), job);
-            }
+        for inst in pinned {
+            self.pin(inst);
         }
         let weak = Arc::downgrade(&self.inner);
         let every = Duration::from_millis(self.inner.config.reaper_interval_ms);
@@ -266,6 +258,21 @@ impl Supervisor {
             }
             .instrument(span),
         );
+    }
+
+    /// Runs `instrument`'s job until [`Supervisor::stop_job`], starting it if needed (a pinned
+    /// job is never evicted nor reaped). A cluster worker pins what its instructions add.
+    pub fn pin(&self, instrument: &InstrumentId) {
+        let mut st = self.lock();
+        if st.shutting_down {
+            return;
+        }
+        if let Some(job) = st.jobs.get_mut(instrument) {
+            job.pinned = true;
+            return;
+        }
+        let job = self.spawn_job(&mut st, instrument.clone(), true);
+        st.jobs.insert(instrument.clone(), job);
     }
 
     /// Checks `series` and takes a reference on its instrument's job, starting it if needed

@@ -372,6 +372,72 @@ impl Drop for ChildServer {
     }
 }
 
+/// A cluster role (`millrace supervisor|worker …`) as a child process, its configuration
+/// written as TOML into `dir`, its log into `dir/<name>.log`.
+pub struct ChildRole {
+    pub child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl ChildRole {
+    /// Starts `millrace <args…> --config <dir>/<name>.toml` with `RUST_LOG=rust_log`.
+    pub fn start(name: &str, args: &[&str], config: &Config, dir: &Path, rust_log: &str) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(millrace_bin())
+            .args(args)
+            .arg("--config")
+            .arg(&path)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        ChildRole { child, name: name.to_string(), log }
+    }
+
+    /// `kill -9`.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, without waiting.
+    pub fn sigterm(&self) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    }
+
+    /// Waits for the exit (at most `timeout`); its status, or `None` if it is still running.
+    pub async fn exited(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ChildRole {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
 /// Reads every stored candle of `series` (all of them, oldest first).
 pub fn stored(db: &Path, series: &str) -> Vec<shared::candle::Candle> {
     use server::store::CandleStore as _;

@@ -144,6 +144,12 @@ async fn every_answer_reads_back_into_its_shared_type() {
     let mut covered: Vec<String> =
         checked.iter().map(|(p, _)| p.split('?').next().unwrap().to_string()).collect();
     covered.extend(["/ws".to_string(), "/metrics".to_string()]);
+    // `/api/v1/ops/cluster` answers on a gateway only (its `ClusterReport` is read back in
+    // cluster_workers.rs); here it is the error shape.
+    let (status, body) = server.get("/api/v1/ops/cluster").await;
+    assert_eq!(status, 404, "{body}");
+    round_trip::<ApiErrorBody>("ops/cluster", &body);
+    covered.push("/api/v1/ops/cluster".to_string());
     covered.sort();
     assert_eq!(covered, get_routes_in_source(), "a GET route without a shape check");
 

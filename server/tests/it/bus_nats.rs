@@ -41,8 +41,8 @@ async fn frames_cross_processes_by_topic_and_prefix() {
     let prefix = format!("tbus{}", std::process::id());
     let (a, b) = (bus(&prefix, &stop).await, bus(&prefix, &stop).await);
     let other = bus(&format!("{prefix}x"), &stop).await;
-    let t1 = "kline@sim:spot:BTC/USDT:5m";
-    let t2 = "kline@sim:spot:BTC.X/USDT:5m"; // a dot: must not become a second subject token
+    let t1 = "depth@sim:spot:BTC/USDT,20";
+    let t2 = "depth@sim:spot:BTC.X/USDT,20"; // a dot: must not become a second subject token
     let mut s1 = b.subscribe(t1);
     let mut s2 = b.subscribe(t2);
     let mut elsewhere = other.subscribe(t1);
@@ -70,4 +70,42 @@ async fn frames_cross_processes_by_topic_and_prefix() {
     assert!(a.connected() && b.connected());
     stop.stop();
     assert!(stop.stopped(Duration::from_secs(5)).await, "a bus task did not stop");
+}
+
+/// A kline push frame of `sim:spot:BTC/USDT:1m`.
+fn kline(open: i64, event: i64, closed: bool) -> Bytes {
+    let series: shared::protocol::SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
+    let p = shared::fixed::Price(100);
+    let c = shared::candle::Candle::one_minute(open, p, p, p, p, shared::fixed::Volume(1), 1);
+    server::candles::writer::kline_frame(&series, &c, closed, event)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kline_pushes_of_two_replicas_arrive_once_and_in_order() {
+    let stop = Shutdown::new();
+    let prefix = format!("tbusk{}", std::process::id());
+    let (a, b, gateway) =
+        (bus(&prefix, &stop).await, bus(&prefix, &stop).await, bus(&prefix, &stop).await);
+    let topic = "kline@sim:spot:BTC/USDT:1m";
+    let mut sub = gateway.subscribe(topic);
+    tokio::time::sleep(Duration::from_millis(200)).await; // the NATS subscription is up
+                                                          // Replica a sends forming updates 1, 3 and the close; then replica b (slower) 2, 3 and the
+                                                          // close: all of b's are old or already seen.
+    let mut got = Vec::new();
+    for (bus, events) in [(&a, [1, 3]), (&b, [2, 3])] {
+        for e in events {
+            bus.publish(topic, kline(0, e, false));
+        }
+        bus.publish(topic, kline(0, 60_000, true));
+        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), sub.recv()).await {
+            let push: shared::protocol::Push<shared::protocol::KlineEvent> =
+                serde_json::from_slice(&m.payload).unwrap();
+            got.push((push.data.event_time, push.data.k.x));
+        }
+    }
+    assert_eq!(got, vec![(1, false), (3, false), (60_000, true)], "each once, never older");
+    let dups = gateway.stats().duplicates.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(dups, 3, "b's 2 and 3 and its close were dropped");
+    stop.stop();
+    assert!(stop.stopped(Duration::from_secs(5)).await);
 }

@@ -13,6 +13,7 @@ mod bus_nats;
 mod cli_replay_klines;
 mod cli_replay_l3;
 mod cluster_supervisor;
+mod cluster_workers;
 mod crash;
 mod depth_api;
 mod depth_faults;

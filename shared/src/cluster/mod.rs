@@ -13,8 +13,10 @@
 //! - [`worker::WorkerTasks`] is the worker's side: which sessions an instruction set starts and
 //!   stops.
 //! - [`timer::LowResTimer`] is the one low-precision timer every timeout and poll goes through.
+//! - [`payload`]: what the data plane carries between processes, with natural ids and de-dup.
 
 pub mod assign;
+pub mod payload;
 pub mod timer;
 pub mod worker;
 

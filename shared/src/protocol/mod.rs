@@ -273,6 +273,8 @@ pub enum ErrorCode {
     SimulatorError,
     /// HTTP: this address holds as many connections as it may.
     TooManyConnections,
+    /// REST: a part of the cluster the answer needs (the leading supervisor) did not answer.
+    Unavailable,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

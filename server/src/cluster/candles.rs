@@ -1,0 +1,318 @@
+//! Closed candles in a cluster: workers → JetStream → the persister → PostgreSQL → the bus.
+//!
+//! - The stream `{prefix}_candles` (file storage, work-queue retention) takes every closed 1m
+//!   candle a worker's kline task produces, one message per candle on
+//!   `{prefix}.candles.{series}`, with `Nats-Msg-Id` = (series, open time)
+//!   ([`ClosedCandle::msg_id`]): the replicas of a task publish the same candles and the stream
+//!   keeps one of each within `cluster.dedup_window_s`. A worker's pipeline counts a candle as
+//!   accepted when JetStream acknowledged it (stored on disk), like the single process counts
+//!   a commit.
+//! - The persister ([`Persister`]) consumes it through the durable pull consumer
+//!   `persister`, shared by every persister; only the holder of the `persister` lease pulls, so
+//!   one process writes at a time (a derived candle is the merge of its bucket's stored minutes,
+//!   which two concurrent writers of a series could each read incomplete). It groups a batch by
+//!   series, writes each series' minutes and the derived candles they complete in one
+//!   transaction through the one [`CandleWriter`] (which publishes them after the commit), and
+//!   only then acknowledges the messages. A failed write is negatively acknowledged with a
+//!   delay and comes back; a persister killed before acknowledging leaves its messages to be
+//!   redelivered to the next lease holder after `ack_wait`. Writes are idempotent upserts, and
+//!   the bus's kline de-dup drops a redelivered batch's second publication.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, stream, AckKind};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::StreamExt as _;
+use shared::candle::{Candle, Timeframe};
+use shared::cluster::payload::ClosedCandle;
+use shared::protocol::SeriesId;
+
+use super::config::ClusterConfig;
+use super::lease::RoleLease;
+use super::Subjects;
+use crate::candles::writer::{CandleWriter, Derive, ForwardClosed};
+use crate::error::report;
+use crate::shutdown::Shutdown;
+use crate::store::StoreError;
+
+/// The durable consumer every persister shares.
+pub const CONSUMER: &str = "persister";
+
+/// Most messages a persister writes in one round.
+pub const BATCH_MAX: usize = 20_000;
+
+/// How long a round waits for more messages after the first one.
+const BATCH_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a message may stay unacknowledged before JetStream redelivers it.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Creates (or finds) the candle stream of `subjects`.
+pub async fn ensure_stream(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    cluster: &ClusterConfig,
+) -> Result<stream::Stream, async_nats::Error> {
+    Ok(js
+        .get_or_create_stream(stream::Config {
+            name: subjects.candle_stream(),
+            subjects: vec![format!("{}.candles.>", subjects.prefix)],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(cluster.dedup_window_s),
+            max_age: Duration::from_secs(cluster.queue_max_age_s),
+            ..Default::default()
+        })
+        .await?)
+}
+
+/// Counters of a worker's forwarding.
+#[derive(Debug, Default)]
+pub struct ForwardStats {
+    pub published: AtomicU64,
+    /// Candles JetStream already had (another replica sent them first).
+    pub duplicates: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+/// A worker's [`ForwardClosed`]: closed 1m candles onto the candle stream.
+pub struct JetStreamForward {
+    js: jetstream::Context,
+    subjects: Subjects,
+    pub stats: Arc<ForwardStats>,
+}
+
+impl JetStreamForward {
+    pub fn new(js: jetstream::Context, subjects: Subjects) -> Self {
+        JetStreamForward { js, subjects, stats: Arc::default() }
+    }
+}
+
+impl ForwardClosed for JetStreamForward {
+    fn forward(
+        &self,
+        series: SeriesId,
+        candles: Vec<Candle>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (js, stats) = (self.js.clone(), self.stats.clone());
+        let subject = self.subjects.candles(&series);
+        Box::pin(async move {
+            let fail = |e: &dyn std::fmt::Display| {
+                stats.failures.fetch_add(1, Relaxed);
+                StoreError::db(
+                    format!("cannot hand closed candles of {series} to JetStream ({subject})"),
+                    e.to_string(),
+                )
+            };
+            // Publish them all, then wait for the acknowledgements (pipelined).
+            let mut acks = Vec::with_capacity(candles.len());
+            for candle in candles {
+                let msg = ClosedCandle { series: series.clone(), candle };
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", msg.msg_id().as_str());
+                let body = Bytes::from(serde_json::to_vec(&msg).expect("serialisable"));
+                let ack = js
+                    .publish_with_headers(subject.clone(), headers, body)
+                    .await
+                    .map_err(|e| fail(&e))?;
+                acks.push(ack);
+            }
+            for ack in acks {
+                let ack = ack.await.map_err(|e| fail(&e))?;
+                if ack.duplicate {
+                    stats.duplicates.fetch_add(1, Relaxed);
+                } else {
+                    stats.published.fetch_add(1, Relaxed);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Counters of a persister.
+#[derive(Debug, Default)]
+pub struct PersisterStats {
+    /// Closed 1m candles written (derived ones are not counted).
+    pub candles: AtomicU64,
+    /// Series transactions committed.
+    pub batches: AtomicU64,
+    pub write_failures: AtomicU64,
+    /// Messages that were not a closed candle (terminated, never redelivered).
+    pub malformed: AtomicU64,
+    /// Messages delivered more than once (a persister died or failed before acknowledging).
+    pub redelivered: AtomicU64,
+    pub lease_errors: AtomicU64,
+    /// 1 while this process holds the persister lease.
+    pub leading: AtomicU64,
+}
+
+/// Why a persister could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PersisterError {
+    #[error("cannot set up JetStream for the persister ({what})")]
+    JetStream {
+        what: String,
+        #[source]
+        source: async_nats::Error,
+    },
+}
+
+/// A persister candidate (see the module docs).
+pub struct Persister {
+    pub client: async_nats::Client,
+    pub subjects: Subjects,
+    pub cluster: ClusterConfig,
+    /// The timeframes written from the 1m candles.
+    pub derived: Vec<Timeframe>,
+    /// Stores, then publishes.
+    pub writer: CandleWriter,
+    /// Its id in the lease.
+    pub id: String,
+    pub stats: Arc<PersisterStats>,
+}
+
+impl Persister {
+    /// Runs until `shutdown`.
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), PersisterError> {
+        let Persister { client, subjects, cluster, derived, writer, id, stats } = self;
+        let js = jetstream::new(client);
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |source| PersisterError::JetStream { what, source }
+        };
+        let stream = ensure_stream(&js, &subjects, &cluster).await.map_err(err("candle stream"))?;
+        let consumer: jetstream::consumer::Consumer<pull::Config> = stream
+            .get_or_create_consumer(
+                CONSUMER,
+                pull::Config {
+                    durable_name: Some(CONSUMER.into()),
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: ACK_WAIT,
+                    max_ack_pending: (BATCH_MAX * 4) as i64,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| err("persister consumer")(e.into()))?;
+        let kv =
+            super::kv_bucket(&js, &subjects.lease_bucket(), Duration::from_secs(cluster.lease_s))
+                .await
+                .map_err(err("lease bucket"))?;
+        let mut lease = RoleLease::new(kv, "persister", &id);
+        let mut tick = tokio::time::interval(Duration::from_millis(cluster.tick_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let retry = Duration::from_millis(cluster.tick_ms.max(500));
+        let mut messages: Option<pull::Stream> = None;
+        let mut batch: Vec<jetstream::Message> = Vec::new();
+        loop {
+            // Hold the lease; pull only while holding it.
+            tokio::select! {
+                _ = tick.tick() => {
+                    match lease.keep(&stats.lease_errors).await {
+                        Ok(Some(epoch)) => tracing::info!(%id, epoch, "persisting closed candles"),
+                        Ok(None) => {}
+                        Err(()) => messages = None,
+                    }
+                    stats.leading.store(u64::from(lease.held()), Relaxed);
+                    if lease.held() && messages.is_none() {
+                        match consumer.messages().await {
+                            Ok(m) => messages = Some(m),
+                            Err(e) => tracing::warn!(error = %e, "persister: cannot pull"),
+                        }
+                    }
+                    continue;
+                }
+                m = next(&mut messages) => match m {
+                    Some(Ok(m)) => batch.push(m),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "persister: pull failed, pulling again");
+                        messages = None;
+                        continue;
+                    }
+                    None => { messages = None; continue; }
+                },
+                () = shutdown.stopping() => break,
+            }
+            // Gather a round: what arrives within BATCH_WAIT, at most BATCH_MAX.
+            let until = tokio::time::Instant::now() + BATCH_WAIT;
+            while batch.len() < BATCH_MAX {
+                match tokio::time::timeout_at(until, next(&mut messages)).await {
+                    Ok(Some(Ok(m))) => batch.push(m),
+                    Ok(_) | Err(_) => break,
+                }
+            }
+            persist(&mut batch, &derived, &writer, &stats, retry).await;
+        }
+        lease.release().await;
+        Ok(())
+    }
+}
+
+/// The next message of `messages`; pending forever when there is none.
+async fn next(
+    messages: &mut Option<pull::Stream>,
+) -> Option<Result<jetstream::Message, async_nats::error::Error<pull::MessagesErrorKind>>> {
+    match messages {
+        Some(m) => m.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes one round and acknowledges it (see the module docs).
+async fn persist(
+    batch: &mut Vec<jetstream::Message>,
+    derived: &[Timeframe],
+    writer: &CandleWriter,
+    stats: &PersisterStats,
+    retry: Duration,
+) {
+    type Round = (BTreeMap<i64, Candle>, Vec<jetstream::Message>);
+    let mut by_series: BTreeMap<SeriesId, Round> = BTreeMap::new();
+    for m in batch.drain(..) {
+        if m.info().is_ok_and(|i| i.delivered > 1) {
+            stats.redelivered.fetch_add(1, Relaxed);
+        }
+        match serde_json::from_slice::<ClosedCandle>(&m.payload) {
+            Ok(c) if c.series.timeframe == Timeframe::M1 && c.candle.check().is_ok() => {
+                let (candles, msgs) = by_series.entry(c.series).or_default();
+                candles.insert(c.candle.open_time, c.candle);
+                msgs.push(m);
+            }
+            _ => {
+                stats.malformed.fetch_add(1, Relaxed);
+                tracing::warn!(subject = %m.subject, "persister: not a closed 1m candle, dropped");
+                let _ = m.ack_with(AckKind::Term).await;
+            }
+        }
+    }
+    // One transaction per series; its messages are acknowledged once it committed, or come
+    // back after `retry` (upserted again: idempotent).
+    for (series, (candles, msgs)) in by_series {
+        let candles: Vec<Candle> = candles.into_values().collect();
+        let (lo, hi) = (candles[0].open_time, candles[candles.len() - 1].open_time);
+        let n = candles.len() as u64;
+        let store = writer.store().clone();
+        let derive = Derive::Buckets { timeframes: derived.to_vec(), lo, hi, newest: hi };
+        match writer.write(vec![(series.clone(), candles)], derive, move |b| store.write(b)).await {
+            Ok(_) => {
+                stats.candles.fetch_add(n, Relaxed);
+                stats.batches.fetch_add(1, Relaxed);
+                for m in msgs {
+                    let _ = m.ack().await;
+                }
+            }
+            Err(e) => {
+                stats.write_failures.fetch_add(1, Relaxed);
+                tracing::error!(%series, "persister: write failed, will retry: {}", report(&e));
+                for m in msgs {
+                    let _ = m.ack_with(AckKind::Nak(Some(retry))).await;
+                }
+            }
+        }
+    }
+}

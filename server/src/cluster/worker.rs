@@ -1,0 +1,252 @@
+//! `millrace worker`: seed 004's Worker. It holds the upstream sessions its instruction sets
+//! give it — `kline:{instrument}` runs today's kline job (the 1m stream with the REST gap fill),
+//! whose closed candles go to JetStream ([`JetStreamForward`]) and whose forming candles go to
+//! the bus — and says what it holds in a [`WorkerStatus`] every `status_interval_ms` and at
+//! once on every change, with each session's data age (for the supervisor's task timeout).
+//!
+//! Instruction sets are applied by [`WorkerTasks`] (stale epochs and sets ignored; a pre-reset
+//! keeps what is unchanged). A job is pinned in the worker's own jobs [`Supervisor`], so seed
+//! 000's crash restarts and back-off apply to it as in the single process.
+//!
+//! **Drain.** When asked to leave (SIGTERM), the worker says so in a status at once; the leader
+//! moves its tasks to other workers and ends them here. The worker keeps its sessions until
+//! then (at most `drain_s`), so with redundancy 1 the new holder is connecting while the old one
+//! still delivers; then it stops its jobs, which hand their last closed candles to JetStream.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use shared::cluster::worker::WorkerTasks;
+use shared::cluster::{Instructions, TaskId, TaskKind, TaskReport, WorkerStatus};
+use shared::protocol::ops::JobKind;
+
+use super::candles::{ensure_stream, JetStreamForward};
+use super::Subjects;
+use crate::bus::{Bus, NatsBus};
+use crate::candles::kline_job::KlineRunner;
+use crate::candles::writer::CandleWriter;
+use crate::clock::wall_clock_ms;
+use crate::config::Config;
+use crate::jobs::Supervisor;
+use crate::shutdown::Shutdown;
+use crate::sources::Sources;
+use crate::store::postgres::PostgresStore;
+use crate::store::{blocking, CandleStore};
+
+/// Who this worker is.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub id: String,
+    /// The most sessions it holds (declared in every status).
+    pub max_load: u32,
+    /// The longest a draining worker waits for its tasks to be moved before it stops them.
+    pub drain: Duration,
+}
+
+/// Counters of a worker.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub statuses: AtomicU64,
+    pub instruction_sets: AtomicU64,
+    /// Instruction sets that were not valid JSON, or addressed to another worker.
+    pub malformed: AtomicU64,
+    pub started: AtomicU64,
+    pub stopped: AtomicU64,
+}
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("configuration key `store.kind`: a worker reads where its kline tasks resume from the cluster's PostgreSQL store")]
+    NotPostgres,
+    #[error("cannot open the store (configuration key `store.url`)")]
+    Store(#[source] crate::store::StoreError),
+    #[error("cannot set up JetStream's candle stream")]
+    JetStream(#[source] async_nats::Error),
+    #[error("cannot subscribe to {subject}")]
+    Subscribe {
+        subject: String,
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Source(#[from] crate::sources::SourceError),
+}
+
+/// A worker's sessions: one jobs supervisor per kind it runs.
+struct Sessions {
+    kline: Supervisor,
+}
+
+impl Sessions {
+    fn jobs(&self, kind: TaskKind) -> Option<&Supervisor> {
+        match kind {
+            TaskKind::Kline => Some(&self.kline),
+            TaskKind::Depth => None,
+        }
+    }
+
+    fn start(&self, task: &TaskId) {
+        match self.jobs(task.kind) {
+            Some(jobs) => jobs.pin(&task.instrument),
+            None => tracing::warn!(%task, "this worker does not run depth sessions yet"),
+        }
+    }
+
+    fn stop(&self, task: &TaskId) {
+        if let Some(jobs) = self.jobs(task.kind) {
+            jobs.stop_job(&task.instrument);
+        }
+    }
+
+    /// Data age of `task`, ms, by the worker's clock; `None` before its first message.
+    fn data_age_ms(&self, task: &TaskId, now_ms: i64) -> Option<u64> {
+        let health = self.jobs(task.kind)?.health(&task.instrument)?;
+        let last = health.last_message_at_ms.load(Relaxed);
+        (last > 0).then(|| u64::try_from(now_ms - last).unwrap_or(0))
+    }
+}
+
+/// Runs worker `options.id` until `shutdown` (at once) or `drain` (gracefully, see the module
+/// docs).
+pub async fn run(
+    config: Config,
+    client: async_nats::Client,
+    options: WorkerOptions,
+    stats: Arc<WorkerStats>,
+    shutdown: Shutdown,
+    drain: impl std::future::Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    let subjects = Subjects::new(&config.bus.prefix);
+    let js = async_nats::jetstream::new(client.clone());
+    ensure_stream(&js, &subjects, &config.cluster).await.map_err(WorkerError::JetStream)?;
+    let url = config.store.url.clone().ok_or(WorkerError::NotPostgres)?;
+    let store: Arc<dyn CandleStore> =
+        Arc::new(blocking(move || PostgresStore::open(&url)).await.map_err(WorkerError::Store)?);
+    let bus: Arc<dyn Bus> = Arc::new(NatsBus::new(
+        client.clone(),
+        &config.bus.prefix,
+        config.limits.bus_capacity,
+        &shutdown,
+    ));
+    let endpoints = crate::sources::remote_endpoints(&config.sources)?;
+    let sources =
+        Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
+            .await?;
+    let forward = Arc::new(JetStreamForward::new(js, subjects.clone()));
+    let writer = CandleWriter::forwarding(store.clone(), bus, forward);
+    let runner = KlineRunner::new(&config, sources.clone(), writer);
+    let sessions = Sessions {
+        kline: Supervisor::new(JobKind::Kline, config.ingest.clone(), Arc::new(runner), &shutdown),
+    };
+    sessions.kline.start(&[]);
+
+    let id = options.id.clone();
+    let subject = subjects.instructions(&id);
+    let mut instructions = client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|source| WorkerError::Subscribe { subject, source })?;
+    let instance = instance_id();
+    let mut tasks = WorkerTasks::new();
+    let mut leaving = false;
+    let status = |tasks: &WorkerTasks, leaving: bool| {
+        let now = wall_clock_ms();
+        let (epoch, applied_seq) = tasks.applied();
+        WorkerStatus {
+            worker: id.clone(),
+            instance,
+            max_load: options.max_load,
+            epoch,
+            applied_seq,
+            leaving,
+            tasks: tasks
+                .wanted()
+                .iter()
+                .map(|t| TaskReport { task: t.clone(), data_age_ms: sessions.data_age_ms(t, now) })
+                .collect(),
+        }
+    };
+    let publish = |st: WorkerStatus| {
+        let (client, subject, stats) = (client.clone(), subjects.status(), stats.clone());
+        async move {
+            let body = serde_json::to_vec(&st).expect("serialisable");
+            if client.publish(subject, body.into()).await.is_ok() {
+                stats.statuses.fetch_add(1, Relaxed);
+            }
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(config.cluster.status_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(drain);
+    let drain_deadline = tokio::time::sleep(Duration::from_secs(86_400 * 365));
+    tokio::pin!(drain_deadline);
+    tracing::info!(%id, max_load = options.max_load, prefix = %subjects.prefix, "worker started");
+    loop {
+        tokio::select! {
+            Some(m) = instructions.next() => {
+                match serde_json::from_slice::<Instructions>(&m.payload) {
+                    Ok(set) if set.worker == id => {
+                        stats.instruction_sets.fetch_add(1, Relaxed);
+                        if let Some(change) = tasks.apply(&set) {
+                            for t in &change.stop {
+                                sessions.stop(t);
+                                stats.stopped.fetch_add(1, Relaxed);
+                            }
+                            if !leaving {
+                                for t in &change.start {
+                                    sessions.start(t);
+                                    stats.started.fetch_add(1, Relaxed);
+                                }
+                            }
+                            tracing::info!(epoch = set.epoch, seq = set.seq, reset = set.reset,
+                                stop = change.stop.len(), start = change.start.len(),
+                                "instructions applied");
+                            publish(status(&tasks, leaving)).await;
+                        }
+                        if leaving && tasks.wanted().is_empty() {
+                            break; // every task moved
+                        }
+                    }
+                    _ => { stats.malformed.fetch_add(1, Relaxed); }
+                }
+            }
+            _ = tick.tick() => publish(status(&tasks, leaving)).await,
+            () = &mut drain, if !leaving => {
+                tracing::info!(%id, "draining: leaving the cluster");
+                leaving = true;
+                drain_deadline.as_mut().reset(tokio::time::Instant::now() + options.drain);
+                publish(status(&tasks, leaving)).await;
+                if tasks.wanted().is_empty() {
+                    break;
+                }
+            }
+            () = &mut drain_deadline, if leaving => break,
+            () = shutdown.stopping() => break,
+        }
+    }
+    // Stop every session (closed candles still buffered go to JetStream), then say so.
+    sessions.kline.stop(Duration::from_secs(10)).await;
+    tasks.clear();
+    publish(status(&tasks, true)).await;
+    let _ = client.flush().await;
+    let _ = blocking(move || {
+        store.close();
+        Ok(())
+    })
+    .await;
+    Ok(())
+}
+
+/// A random id per process start (a worker restarted under the same id has lost its sessions).
+fn instance_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_i64(wall_clock_ms());
+    h.finish()
+}

@@ -1,0 +1,218 @@
+//! The cluster as processes over the machine's real NATS (JetStream) and PostgreSQL: the
+//! simulated exchange (in this process, on its own port), a supervisor and four workers (child
+//! processes of the `millrace` binary), and a gateway (a `serve` with `[cluster] enabled`, in
+//! this process, running the persister). Each run has its own subject prefix, JetStream
+//! stream, lease bucket and database.
+//!
+//! Checked through a `kill -9` of a worker and a SIGTERM (drain) of another:
+//! - every task is held by `redundancy` distinct live workers again within `worker_timeout_s`
+//!   + 2 ticks (kill) and within 2 s (drain);
+//! - the stored 1m candles equal the exchange's, with no hole; every closed candle was written
+//!   once (the persister's count equals the stored rows: the replicas' copies were dropped by
+//!   JetStream's de-dup) and reached a browser client once.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use server::cluster::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
+use server::config::Config;
+use shared::candle::Candle;
+use shared::cluster::TaskKind;
+use shared::protocol::ops::ClusterReport;
+use shared::protocol::{KlineEvent, ServerFrame};
+use sim::SimHandle;
+use testkit::*;
+
+const BTC: &str = "sim:spot:BTC/USDT";
+const ETH: &str = "sim:spot:ETH/USDT";
+const TICK_MS: u64 = 200;
+const WORKER_TIMEOUT_S: u64 = 2;
+
+fn nats_url() -> String {
+    std::env::var("MILLRACE_TEST_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+fn cluster_config(sim: &SimHandle, pg: &PgDb, prefix: &str, redundancy: u32) -> Config {
+    let mut c = test_config(vec![external_sim_source(sim)]);
+    c.bus = BusConfig { kind: BusKind::Nats, url: nats_url(), prefix: prefix.into() };
+    c.store = StoreConfig { kind: StoreKind::Postgres, url: Some(pg.url().into()) };
+    c.cluster = ClusterConfig {
+        enabled: true,
+        warmup_s: 1,
+        tick_ms: TICK_MS,
+        status_interval_ms: TICK_MS,
+        worker_timeout_s: WORKER_TIMEOUT_S,
+        task_timeout_s: 10,
+        redundancy,
+        lease_s: 2,
+        instruments: [BTC, ETH].iter().map(|s| s.parse().unwrap()).collect(),
+        kinds: vec![TaskKind::Kline],
+        ..ClusterConfig::default()
+    };
+    c
+}
+
+async fn report(gateway: &TestServer) -> Option<ClusterReport> {
+    let (status, body) = gateway.get("/api/v1/ops/cluster").await;
+    (status == 200).then(|| serde_json::from_str(&body).expect("a ClusterReport"))
+}
+
+/// Waits until every task is held by `n` distinct active workers, none of them in `gone`;
+/// returns the report.
+async fn fully_assigned(gateway: &TestServer, n: usize, gone: &[&str]) -> ClusterReport {
+    eventually(&format!("every task on {n} live workers (not {gone:?})"), || async {
+        let r = report(gateway).await?;
+        let active: Vec<&str> =
+            r.workers.iter().filter(|w| w.active && !w.leaving).map(|w| w.id.as_str()).collect();
+        let ok = r.tasks.len() == 2
+            && r.tasks.iter().all(|t| {
+                t.workers.len() == n
+                    && t.workers.iter().all(|w| active.contains(&w.as_str()))
+                    && !t.workers.iter().any(|w| gone.contains(&w.as_str()))
+            });
+        ok.then_some(r)
+    })
+    .await
+}
+
+/// The stored candles of `series`, oldest first.
+fn stored_pg(pg: &PgDb, series: &str) -> Vec<Candle> {
+    use server::store::CandleStore as _;
+    tokio::task::block_in_place(|| {
+        let store = server::store::postgres::PostgresStore::open(pg.url()).unwrap();
+        let out = store.candles(&series.parse().unwrap(), Some(0), None, 1_000_000).unwrap();
+        drop(store);
+        out
+    })
+}
+
+async fn stored_count(pg: &PgDb, series: &'static str) -> usize {
+    let url = pg.url().to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let q = "SELECT count(*) FROM candles c JOIN series s ON s.id = c.series_id \
+                 WHERE s.name = $1";
+        let n: i64 = c.query_one(q, &[&series]).map(|r| r.get(0)).unwrap_or(0);
+        n as usize
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until `series` has `n` more stored candles than `from`; returns the count.
+async fn stored_grows(pg: &PgDb, series: &'static str, from: usize, n: usize) -> usize {
+    eventually(&format!("{n} more stored candles of {series}"), || async {
+        let c = stored_count(pg, series).await;
+        (c >= from + n).then_some(c)
+    })
+    .await
+}
+
+/// A browser client on the gateway: closed 1m candles of BTC seen, by open time.
+fn watch_closed(
+    mut ws: Ws,
+) -> (std::sync::Arc<std::sync::Mutex<BTreeMap<i64, u32>>>, tokio::task::JoinHandle<()>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+    let keep = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            if let ServerFrame::Push(push) = next_frame(&mut ws).await {
+                if let Ok(ev) = serde_json::from_value::<KlineEvent>(push.data) {
+                    if ev.k.x {
+                        *keep.lock().unwrap().entry(ev.k.t).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_killed_and_drained_lose_and_repeat_no_candle() {
+    let sim = start_sim(60.0, 41).await;
+    let pg = tokio::task::block_in_place(|| PgDb::fresh("cluster"));
+    let prefix = format!("tw{}", std::process::id());
+    let config = cluster_config(&sim, &pg, &prefix, 2);
+    let dir = temp_dir("cluster");
+    let gateway = TestServer::start(config.clone()).await;
+    let _supervisor =
+        ChildRole::start("sup", &["supervisor", "--id", "sup1"], &config, &dir, "info");
+    let mut workers: BTreeMap<String, ChildRole> = BTreeMap::new();
+    for i in 1..=4 {
+        let id = format!("w{i}");
+        let args = ["worker", "--id", id.as_str(), "--max-load", "10", "--drain-s", "5"];
+        workers.insert(id.clone(), ChildRole::start(&id, &args, &config, &dir, "info"));
+    }
+    let mut ws = gateway.ws().await;
+    let btc_1m = format!("kline@{BTC}:1m");
+    request(&mut ws, "SUBSCRIBE", &[btc_1m.as_str()], 1).await;
+    let (seen, watcher) = watch_closed(ws);
+
+    let r = fully_assigned(&gateway, 2, &[]).await;
+    let n0 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", 0, 5).await;
+
+    // kill -9 a worker holding BTC: its tasks move within worker_timeout_s + 2 ticks.
+    let victim =
+        r.tasks.iter().find(|t| t.instrument.to_string() == BTC).unwrap().workers[0].clone();
+    let t0 = Instant::now();
+    workers.get_mut(&victim).unwrap().kill9();
+    fully_assigned(&gateway, 2, &[victim.as_str()]).await;
+    let kill_failover = t0.elapsed();
+    eprintln!("fail-over after kill -9 of {victim}: {kill_failover:?}");
+    let bound = Duration::from_millis(WORKER_TIMEOUT_S * 1000 + 2 * TICK_MS);
+    // + the report's own polling (25 ms) and NATS round trips
+    assert!(kill_failover <= bound + Duration::from_millis(300), "{kill_failover:?} > {bound:?}");
+    let n1 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", n0, 5).await;
+
+    // SIGTERM another holder: it announces it is leaving, its tasks move at once.
+    let r = report(&gateway).await.unwrap();
+    let leaving =
+        r.tasks.iter().flat_map(|t| t.workers.iter()).find(|w| **w != victim).unwrap().clone();
+    let t0 = Instant::now();
+    workers[&leaving].sigterm();
+    fully_assigned(&gateway, 2, &[victim.as_str(), leaving.as_str()]).await;
+    let drain_failover = t0.elapsed();
+    eprintln!("fail-over on drain of {leaving}: {drain_failover:?}");
+    assert!(drain_failover <= Duration::from_secs(2), "{drain_failover:?}");
+    let status = workers.get_mut(&leaving).unwrap().exited(Duration::from_secs(15)).await;
+    assert!(status.is_some_and(|s| s.success()), "the drained worker exits cleanly: {status:?}");
+    stored_grows(&pg, "sim:spot:BTC/USDT:1m", n1, 5).await;
+
+    // The stored 1m series equals the exchange's, contiguous.
+    let stored = stored_pg(&pg, "sim:spot:BTC/USDT:1m");
+    let (first, last) = (stored[0].open_time, stored[stored.len() - 1].open_time);
+    assert_eq!(stored, sim.closed_klines("BTCUSDT", first, last), "stored = the exchange's");
+    assert!(stored.windows(2).all(|w| w[1].open_time - w[0].open_time == 60_000), "no hole");
+    // Written once each: the persister wrote as many 1m candles as are stored.
+    let eth = stored_pg(&pg, "sim:spot:ETH/USDT:1m");
+    let persister = &gateway.app.gateway.as_ref().unwrap().persister;
+    let written = persister.candles.load(std::sync::atomic::Ordering::Relaxed) as usize;
+    let rows = stored_pg(&pg, "sim:spot:BTC/USDT:1m").len() + eth.len();
+    eprintln!("stored 1m rows {rows}, written by the persister {written}");
+    assert_eq!(written, rows, "each closed candle reached the store once");
+    // Derived candles are merges of the stored minutes of their bucket.
+    for c5 in stored_pg(&pg, "sim:spot:BTC/USDT:5m") {
+        let minutes: Vec<Candle> = stored
+            .iter()
+            .filter(|m| m.open_time >= c5.open_time && m.open_time < c5.open_time + 300_000)
+            .copied()
+            .collect();
+        if minutes.len() == 5 {
+            assert_eq!(Some(c5), shared::candle::merge(shared::candle::Timeframe::M5, &minutes));
+        }
+    }
+    // The browser saw every closed minute once, without a hole.
+    watcher.abort();
+    let seen = seen.lock().unwrap().clone();
+    eprintln!("closed candles pushed to the browser: {}", seen.len());
+    assert!(seen.len() >= 10, "{seen:?}");
+    assert!(seen.values().all(|&n| n == 1), "each closed candle pushed once: {seen:?}");
+    let opens: Vec<i64> = seen.keys().copied().collect();
+    assert!(opens.windows(2).all(|w| w[1] - w[0] == 60_000), "no hole: {opens:?}");
+
+    drop(workers);
+    gateway.stop().await;
+    sim.shutdown();
+    tokio::task::block_in_place(|| drop(pg));
+}
