@@ -14,7 +14,7 @@ use shared::protocol::InstrumentId;
 use sim::{Sim, SimConfig, SimHandle};
 use tracing::Instrument as _;
 
-use crate::books::depth_job::DepthRunner;
+use crate::books::depth_job::{DepthRole, DepthRunner};
 use crate::books::BookRegistry;
 use crate::bus::{Bus, InProcessBus, NatsBus};
 use crate::candles::backfill::Backfill;
@@ -22,6 +22,7 @@ use crate::candles::kline_job::KlineRunner;
 use crate::candles::writer::CandleWriter;
 use crate::cluster::candles::{Persister, PersisterStats};
 use crate::cluster::config::{BusKind, StoreKind};
+use crate::cluster::depth::ClusterBooks;
 use crate::cluster::gateway::{DemandRunner, DemandSet};
 use crate::cluster::Subjects;
 use crate::config::{Config, SourceConfig};
@@ -204,7 +205,14 @@ impl App {
         };
         backfill.start_configured();
         let books = BookRegistry::new(bus.clone());
-        let depth_runner = DepthRunner::new(&config, sources.clone(), books.clone());
+        let role = match &gateway {
+            Some(g) => DepthRole::Gateway(
+                ClusterBooks::new(g.client.clone(), g.subjects.clone()),
+                g.demand.clone(),
+            ),
+            None => DepthRole::Alone,
+        };
+        let depth_runner = DepthRunner::new(&config, sources.clone(), books.clone(), role);
         let depth = Supervisor::new(
             JobKind::Depth,
             depth_runner.supervisor_config(),

@@ -52,12 +52,17 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 use crate::books::{BookPublisher, BookRegistry};
 use crate::clock::wall_clock_ms as now_ms;
+use crate::cluster::depth::{ClusterBooks, ClusterFeed, DepthTap};
+use crate::cluster::gateway::DemandSet;
 use crate::config::{Config, DepthConfig, IngestConfig};
 use crate::jitter::Jitter;
 use crate::jobs::supervisor::{JobContext, JobFuture, JobHealth, JobRunner, SupervisorSnapshot};
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
 use crate::sources::{ResolveError, Sources};
+use futures_util::StreamExt as _;
+use shared::cluster::payload::BookSnapshotReply;
+use shared::cluster::{TaskId, TaskKind};
 
 /// The `source` of books rebuilt by this job, as the registry and ops show it.
 pub const SOURCE: &str = "binance_depth";
@@ -102,7 +107,52 @@ pub struct DepthJobDeps {
     pub product: Product,
     pub books: Arc<BookRegistry>,
     pub stats: Arc<DepthJobStats>,
+    /// Where the diffs and snapshots come from.
+    pub upstream: DepthUpstream,
+    /// A cluster worker's tap: forwards every diff and answers snapshot requests.
+    pub tap: Option<Arc<DepthTap>>,
 }
+
+/// Where a depth job's diffs and snapshots come from.
+#[derive(Clone)]
+pub enum DepthUpstream {
+    /// The exchange: `<sym>@depth@100ms` and REST `/depth` (one process, or a cluster worker).
+    Exchange,
+    /// The cluster's workers (a gateway): see [`crate::cluster::depth`].
+    Cluster(Arc<ClusterBooks>),
+}
+
+/// A connected upstream.
+enum Conn {
+    Exchange(Box<Connection>),
+    Cluster(Box<ClusterFeed>),
+}
+
+impl Conn {
+    async fn next_text(&mut self) -> Option<Result<Utf8Bytes, StreamError>> {
+        match self {
+            Conn::Exchange(c) => c.next_text().await,
+            Conn::Cluster(f) => f.next_text().await,
+        }
+    }
+
+    fn is_reconnect_due(&self) -> bool {
+        match self {
+            Conn::Exchange(c) => c.is_reconnect_due(),
+            Conn::Cluster(_) => false,
+        }
+    }
+
+    fn age(&self) -> Duration {
+        match self {
+            Conn::Exchange(c) => c.age(),
+            Conn::Cluster(f) => f.age(),
+        }
+    }
+}
+
+/// A snapshot, and the price range it is complete in when its source says so (a worker's).
+type SnapshotResult = Result<(DepthSnapshot, Option<Trusted>), RestError>;
 
 /// The price range a snapshot covered: within it the book is complete.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -169,7 +219,7 @@ struct Job<'a> {
     want_snapshot: bool,
     snapshot_not_before: Instant,
     snapshot_retry: Duration,
-    inflight: Option<JoinHandle<Result<DepthSnapshot, RestError>>>,
+    inflight: Option<JoinHandle<SnapshotResult>>,
     trusted: Trusted,
     /// The range of the verification snapshot fed while synced, until its verdict.
     verify_range: Option<Trusted>,
@@ -179,6 +229,9 @@ struct Job<'a> {
     weight_seen: Option<(u32, i64)>,
     /// Decodes the stream's frames; diffs in the usual layout go straight into `sync`'s book.
     decoder: DepthDecoder,
+    instrument: InstrumentId,
+    /// A worker's snapshot requests (with a tap).
+    requests: Option<async_nats::Subscriber>,
 }
 
 impl<'a> Job<'a> {
@@ -188,6 +241,10 @@ impl<'a> Job<'a> {
             (deps.depth.verify_interval_ms > 0).then_some(deps.depth.verify_interval_ms as i64);
         sc.snapshot_failures_before_fallback = deps.depth.snapshot_failures_before_fallback;
         sc.snapshot_mode_retry_ms = deps.depth.snapshot_mode_retry_ms as i64;
+        if matches!(deps.upstream, DepthUpstream::Cluster(_)) {
+            // The cluster has no partial book stream to fall back to: keep asking the workers.
+            sc.snapshot_failures_before_fallback = u32::MAX;
+        }
         let status = initial_status(&deps.symbol);
         Job {
             deps,
@@ -205,10 +262,15 @@ impl<'a> Job<'a> {
             view: OrderBook::new(),
             weight_seen: None,
             decoder: DepthDecoder::new(),
+            instrument: ctx.instrument.clone(),
+            requests: None,
         }
     }
 
     fn stream_name(&self) -> String {
+        if let DepthUpstream::Cluster(books) = &self.deps.upstream {
+            return crate::cluster::depth::diff_subject(&books.subjects, &self.instrument);
+        }
         let kind = if self.sync.state() == SyncState::SnapshotMode {
             StreamKind::PartialDepth { levels: PARTIAL_LEVELS, update_ms: Some(STREAM_MS) }
         } else {
@@ -231,12 +293,31 @@ impl<'a> Job<'a> {
             ..StreamConfig::default()
         };
         self.drain_events();
+        if let Some(tap) = &self.deps.tap {
+            match tap.snapshot_requests(&self.instrument).await {
+                Ok(sub) => self.requests = Some(sub),
+                Err(e) => self.health.error(format!("cannot answer snapshot requests: {e}")),
+            }
+        }
         while !ctx.is_stopped() {
             let stream = self.stream_name();
             self.status.stream.clone_from(&stream);
             let streams = [stream.as_str()];
+            let connect = async {
+                match &self.deps.upstream {
+                    DepthUpstream::Exchange => {
+                        connect_with(&self.deps.ws_base, &streams, stream_config.clone())
+                            .await
+                            .map(|c| Conn::Exchange(Box::new(c)))
+                    }
+                    DepthUpstream::Cluster(books) => books
+                        .feed(&self.instrument, stream_config.stall_timeout)
+                        .await
+                        .map(|f| Conn::Cluster(Box::new(f))),
+                }
+            };
             let conn = tokio::select! {
-                c = connect_with(&self.deps.ws_base, &streams, stream_config.clone()) => c,
+                c = connect => c,
                 _ = ctx.stopped() => break,
             };
             let mut conn = match conn {
@@ -277,6 +358,10 @@ impl<'a> Job<'a> {
                         }
                         self.publish(now);
                         conn.is_reconnect_due().then_some(Ended::Planned)
+                    }
+                    Some(req) = next_request(&mut self.requests) => {
+                        self.answer(req).await;
+                        None
                     }
                     _ = ctx.stopped() => Some(Ended::Stopped),
                 };
@@ -337,7 +422,13 @@ impl<'a> Job<'a> {
         };
         let symbol = &self.deps.symbol;
         let accept = |s: &str| !partial && s.eq_ignore_ascii_case(symbol);
-        match self.decoder.decode_into(text.as_str(), &mut self.sync, accept) {
+        // A worker forwards every diff with its ids: no parsing straight into the book.
+        let decoded = if self.deps.tap.is_some() {
+            self.decoder.decode(text.as_str()).map(Parsed::Decoded)
+        } else {
+            self.decoder.decode_into(text.as_str(), &mut self.sync, accept)
+        };
+        match decoded {
             Ok(frame) => {
                 self.health.messages.fetch_add(1, Relaxed);
                 self.health.last_message_at_ms.store(now, Relaxed);
@@ -346,7 +437,12 @@ impl<'a> Job<'a> {
                     Parsed::Decoded(Decoded::Depth)
                         if !partial && self.is_ours(self.decoder.symbol()) =>
                     {
-                        self.sync.handle_delta_ref(self.decoder.delta(), now);
+                        let d = self.decoder.delta();
+                        if let Some(tap) = &self.deps.tap {
+                            let (i, text) = (&self.instrument, text.as_str());
+                            tap.forward(i, d.first_id, d.last_id, d.prev_last_id, text);
+                        }
+                        self.sync.handle_delta_ref(d, now);
                     }
                     Parsed::Decoded(Decoded::Other(StreamEvent::PartialDepth {
                         depth, ..
@@ -402,19 +498,30 @@ impl<'a> Job<'a> {
         let rest = self.deps.rest.clone();
         let symbol = self.deps.symbol.clone();
         let limit = self.deps.depth.snapshot_limit;
-        self.inflight = Some(self.shutdown.spawn(async move { rest.depth(&symbol, limit).await }));
+        let (upstream, instrument) = (self.deps.upstream.clone(), self.instrument.clone());
+        self.inflight = Some(self.shutdown.spawn(async move {
+            match upstream {
+                DepthUpstream::Exchange => rest.depth(&symbol, limit).await.map(|s| (s, None)),
+                DepthUpstream::Cluster(books) => {
+                    let (s, bid_floor, ask_ceiling) = books.snapshot(&instrument).await?;
+                    Ok((s, Some(Trusted { bid_floor, ask_ceiling })))
+                }
+            }
+        }));
     }
 
-    fn on_snapshot(&mut self, res: Result<DepthSnapshot, RestError>) {
+    fn on_snapshot(&mut self, res: SnapshotResult) {
         let now = now_ms();
         if let Some(w) = self.deps.rest.used_weight_1m() {
             self.weight_seen = Some((w, now.div_euclid(60_000)));
             self.status.used_weight_1m = Some(w);
         }
         match res {
-            Ok(snapshot) => {
+            Ok((snapshot, given)) => {
                 self.snapshot_retry = Duration::from_millis(self.deps.depth.snapshot_retry_base_ms);
-                let range = Trusted::of(&snapshot, self.deps.depth.snapshot_limit as usize);
+                let range = given.unwrap_or_else(|| {
+                    Trusted::of(&snapshot, self.deps.depth.snapshot_limit as usize)
+                });
                 match self.sync.state() {
                     SyncState::Synced => self.verify_range = Some(range),
                     SyncState::SnapshotMode => self.trusted = Trusted::default(),
@@ -486,6 +593,26 @@ impl<'a> Job<'a> {
         switch
     }
 
+    /// Answers a gateway's snapshot request with the book as published, while it is synced
+    /// (an unsynced replica stays silent: another one answers).
+    async fn answer(&mut self, req: async_nats::Message) {
+        let (Some(tap), Some(reply)) = (&self.deps.tap, req.reply) else { return };
+        if self.sync.state() != SyncState::Synced || !self.sync.is_synced() {
+            return;
+        }
+        let book = self.sync.book();
+        let keep_bid = |p: Price| self.trusted.bid_floor.is_none_or(|f| p >= f);
+        let keep_ask = |p: Price| self.trusted.ask_ceiling.is_none_or(|c| p <= c);
+        let answer = BookSnapshotReply {
+            last_update_id: self.sync.last_update_id(),
+            bids: book.bids.iter().filter(|l| keep_bid(l.price)).collect(),
+            asks: book.asks.iter().filter(|l| keep_ask(l.price)).collect(),
+            bid_floor: self.trusted.bid_floor,
+            ask_ceiling: self.trusted.ask_ceiling,
+        };
+        tap.answer(reply, &answer).await;
+    }
+
     /// Hands the book to the publisher with its health and counters.
     fn publish(&mut self, now: i64) {
         let state = self.sync.state();
@@ -547,10 +674,16 @@ impl<'a> Job<'a> {
     }
 }
 
+/// The next snapshot request; never without a subscription.
+async fn next_request(sub: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+    match sub {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Completes with the in-flight snapshot's result; never while none is in flight.
-async fn join_inflight(
-    h: &mut Option<JoinHandle<Result<DepthSnapshot, RestError>>>,
-) -> Result<DepthSnapshot, RestError> {
+async fn join_inflight(h: &mut Option<JoinHandle<SnapshotResult>>) -> SnapshotResult {
     match h {
         Some(h) => match h.await {
             Ok(r) => r,
@@ -570,11 +703,44 @@ pub struct DepthRunner {
     sources: Arc<Sources>,
     books: Arc<BookRegistry>,
     stats: Mutex<HashMap<InstrumentId, Arc<DepthJobStats>>>,
+    upstream: DepthUpstream,
+    tap: Option<Arc<DepthTap>>,
+    demand: Option<Arc<DemandSet>>,
+}
+
+/// Where a [`DepthRunner`]'s jobs sit in a cluster.
+pub enum DepthRole {
+    /// One process: the exchange, nothing else.
+    Alone,
+    /// A worker: the exchange, every diff forwarded, snapshot requests answered.
+    Worker(Arc<DepthTap>),
+    /// A gateway: the cluster is the exchange, and a running job is a demand for its task.
+    Gateway(Arc<ClusterBooks>, Arc<DemandSet>),
 }
 
 impl DepthRunner {
-    pub fn new(config: &Config, sources: Arc<Sources>, books: Arc<BookRegistry>) -> Arc<Self> {
-        Arc::new(DepthRunner { config: config.clone(), sources, books, stats: Mutex::default() })
+    pub fn new(
+        config: &Config,
+        sources: Arc<Sources>,
+        books: Arc<BookRegistry>,
+        role: DepthRole,
+    ) -> Arc<Self> {
+        let (upstream, tap, demand) = match role {
+            DepthRole::Alone => (DepthUpstream::Exchange, None, None),
+            DepthRole::Worker(tap) => (DepthUpstream::Exchange, Some(tap), None),
+            DepthRole::Gateway(books, demand) => {
+                (DepthUpstream::Cluster(books), None, Some(demand))
+            }
+        };
+        Arc::new(DepthRunner {
+            config: config.clone(),
+            sources,
+            books,
+            stats: Mutex::default(),
+            upstream,
+            tap,
+            demand,
+        })
     }
 
     /// The supervisor settings of depth jobs: the ingest ones with the depth capacity.
@@ -616,7 +782,14 @@ impl JobRunner for DepthRunner {
         let ingest = self.config.ingest.clone();
         let stats = Arc::new(DepthJobStats::new(""));
         lock(&self.stats).insert(ctx.instrument.clone(), stats.clone());
+        let (upstream, tap) = (self.upstream.clone(), self.tap.clone());
+        // A gateway's book is a demand for the cluster's task while the job runs.
+        let demand = self
+            .demand
+            .as_ref()
+            .map(|d| d.clone().hold(TaskId::new(TaskKind::Depth, ctx.instrument.clone())));
         Box::pin(async move {
+            let _demand = demand;
             let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
                 return;
             };
@@ -629,6 +802,8 @@ impl JobRunner for DepthRunner {
                 product: source.product,
                 books,
                 stats,
+                upstream,
+                tap,
             };
             run(ctx, deps).await;
         })

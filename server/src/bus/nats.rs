@@ -8,6 +8,9 @@
 //! local subscribers through the same [`Fanout`] as the in-process bus, so sessions do not know
 //! which bus they are on.
 //!
+//! Book and heartbeat topics ([`is_local`]) never leave the process: each process's books carry
+//! its own update ids.
+//!
 //! Kline topics are de-duplicated on the way in ([`KlineDedup`]): in a cluster every replica
 //! of a kline task publishes its forming candles, and a persister's redelivered batch publishes
 //! its closed candles again; local subscribers see each update once, never an older one.
@@ -206,8 +209,18 @@ impl Drop for NatsBus {
     }
 }
 
+/// Topics that stay in their process: every process's books are its own (a gateway's
+/// `BookPublisher` mints its update ids; a browser follows one gateway's ids), and so is its
+/// heartbeat.
+pub fn is_local(topic: &str) -> bool {
+    topic.starts_with("depth_update@") || topic.starts_with("depth@") || topic == "heartbeat"
+}
+
 impl Bus for NatsBus {
     fn publish(&self, topic: &str, payload: Bytes) -> usize {
+        if is_local(topic) {
+            return self.fanout.publish(topic, payload);
+        }
         let local = self.fanout.subscriber_count(topic);
         if self.queue.try_send((subject_of(&self.prefix, topic), payload)).is_err() {
             self.stats.dropped.fetch_add(1, Relaxed);
@@ -216,6 +229,9 @@ impl Bus for NatsBus {
     }
 
     fn subscribe(&self, topic: &str) -> Subscription {
+        if is_local(topic) {
+            return self.fanout.subscribe(topic);
+        }
         let mut map = lock(&self.subscribed);
         let sub = self.fanout.subscribe(topic);
         if map.get(topic).is_none_or(|h| h.is_finished()) {
@@ -225,9 +241,9 @@ impl Bus for NatsBus {
         sub
     }
 
-    /// Subscribers may be in any process of the cluster: always true.
-    fn has_subscribers(&self, _topic: &str) -> bool {
-        true
+    /// Subscribers of a shared topic may be in any process of the cluster: always true.
+    fn has_subscribers(&self, topic: &str) -> bool {
+        !is_local(topic) || self.fanout.subscriber_count(topic) > 0
     }
 }
 

@@ -51,16 +51,12 @@ impl DemandSet {
         Demand { gateway: self.gateway.clone(), tasks: lock(&self.tasks).iter().cloned().collect() }
     }
 
-    fn insert(&self, task: TaskId) {
-        if lock(&self.tasks).insert(task) {
+    /// Holds `task` in the demand until the returned guard is dropped.
+    pub fn hold(self: Arc<Self>, task: TaskId) -> DemandHold {
+        if lock(&self.tasks).insert(task.clone()) {
             self.changed.notify_one();
         }
-    }
-
-    fn remove(&self, task: &TaskId) {
-        if lock(&self.tasks).remove(task) {
-            self.changed.notify_one();
-        }
+        DemandHold { set: self, task }
     }
 
     /// Publishes the demand on every change and every `every` until `shutdown`; an empty
@@ -94,6 +90,20 @@ impl DemandSet {
     }
 }
 
+/// One task held in a [`DemandSet`]; dropping it takes the task out.
+pub struct DemandHold {
+    set: Arc<DemandSet>,
+    task: TaskId,
+}
+
+impl Drop for DemandHold {
+    fn drop(&mut self) {
+        if lock(&self.set.tasks).remove(&self.task) {
+            self.set.changed.notify_one();
+        }
+    }
+}
+
 /// The gateway's "job" of one instrument and kind: it holds the task in the [`DemandSet`]
 /// while it runs (see the module docs).
 pub struct DemandRunner {
@@ -121,12 +131,11 @@ impl JobRunner for DemandRunner {
         let task = TaskId::new(self.kind, ctx.instrument.clone());
         let demand = self.demand.clone();
         Box::pin(async move {
-            demand.insert(task.clone());
+            let _held = demand.hold(task);
             ctx.health.connected.store(true, Relaxed);
             ctx.health.last_message_at_ms.store(wall_clock_ms(), Relaxed);
             ctx.stopped().await;
             ctx.health.connected.store(false, Relaxed);
-            demand.remove(&task);
         })
     }
 }

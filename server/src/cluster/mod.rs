@@ -12,6 +12,8 @@
 //! | `{prefix}.cluster.report` | request/reply: anyone → the leader | `ClusterReport` |
 //! | `{prefix}.candles.{series}` | workers → JetStream `{prefix}_candles` → the persister | `ClosedCandle` |
 //! | `{prefix}.bus.{topic}` | workers (forming), the persister (stored) → gateways | push frames |
+//! | `{prefix}.diffs.{instrument}` | workers → JetStream `{prefix}_depth` → gateways | the exchange's diff frames |
+//! | `{prefix}.booksnap.{instrument}` | request/reply: a gateway → the synced holders | `BookSnapshotReply` |
 //!
 //! The leader holds the key `leader` of the JetStream KV bucket `{prefix}_cluster`, whose
 //! entries live `lease_s`: the leader renews it every tick with a revision-checked update; when
@@ -20,6 +22,7 @@
 
 pub mod candles;
 pub mod config;
+pub mod depth;
 pub mod gateway;
 pub mod lease;
 pub mod supervisor;

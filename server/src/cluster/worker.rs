@@ -1,7 +1,8 @@
 //! `millrace worker`: seed 004's Worker. It holds the upstream sessions its instruction sets
 //! give it — `kline:{instrument}` runs today's kline job (the 1m stream with the REST gap fill),
 //! whose closed candles go to JetStream ([`JetStreamForward`]) and whose forming candles go to
-//! the bus — and says what it holds in a [`WorkerStatus`] every `status_interval_ms` and at
+//! the bus — or `depth:{instrument}`, today's depth job with a diff tap
+//! ([`super::depth::DepthTap`]) — and says what it holds in a [`WorkerStatus`] every `status_interval_ms` and at
 //! once on every change, with each session's data age (for the supervisor's task timeout).
 //!
 //! Instruction sets are applied by [`WorkerTasks`] (stale epochs and sets ignored; a pre-reset
@@ -24,7 +25,9 @@ use shared::protocol::ops::JobKind;
 
 use super::candles::{ensure_stream, JetStreamForward};
 use super::Subjects;
-use crate::bus::{Bus, NatsBus};
+use crate::books::depth_job::{DepthRole, DepthRunner};
+use crate::books::BookRegistry;
+use crate::bus::{Bus, InProcessBus, NatsBus};
 use crate::candles::kline_job::KlineRunner;
 use crate::candles::writer::CandleWriter;
 use crate::clock::wall_clock_ms;
@@ -80,32 +83,28 @@ pub enum WorkerError {
 /// A worker's sessions: one jobs supervisor per kind it runs.
 struct Sessions {
     kline: Supervisor,
+    depth: Supervisor,
 }
 
 impl Sessions {
-    fn jobs(&self, kind: TaskKind) -> Option<&Supervisor> {
+    fn jobs(&self, kind: TaskKind) -> &Supervisor {
         match kind {
-            TaskKind::Kline => Some(&self.kline),
-            TaskKind::Depth => None,
+            TaskKind::Kline => &self.kline,
+            TaskKind::Depth => &self.depth,
         }
     }
 
     fn start(&self, task: &TaskId) {
-        match self.jobs(task.kind) {
-            Some(jobs) => jobs.pin(&task.instrument),
-            None => tracing::warn!(%task, "this worker does not run depth sessions yet"),
-        }
+        self.jobs(task.kind).pin(&task.instrument);
     }
 
     fn stop(&self, task: &TaskId) {
-        if let Some(jobs) = self.jobs(task.kind) {
-            jobs.stop_job(&task.instrument);
-        }
+        self.jobs(task.kind).stop_job(&task.instrument);
     }
 
     /// Data age of `task`, ms, by the worker's clock; `None` before its first message.
     fn data_age_ms(&self, task: &TaskId, now_ms: i64) -> Option<u64> {
-        let health = self.jobs(task.kind)?.health(&task.instrument)?;
+        let health = self.jobs(task.kind).health(&task.instrument)?;
         let last = health.last_message_at_ms.load(Relaxed);
         (last > 0).then(|| u64::try_from(now_ms - last).unwrap_or(0))
     }
@@ -137,13 +136,21 @@ pub async fn run(
     let sources =
         Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
             .await?;
-    let forward = Arc::new(JetStreamForward::new(js, subjects.clone()));
+    let forward = Arc::new(JetStreamForward::new(js.clone(), subjects.clone()));
     let writer = CandleWriter::forwarding(store.clone(), bus, forward);
     let runner = KlineRunner::new(&config, sources.clone(), writer);
+    // Depth sessions sync their books as on one process (the book stays here, for snapshot
+    // requests) and forward every diff.
+    super::depth::ensure_stream(&js, &subjects).await.map_err(WorkerError::JetStream)?;
+    let tap = super::depth::DepthTap::new(client.clone(), subjects.clone(), &shutdown);
+    let local = BookRegistry::new(Arc::new(InProcessBus::new(config.limits.bus_capacity)));
+    let depth = DepthRunner::new(&config, sources.clone(), local, DepthRole::Worker(tap));
     let sessions = Sessions {
         kline: Supervisor::new(JobKind::Kline, config.ingest.clone(), Arc::new(runner), &shutdown),
+        depth: Supervisor::new(JobKind::Depth, depth.supervisor_config(), depth, &shutdown),
     };
     sessions.kline.start(&[]);
+    sessions.depth.start(&[]);
 
     let id = options.id.clone();
     let subject = subjects.instructions(&id);
@@ -230,7 +237,10 @@ pub async fn run(
         }
     }
     // Stop every session (closed candles still buffered go to JetStream), then say so.
-    sessions.kline.stop(Duration::from_secs(10)).await;
+    tokio::join!(
+        sessions.kline.stop(Duration::from_secs(10)),
+        sessions.depth.stop(Duration::from_secs(5))
+    );
     tasks.clear();
     publish(status(&tasks, true)).await;
     let _ = client.flush().await;

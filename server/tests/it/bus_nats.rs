@@ -41,8 +41,9 @@ async fn frames_cross_processes_by_topic_and_prefix() {
     let prefix = format!("tbus{}", std::process::id());
     let (a, b) = (bus(&prefix, &stop).await, bus(&prefix, &stop).await);
     let other = bus(&format!("{prefix}x"), &stop).await;
-    let t1 = "depth@sim:spot:BTC/USDT,20";
-    let t2 = "depth@sim:spot:BTC.X/USDT,20"; // a dot: must not become a second subject token
+    // (any topic but the kline ones, which are de-duplicated, and the local book topics)
+    let t1 = "ticker@sim:spot:BTC/USDT";
+    let t2 = "ticker@sim:spot:BTC.X/USDT"; // a dot: must not become a second subject token
     let mut s1 = b.subscribe(t1);
     let mut s2 = b.subscribe(t2);
     let mut elsewhere = other.subscribe(t1);
@@ -65,6 +66,15 @@ async fn frames_cross_processes_by_topic_and_prefix() {
     }
     // another prefix hears nothing
     assert!(tokio::time::timeout(Duration::from_millis(300), elsewhere.recv()).await.is_err());
+    // a process's books and heartbeat stay in it
+    for local in ["depth_update@sim:spot:BTC/USDT", "depth@sim:spot:BTC/USDT,20", "heartbeat"] {
+        let mut there = b.subscribe(local);
+        let mut here = a.subscribe(local);
+        assert_eq!(a.publish(local, Bytes::from_static(b"mine")), 1, "{local}: delivered here");
+        assert_eq!(&here.recv().await.unwrap().payload[..], b"mine");
+        let crossed = tokio::time::timeout(Duration::from_millis(300), there.recv()).await;
+        assert!(crossed.is_err(), "{local} crossed to another process");
+    }
     assert!(b.stats().received.load(std::sync::atomic::Ordering::Relaxed) >= 52);
     assert_eq!(a.stats().dropped.load(std::sync::atomic::Ordering::Relaxed), 0);
     assert!(a.connected() && b.connected());

@@ -4,12 +4,16 @@
 //! this process, running the persister). Each run has its own subject prefix, JetStream
 //! stream, lease bucket and database.
 //!
-//! Checked through a `kill -9` of a worker and a SIGTERM (drain) of another:
+//! Candles, checked through a `kill -9` of a worker and a SIGTERM (drain) of another:
 //! - every task is held by `redundancy` distinct live workers again within `worker_timeout_s`
 //!   + 2 ticks (kill) and within 2 s (drain);
 //! - the stored 1m candles equal the exchange's, with no hole; every closed candle was written
 //!   once (the persister's count equals the stored rows: the replicas' copies were dropped by
 //!   JetStream's de-dup) and reached a browser client once.
+//!
+//! Books: the gateway's book of an instrument, synced from the workers' forwarded diffs and
+//! snapshots, equals the exchange's at the same update id, and a `kill -9` of a worker holding
+//! it costs its clients nothing — no gap, no resync, an unbroken chain of deltas.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -60,11 +64,12 @@ async fn report(gateway: &TestServer) -> Option<ClusterReport> {
 /// Waits until every task is held by `n` distinct active workers, none of them in `gone`;
 /// returns the report.
 async fn fully_assigned(gateway: &TestServer, n: usize, gone: &[&str]) -> ClusterReport {
+    let tasks = gateway.config.cluster.pinned_tasks().len();
     eventually(&format!("every task on {n} live workers (not {gone:?})"), || async {
         let r = report(gateway).await?;
         let active: Vec<&str> =
             r.workers.iter().filter(|w| w.active && !w.leaving).map(|w| w.id.as_str()).collect();
-        let ok = r.tasks.len() == 2
+        let ok = r.tasks.len() == tasks
             && r.tasks.iter().all(|t| {
                 t.workers.len() == n
                     && t.workers.iter().all(|w| active.contains(&w.as_str()))
@@ -210,6 +215,60 @@ async fn workers_killed_and_drained_lose_and_repeat_no_candle() {
     assert!(seen.values().all(|&n| n == 1), "each closed candle pushed once: {seen:?}");
     let opens: Vec<i64> = seen.keys().copied().collect();
     assert!(opens.windows(2).all(|w| w[1] - w[0] == 60_000), "no hole: {opens:?}");
+
+    drop(workers);
+    gateway.stop().await;
+    sim.shutdown();
+    tokio::task::block_in_place(|| drop(pg));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_book_follows_the_workers_through_a_kill() {
+    use crate::depth_faults::{matches_sim, status, watch_bus};
+    use shared::protocol::BookHealth;
+    let sim = start_sim(1.0, 43).await;
+    let pg = tokio::task::block_in_place(|| PgDb::fresh("clusterbook"));
+    let prefix = format!("twd{}", std::process::id());
+    let mut config = cluster_config(&sim, &pg, &prefix, 2);
+    config.cluster.instruments = vec![BTC.parse().unwrap()];
+    config.cluster.kinds = vec![TaskKind::Depth];
+    config.depth.verify_interval_ms = 0; // no periodic re-snapshot: a resync would show
+    let dir = temp_dir("clusterbook");
+    let gateway = TestServer::start(config.clone()).await;
+    let _supervisor =
+        ChildRole::start("sup", &["supervisor", "--id", "sup1"], &config, &dir, "info");
+    let mut workers: BTreeMap<String, ChildRole> = BTreeMap::new();
+    for i in 1..=4 {
+        let id = format!("w{i}");
+        let args = ["worker", "--id", id.as_str(), "--max-load", "10"];
+        workers.insert(id.clone(), ChildRole::start(&id, &args, &config, &dir, "info"));
+    }
+    let r = fully_assigned(&gateway, 2, &[]).await;
+    // A browser's subscription starts the gateway's book of BTC (and asks the cluster for it).
+    let _lease = gateway.app.subscribe_depth(&BTC.parse().unwrap()).unwrap();
+    let watch = watch_bus(&gateway, BTC);
+    let s0 = matches_sim(&gateway, &sim, BTC, "BTCUSDT", BookHealth::Synced).await;
+    assert!(s0.stream.contains("diffs"), "fed by the cluster: {}", s0.stream);
+
+    // Both first holders are killed, one after the other (so whichever replica's copies
+    // JetStream was keeping, that one dies), each replaced in time by another worker.
+    let first = r.tasks[0].workers.clone();
+    for (i, victim) in first.iter().enumerate() {
+        workers.get_mut(victim).unwrap().kill9();
+        fully_assigned(&gateway, 2, &first[..=i].iter().map(|s| s.as_str()).collect::<Vec<_>>())
+            .await;
+        // the replacement is connected and forwarding before the next kill
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let s1 = matches_sim(&gateway, &sim, BTC, "BTCUSDT", BookHealth::Synced).await;
+    assert!(s1.last_update_id > s0.last_update_id);
+    assert_eq!(s1.sync.gaps, s0.sync.gaps, "no gap through the kill: {:?}", s1.sync);
+    assert_eq!(s1.sync.resyncs, s0.sync.resyncs, "no resync through the kill: {:?}", s1.sync);
+    let (_, job) = status(&gateway, BTC);
+    eprintln!("gateway book after the kill: {:?}; job {job}", s1.sync);
+    watch.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    watch.assert_clean("BTC through the kill");
 
     drop(workers);
     gateway.stop().await;

@@ -1,0 +1,287 @@
+//! Order books in a cluster (seed 002 against the cluster).
+//!
+//! - **Workers** holding `depth:{instrument}` run today's depth job with a [`DepthTap`]: every
+//!   diff the exchange sends goes, as the exchange sent it, onto the JetStream stream
+//!   `{prefix}_depth` (memory storage, a minute kept) with `Nats-Msg-Id` = instrument|`U`|`u`,
+//!   so one copy of each diff is kept whichever replica was first; and the job answers snapshot
+//!   requests on `{prefix}.booksnap.{instrument}` with its book while it is synced
+//!   ([`BookSnapshotReply`]; an unsynced replica stays silent and the first answer wins).
+//! - **Gateways** run the same depth job with the cluster as its exchange ([`ClusterBooks`]):
+//!   the "stream" is an ordered JetStream consumer of the instrument's diffs, put back in order
+//!   by a [`DiffReorder`] (a diff one replica missed comes from another a moment later), and the
+//!   "REST snapshot" is a request to the workers. The job's `BookSync` applies the seed 002
+//!   rules to it unchanged; the gateway's publisher then serves browsers as on one process.
+//!
+//! Losing a replica costs nothing: the other replica's copies of the same diffs, with the same
+//! exchange ids, are the ones JetStream keeps from then on.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::push, consumer::DeliverPolicy, stream};
+use binance::rest::RestError;
+use binance::stream::StreamError;
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use shared::cluster::payload::{BookSnapshotReply, DiffReorder};
+use shared::fixed::Price;
+use shared::protocol::InstrumentId;
+use shared::sync::DepthSnapshot;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+use super::Subjects;
+use crate::bus::nats::token;
+use crate::clock::wall_clock_ms;
+use crate::shutdown::Shutdown;
+
+/// How long a gateway holds a diff that does not continue the last one, waiting for the
+/// missing diff from another replica (diffs come every 100 ms; replicas are ms apart).
+pub const HOLD_MS: i64 = 250;
+
+/// How long a gateway waits for a worker's snapshot.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Diffs queued for NATS before a worker drops them (counted).
+const TAP_QUEUE: usize = 16_384;
+
+/// The subject of `instrument`'s diffs.
+pub fn diff_subject(subjects: &Subjects, instrument: &InstrumentId) -> String {
+    format!("{}.diffs.{}", subjects.prefix, token(&instrument.to_string()))
+}
+
+/// The subject on which `instrument`'s holders answer snapshot requests.
+pub fn snapshot_subject(subjects: &Subjects, instrument: &InstrumentId) -> String {
+    format!("{}.booksnap.{}", subjects.prefix, token(&instrument.to_string()))
+}
+
+/// Creates (or finds) the diff stream of `subjects`.
+pub async fn ensure_stream(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+) -> Result<stream::Stream, async_nats::Error> {
+    Ok(js
+        .get_or_create_stream(stream::Config {
+            name: format!("{}_depth", subjects.prefix),
+            subjects: vec![format!("{}.diffs.>", subjects.prefix)],
+            storage: stream::StorageType::Memory,
+            max_age: Duration::from_secs(60),
+            duplicate_window: Duration::from_secs(30),
+            max_bytes: 512 * 1024 * 1024,
+            discard: stream::DiscardPolicy::Old,
+            ..Default::default()
+        })
+        .await?)
+}
+
+/// Counters of a worker's depth tap.
+#[derive(Debug, Default)]
+pub struct TapStats {
+    pub forwarded: AtomicU64,
+    /// Diffs dropped because the queue to NATS was full.
+    pub dropped: AtomicU64,
+    pub snapshots_answered: AtomicU64,
+}
+
+/// A worker's side (see the module docs).
+pub struct DepthTap {
+    pub client: async_nats::Client,
+    pub subjects: Subjects,
+    queue: mpsc::Sender<(String, async_nats::HeaderMap, Bytes)>,
+    pub stats: Arc<TapStats>,
+}
+
+impl DepthTap {
+    /// A tap publishing through one task that ends with `shutdown`.
+    pub fn new(client: async_nats::Client, subjects: Subjects, shutdown: &Shutdown) -> Arc<Self> {
+        let (queue, mut rx) = mpsc::channel::<(String, async_nats::HeaderMap, Bytes)>(TAP_QUEUE);
+        let stats = Arc::new(TapStats::default());
+        let (c, st, token) = (client.clone(), stats.clone(), shutdown.token().clone());
+        shutdown.spawn(async move {
+            loop {
+                let (subject, headers, body) = tokio::select! {
+                    m = rx.recv() => match m { Some(m) => m, None => break },
+                    () = token.cancelled() => break,
+                };
+                match c.publish_with_headers(subject, headers, body).await {
+                    Ok(()) => st.forwarded.fetch_add(1, Relaxed),
+                    Err(_) => st.dropped.fetch_add(1, Relaxed),
+                };
+            }
+        });
+        Arc::new(DepthTap { client, subjects, queue, stats })
+    }
+
+    /// Forwards one diff of `instrument` (`U` = `first`, `u` = `last`, `pu` = `prev`) as the
+    /// exchange sent it.
+    pub fn forward(
+        &self,
+        instrument: &InstrumentId,
+        first: u64,
+        last: u64,
+        prev: Option<u64>,
+        text: &str,
+    ) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{instrument}|{first}|{last}").as_str());
+        let prev = prev.unwrap_or(first.saturating_sub(1));
+        headers.insert("Millrace-Prev", prev.to_string().as_str());
+        headers.insert("Millrace-U", last.to_string().as_str());
+        let item =
+            (diff_subject(&self.subjects, instrument), headers, Bytes::from(text.to_owned()));
+        if self.queue.try_send(item).is_err() {
+            self.stats.dropped.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Subscribes to `instrument`'s snapshot requests.
+    pub async fn snapshot_requests(
+        &self,
+        instrument: &InstrumentId,
+    ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
+        self.client.subscribe(snapshot_subject(&self.subjects, instrument)).await
+    }
+
+    /// Answers one snapshot request.
+    pub async fn answer(&self, reply: async_nats::Subject, book: &BookSnapshotReply) {
+        let body = serde_json::to_vec(book).expect("serialisable");
+        if self.client.publish(reply, body.into()).await.is_ok() {
+            self.stats.snapshots_answered.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// A gateway's view of the cluster as an exchange of books (see the module docs).
+pub struct ClusterBooks {
+    pub client: async_nats::Client,
+    pub subjects: Subjects,
+    js: jetstream::Context,
+}
+
+impl ClusterBooks {
+    pub fn new(client: async_nats::Client, subjects: Subjects) -> Arc<Self> {
+        let js = jetstream::new(client.clone());
+        Arc::new(ClusterBooks { client, subjects, js })
+    }
+
+    /// Opens the diff feed of `instrument` from now on; `stall` without a diff ends it.
+    pub async fn feed(
+        &self,
+        instrument: &InstrumentId,
+        stall: Duration,
+    ) -> Result<ClusterFeed, StreamError> {
+        let url = diff_subject(&self.subjects, instrument);
+        let fail = |e: &dyn std::fmt::Display| StreamError::Connect {
+            url: url.clone(),
+            reason: e.to_string(),
+        };
+        let stream = ensure_stream(&self.js, &self.subjects).await.map_err(|e| fail(&e))?;
+        let consumer = stream
+            .create_consumer(push::OrderedConfig {
+                deliver_subject: self.client.new_inbox(),
+                filter_subject: url.clone(),
+                deliver_policy: DeliverPolicy::New,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| fail(&e))?;
+        let messages = consumer.messages().await.map_err(|e| fail(&e))?;
+        Ok(ClusterFeed {
+            messages,
+            reorder: DiffReorder::new(HOLD_MS),
+            ready: std::collections::VecDeque::new(),
+            scratch: Vec::new(),
+            stall,
+            last_seen: Instant::now(),
+            opened: Instant::now(),
+        })
+    }
+
+    /// A synced book of `instrument` from a worker that holds it, with the price range it is
+    /// complete in.
+    pub async fn snapshot(
+        &self,
+        instrument: &InstrumentId,
+    ) -> Result<(DepthSnapshot, Option<Price>, Option<Price>), RestError> {
+        let subject = snapshot_subject(&self.subjects, instrument);
+        let fail = |reason: String, timeout: bool| RestError::Transport {
+            url: format!("nats:{subject}"),
+            reason,
+            timeout,
+        };
+        let ask = self.client.request(subject.clone(), Bytes::new());
+        let answer = tokio::time::timeout(SNAPSHOT_TIMEOUT, ask)
+            .await
+            .map_err(|_| fail("no synced worker answered".into(), true))?
+            .map_err(|e| fail(format!("no synced worker answered: {e}"), false))?;
+        let r: BookSnapshotReply = serde_json::from_slice(&answer.payload)
+            .map_err(|e| fail(format!("the worker's snapshot did not parse: {e}"), false))?;
+        let snapshot =
+            DepthSnapshot { last_update_id: r.last_update_id, bids: r.bids, asks: r.asks };
+        Ok((snapshot, r.bid_floor, r.ask_ceiling))
+    }
+}
+
+/// The diffs of one instrument, de-duplicated and in order (see the module docs).
+pub struct ClusterFeed {
+    messages: push::Ordered,
+    reorder: DiffReorder<Bytes>,
+    ready: std::collections::VecDeque<Bytes>,
+    scratch: Vec<Bytes>,
+    stall: Duration,
+    last_seen: Instant,
+    opened: Instant,
+}
+
+impl ClusterFeed {
+    /// The next diff as the exchange sent it; an error ends the feed (like a lost connection).
+    pub async fn next_text(&mut self) -> Option<Result<Utf8Bytes, StreamError>> {
+        loop {
+            if let Some(b) = self.ready.pop_front() {
+                return Some(Utf8Bytes::try_from(b).map_err(|e| StreamError::Io(e.to_string())));
+            }
+            let hold = self.reorder.deadline().map(|d| {
+                let wait = u64::try_from(d - wall_clock_ms()).unwrap_or(0);
+                tokio::time::Instant::now() + Duration::from_millis(wait)
+            });
+            let stall_at = tokio::time::Instant::from_std(self.last_seen + self.stall);
+            tokio::select! {
+                m = self.messages.next() => match m {
+                    Some(Ok(m)) => {
+                        self.last_seen = Instant::now();
+                        let header = |k: &str| {
+                            m.headers.as_ref()?.get(k)?.as_str().parse::<u64>().ok()
+                        };
+                        let (Some(prev), Some(u)) = (header("Millrace-Prev"), header("Millrace-U"))
+                        else {
+                            continue; // not a forwarded diff
+                        };
+                        let payload = m.message.payload.clone();
+                        self.reorder.push(prev, u, payload, wall_clock_ms(), &mut self.scratch);
+                        self.ready.extend(self.scratch.drain(..));
+                    }
+                    Some(Err(e)) => return Some(Err(StreamError::Io(e.to_string()))),
+                    None => return None,
+                },
+                _ = tokio::time::sleep_until(hold.unwrap_or(stall_at)), if hold.is_some() => {
+                    self.reorder.expire(wall_clock_ms(), &mut self.scratch);
+                    self.ready.extend(self.scratch.drain(..));
+                }
+                _ = tokio::time::sleep_until(stall_at) => {
+                    return Some(Err(StreamError::Stalled { silent_for: self.stall }));
+                }
+            }
+        }
+    }
+
+    /// How long the feed has been open.
+    pub fn age(&self) -> Duration {
+        self.opened.elapsed()
+    }
+
+    /// Diffs dropped as duplicates after JetStream's de-dup (a redelivery).
+    pub fn duplicates(&self) -> u64 {
+        self.reorder.duplicates()
+    }
+}
