@@ -1,11 +1,17 @@
-//! The operations view (`#ops`): ingest jobs, the tick-by-tick book shards, backfill tasks, and
-//! the admin actions on them. Polls `GET /api/v1/ops/{jobs,shards,backfill}` once a second while
+//! The operations view (`#ops`): the cluster (on a gateway), ingest jobs, the tick-by-tick book
+//! shards, backfill tasks, and the admin actions on them. Polls
+//! `GET /api/v1/ops/{cluster,jobs,shards,backfill}` once a second while
 //! open (the last good data stays, with the error, when a poll fails).
 //!
 //! Admin actions (`POST /api/v1/admin/…`) need the server's token: the first action asks for it
 //! in `form#token-form` and keeps it in `sessionStorage` (`millrace.admin_token`) for the tab's
 //! life; a 401/403 forgets it and asks again with the server's message. Results and errors show
 //! in `#ops-status`.
+//!
+//! On a gateway of a cluster (`GET /api/v1/ops/cluster` answers) the cluster card comes first:
+//! the leading supervisor and its state, `tr.worker-row[data-worker]` with `td.state`
+//! (`active`, `leaving`, `inactive`) and `td.running`, `tr.task-row[data-task]` with
+//! `td.holders`, the unassigned tasks and the last assignment events (`li.event`).
 //!
 //! DOM hooks for tests: `tr.job-row[data-instrument][data-kind]` with `td.refcount`;
 //! `.shard-bar[data-shard]`; `tr.symbol-row[data-symbol]` with `td.shard`, `select.migrate-target`
@@ -19,8 +25,9 @@ use leptos::prelude::*;
 use serde::de::DeserializeOwned;
 use shared::protocol::ops::{
     AdminResult, AutoBalanceReply, AutoBalanceRequest, BackfillReport, BackfillTask, Capacity,
-    HotspotReply, HotspotRequest, JobReport, JobsReport, MigrateReply, MigrateRequest, SeriesReply,
-    SeriesRequest, ShardStats, ShardsReport, SymbolStats,
+    ClusterReport, ClusterTask, ClusterWorker, HotspotReply, HotspotRequest, JobReport, JobsReport,
+    MigrateReply, MigrateRequest, SeriesReply, SeriesRequest, ShardStats, ShardsReport, ShortCause,
+    SupervisorState, SymbolStats,
 };
 
 use crate::api::{self, FetchError};
@@ -103,6 +110,16 @@ fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(
     errors: RwSignal<Vec<(String, String)>>,
     tick: ReadSignal<u64>,
 ) -> RwSignal<Option<T>> {
+    poll_where(path, errors, tick, false)
+}
+
+/// [`poll`]; with `absent_ok`, a 404 means "this server has none" (no data, no error).
+fn poll_where<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(
+    path: &'static str,
+    errors: RwSignal<Vec<(String, String)>>,
+    tick: ReadSignal<u64>,
+    absent_ok: bool,
+) -> RwSignal<Option<T>> {
     let data = RwSignal::new(None::<T>);
     // one request at a time: a slow server is not sent a pile of them
     let busy = StoredValue::new(false);
@@ -120,6 +137,11 @@ fn poll<T: DeserializeOwned + PartialEq + Send + Sync + 'static>(
                 Ok(v) => {
                     if data.with_untracked(|d| d.as_ref() != Some(&v)) {
                         data.set(Some(v));
+                    }
+                }
+                Err(FetchError::Refused { status: 404, .. }) if absent_ok => {
+                    if data.with_untracked(Option::is_some) {
+                        data.set(None);
                     }
                 }
                 Err(e) => errors.update(|list| list.push((path.to_string(), e.to_string()))),
@@ -203,6 +225,7 @@ pub fn OpsView() -> impl IntoView {
     let jobs = poll::<JobsReport>("/api/v1/ops/jobs", errors, tick);
     let shards = poll::<ShardsReport>("/api/v1/ops/shards", errors, tick);
     let backfill = poll::<BackfillReport>("/api/v1/ops/backfill", errors, tick);
+    let cluster = poll_where::<ClusterReport>("/api/v1/ops/cluster", errors, tick, true);
     let admin = Admin::new(set_tick);
 
     view! {
@@ -213,6 +236,7 @@ pub fn OpsView() -> impl IntoView {
             </p>
             <TokenForm admin=admin />
             <p id="ops-status" class:error=move || !admin.status.get().0>{move || admin.status.get().1}</p>
+            <ClusterCard cluster=cluster />
             <JobsCard jobs=jobs />
             <ShardsCard shards=shards admin=admin />
             <BackfillCard backfill=backfill admin=admin />
@@ -449,6 +473,104 @@ fn BackfillCard(backfill: RwSignal<Option<BackfillReport>>, admin: Admin) -> imp
         <section class="card ops-card">
             <h2>"Backfill"</h2>
             <For each=move || tasks.with(|t| t.iter().map(|x| x.series.to_string()).collect::<Vec<_>>()) key=|k| k.clone() children=row />
+        </section>
+    }
+}
+
+fn state_word(s: SupervisorState) -> &'static str {
+    match s {
+        SupervisorState::Standby => "standby",
+        SupervisorState::WarmingUp => "warming up",
+        SupervisorState::AwaitingTasks => "awaiting the task list",
+        SupervisorState::Running => "running",
+    }
+}
+
+fn worker_state(w: &ClusterWorker) -> String {
+    if !w.active {
+        "inactive".into()
+    } else if w.leaving {
+        "leaving".into()
+    } else {
+        "active".into()
+    }
+}
+
+fn age_ms(ms: Option<u64>) -> String {
+    ms.map(|m| format!("{:.1} s", m as f64 / 1000.0)).unwrap_or_else(|| "—".into())
+}
+
+#[component]
+fn ClusterCard(cluster: RwSignal<Option<ClusterReport>>) -> impl IntoView {
+    let workers = Memo::new(move |_| {
+        cluster
+            .with(|c| or_blank(c, |c| c.workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>()))
+    });
+    let tasks = Memo::new(move |_| {
+        cluster.with(|c| or_blank(c, |c| c.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>()))
+    });
+    let worker_row = move |id: String| {
+        let key = id.clone();
+        let w = Memo::new(move |_| {
+            cluster
+                .with(|c| c.as_ref().and_then(|c| c.workers.iter().find(|w| w.id == key).cloned()))
+        });
+        let f = move |g: fn(&ClusterWorker) -> String| move || w.with(|w| or_blank(w, g));
+        view! {
+            <tr class="worker-row" data-worker=id.clone()>
+                <td class="mono">{id.clone()}</td>
+                <td class="state">{f(worker_state)}</td>
+                <td class="running mono num">{f(|w| w.running.to_string())}</td>
+                <td class="mono num">{f(|w| w.max_load.to_string())}</td>
+                <td class="mono">{f(|w| age_ms(Some(w.last_seen_ms)))}</td>
+            </tr>
+        }
+    };
+    let task_row = move |id: String| {
+        let key = id.clone();
+        let t = Memo::new(move |_| {
+            cluster.with(|c| c.as_ref().and_then(|c| c.tasks.iter().find(|t| t.id == key).cloned()))
+        });
+        let f = move |g: fn(&ClusterTask) -> String| move || t.with(|t| or_blank(t, g));
+        view! {
+            <tr class="task-row" data-task=id.clone()>
+                <td class="mono">{id.clone()}</td>
+                <td class="holders mono">{f(|t| t.workers.join(", "))}</td>
+                <td class="mono">{f(|t| age_ms(t.last_data_age_ms))}</td>
+            </tr>
+        }
+    };
+    view! {
+        <section id="cluster-card" class="card ops-card" class:hidden=move || cluster.with(Option::is_none)>
+            <h2>"Cluster"</h2>
+            <p class="muted detail supervisor">{move || cluster.with(|c| or_blank(c, |c| {
+                let s = &c.supervisor;
+                let warm = s.warmup_remaining_ms.map(|m| format!(" ({:.0} s of warm-up left)", m as f64 / 1000.0)).unwrap_or_default();
+                format!("leader {} · {}{warm} · epoch {} · redundancy {}", s.leader.as_deref().unwrap_or("none"), state_word(s.state), s.epoch, s.redundancy)
+            }))}</p>
+            <div class="table-scroll">
+                <table>
+                    <thead><tr><th>"worker"</th><th>"state"</th><th>"running"</th><th>"max load"</th><th>"last status"</th></tr></thead>
+                    <tbody><For each=move || workers.get() key=|k| k.clone() children=worker_row /></tbody>
+                </table>
+            </div>
+            <div class="table-scroll">
+                <table>
+                    <thead><tr><th>"task"</th><th>"workers"</th><th>"last data"</th></tr></thead>
+                    <tbody><For each=move || tasks.get() key=|k| k.clone() children=task_row /></tbody>
+                </table>
+            </div>
+            <p class="unassigned" class:error=move || cluster.with(|c| or_blank(c, |c| !c.unassigned.is_empty()))>
+                {move || cluster.with(|c| or_blank(c, |c| if c.unassigned.is_empty() { "every task fully assigned".to_string() } else {
+                    c.unassigned.iter().map(|u| format!("{} short of {} ({})", u.task, u.missing, match u.cause { ShortCause::NoCapacity => "no capacity", ShortCause::FewWorkers => "too few workers" })).collect::<Vec<_>>().join(" · ")
+                }))}
+            </p>
+            <ul class="events">
+                {move || cluster.with(|c| or_blank(c, |c| c.events.iter().rev().take(8).map(|e| {
+                    let text = format!("{}: +{} −{}{}", e.reason, e.added, e.ended, if e.unassigned > 0 { format!(", {} unassigned", e.unassigned) } else { String::new() });
+                    view! { <li class="event mono">{text}</li> }
+                }).collect::<Vec<_>>()))}
+            </ul>
         </section>
     }
 }

@@ -183,6 +183,11 @@ impl Hub {
         self.lock().conns.len()
     }
 
+    /// Connections opened since start.
+    pub fn connections_opened(&self) -> u64 {
+        self.lock().next_id
+    }
+
     /// Queues `frame` to every subscriber of `key`; a subscriber whose queue is full is
     /// dropped. Returns how many connections got it.
     pub(crate) fn publish(&self, key: &StreamKey, frame: &Frame) -> usize {

@@ -273,6 +273,11 @@ impl SimHandle {
         self.inner.hub.connections()
     }
 
+    /// WebSocket connections opened since start (upstream connects and reconnects).
+    pub fn connections_opened(&self) -> u64 {
+        self.inner.hub.connections_opened()
+    }
+
     /// Starts shutting down: WebSockets get a 1001 close, the server stops accepting, the
     /// engine stops. Returns at once; [`SimHandle::stopped`] waits for the end.
     pub fn shutdown(&self) {

@@ -120,7 +120,15 @@ pub async fn run(
                     let _ = client.publish(reply, body.into()).await;
                 }
             }
-            Some((tasks, reset)) = query_rx.recv() => assigner.handle_task_list(now(), &tasks, reset),
+            Some((tasks, reset)) = query_rx.recv() => {
+                // (wall clock: `millrace-cluster-load` times a full assignment from here to the
+                // last worker's instruction set applied)
+                let received_ms = crate::clock::wall_clock_ms();
+                let started = Instant::now();
+                assigner.handle_task_list(now(), &tasks, reset);
+                tracing::info!(tasks = tasks.len(), reset, received_ms,
+                    decided_us = started.elapsed().as_micros() as u64, "task list");
+            }
             _ = tick.tick() => {
                 match lease.keep(&stats.lease_errors).await {
                     Ok(Some(epoch)) => {

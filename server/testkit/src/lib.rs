@@ -491,8 +491,21 @@ impl PgDb {
 
 impl Drop for PgDb {
     fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&pg_admin_url(), postgres::NoTls) {
-            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        let drop_db = || {
+            if let Ok(mut c) = postgres::Client::connect(&pg_admin_url(), postgres::NoTls) {
+                let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+                let _ = c.batch_execute(&sql);
+            }
+        };
+        // The sync client runs its own runtime: off the test's runtime threads.
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(drop_db)
+            }
+            Ok(_) => std::thread::scope(|s| {
+                s.spawn(drop_db);
+            }),
+            Err(_) => drop_db(),
         }
     }
 }

@@ -275,3 +275,79 @@ async fn a_gateway_book_follows_the_workers_through_a_kill() {
     sim.shutdown();
     tokio::task::block_in_place(|| drop(pg));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_leads_without_restarts_and_a_silent_task_moves() {
+    use sim::{StreamClass, StreamTarget};
+    let sim = start_sim(60.0, 47).await;
+    let pg = tokio::task::block_in_place(|| PgDb::fresh("clusterlead"));
+    let prefix = format!("twl{}", std::process::id());
+    let mut config = cluster_config(&sim, &pg, &prefix, 2);
+    config.cluster.task_timeout_s = 3;
+    let dir = temp_dir("clusterlead");
+    let gateway = TestServer::start(config.clone()).await;
+    let mut supervisors: BTreeMap<String, ChildRole> = BTreeMap::new();
+    for id in ["sup1", "sup2"] {
+        supervisors.insert(
+            id.to_string(),
+            ChildRole::start(id, &["supervisor", "--id", id], &config, &dir, "info"),
+        );
+    }
+    let mut workers = Vec::new();
+    for i in 1..=3 {
+        let id = format!("w{i}");
+        let args = ["worker", "--id", id.as_str(), "--max-load", "10"];
+        workers.push(ChildRole::start(&id, &args, &config, &dir, "info"));
+    }
+    let r = fully_assigned(&gateway, 2, &[]).await;
+    let n0 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", 0, 3).await;
+
+    // kill -9 of the leader: the standby leads, and no upstream session is restarted.
+    let leader = r.supervisor.leader.clone().expect("a leader");
+    let opened = sim.connections_opened();
+    let t0 = Instant::now();
+    supervisors.get_mut(&leader).unwrap().kill9();
+    let r = eventually("the standby leads", || async {
+        let r = report(&gateway).await?;
+        (r.supervisor.leader.as_deref().is_some_and(|l| l != leader)
+            && r.supervisor.state == shared::protocol::ops::SupervisorState::Running)
+            .then_some(r)
+    })
+    .await;
+    eprintln!("standby {:?} leads after {:?}", r.supervisor.leader, t0.elapsed());
+    fully_assigned(&gateway, 2, &[]).await;
+    let n1 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", n0, 3).await;
+    assert_eq!(sim.connections_opened(), opened, "a session was restarted by the fail-over");
+
+    // A stalled upstream: the silent task is unassigned and reassigned after task_timeout_s.
+    let t0 = Instant::now();
+    sim.faults().stall(
+        StreamTarget::kind(StreamClass::Kline).for_symbol("BTCUSDT"),
+        Duration::from_secs(5),
+    );
+    eventually("the silent task reassigned", || async {
+        let r = report(&gateway).await?;
+        r.events.iter().any(|e| e.reason.contains("silent")).then_some(())
+    })
+    .await;
+    let silent_after = t0.elapsed();
+    eprintln!("silent task reassigned after {silent_after:?}");
+    // task_timeout_s counts from the last data (just before the stall), as the workers'
+    // statuses report it every status_interval_ms; the timer checks every tick
+    assert!(
+        silent_after >= Duration::from_millis(3000 - TICK_MS)
+            && silent_after <= Duration::from_millis(3000 + 3 * TICK_MS + 500),
+        "{silent_after:?}: task_timeout_s is 3 s"
+    );
+    // ... and once the exchange talks again nothing is missing.
+    stored_grows(&pg, "sim:spot:BTC/USDT:1m", n1, 8).await;
+    let stored = stored_pg(&pg, "sim:spot:BTC/USDT:1m");
+    let (first, last) = (stored[0].open_time, stored[stored.len() - 1].open_time);
+    assert_eq!(stored, sim.closed_klines("BTCUSDT", first, last), "stored = the exchange's");
+
+    drop(workers);
+    drop(supervisors);
+    gateway.stop().await;
+    sim.shutdown();
+    tokio::task::block_in_place(|| drop(pg));
+}

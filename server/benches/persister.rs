@@ -1,0 +1,125 @@
+//! Closed candles through the cluster's storage path, on the machine's real NATS (JetStream) and
+//! PostgreSQL (a load tool, not criterion: one sustained run).
+//!
+//! 1. `forward`: the workers' side — [`JetStreamForward`] hands `series × minutes` closed 1m
+//!    candles to the stream `{prefix}_candles` (one message each, `Nats-Msg-Id`, acknowledged),
+//!    in the pipeline's 200-candle batches;
+//! 2. `persist`: a [`Persister`] (lease, durable pull consumer, per-series transactions of 1m +
+//!    derived candles, publication on the NATS bus, acknowledgement) drains them into a fresh
+//!    database; timed from its start to the last candle written.
+//!
+//! Run twice: with only 1m candles, then with the default 11 derived timeframes.
+//! `cargo bench -p server --bench persister` (`MILLRACE_PERSIST_BENCH=series=…,minutes=…`;
+//! `MILLRACE_TEST_PG` / `MILLRACE_TEST_NATS` pick the servers, as for the tests).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use server::bus::{Bus, NatsBus};
+use server::candles::writer::{CandleWriter, ForwardClosed};
+use server::cluster::candles::{ensure_stream, JetStreamForward, Persister, PersisterStats};
+use server::cluster::config::ClusterConfig;
+use server::cluster::Subjects;
+use server::shutdown::Shutdown;
+use server::store::postgres::PostgresStore;
+use server::store::CandleStore;
+use shared::candle::Timeframe;
+use shared::protocol::SeriesId;
+use testkit::PgDb;
+
+mod common;
+
+use common::{candle, MIN};
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var("MILLRACE_PERSIST_BENCH")
+        .ok()
+        .and_then(|v| {
+            v.split(',').find_map(|kv| kv.strip_prefix(&format!("{name}="))?.parse().ok())
+        })
+        .unwrap_or(default)
+}
+
+async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str) {
+    let nats = std::env::var("MILLRACE_TEST_NATS").unwrap_or("nats://127.0.0.1:4222".into());
+    let client = async_nats::connect(&nats).await.expect("NATS (scripts/services)");
+    let prefix = format!("bench{}_{}", std::process::id(), derived.len());
+    let subjects = Subjects::new(&prefix);
+    let cluster = ClusterConfig { tick_ms: 100, ..ClusterConfig::default() };
+    let js = async_nats::jetstream::new(client.clone());
+    ensure_stream(&js, &subjects, &cluster).await.unwrap();
+    let db = tokio::task::block_in_place(|| PgDb::fresh("persistbench"));
+    let url = db.url().to_string();
+    let store: Arc<dyn CandleStore> =
+        Arc::new(tokio::task::block_in_place(|| PostgresStore::open(&url)).unwrap());
+    let ids: Vec<SeriesId> =
+        (0..series).map(|s| format!("bench:spot:S{s}/USDT:1m").parse().unwrap()).collect();
+    let total = series * minutes;
+
+    // 1. forward, as the workers' pipelines do (batches of 200 per series)
+    let forward = JetStreamForward::new(js.clone(), subjects.clone());
+    let t0 = Instant::now();
+    for start in (0..minutes).step_by(200) {
+        for (s, id) in ids.iter().enumerate() {
+            let batch = (start..(start + 200).min(minutes))
+                .map(|m| candle(m as i64 * MIN + 1_700_000_000_000 / MIN * MIN, s as i64))
+                .collect();
+            forward.forward(id.clone(), batch).await.unwrap();
+        }
+    }
+    let fwd = t0.elapsed();
+
+    // 2. persist
+    let shutdown = Shutdown::new();
+    let bus: Arc<dyn Bus> = Arc::new(NatsBus::new(client.clone(), &prefix, 1024, &shutdown));
+    let stats = Arc::new(PersisterStats::default());
+    let persister = Persister {
+        client: client.clone(),
+        subjects: subjects.clone(),
+        cluster,
+        derived: derived.clone(),
+        writer: CandleWriter::new(store.clone(), bus),
+        id: "bench".into(),
+        stats: stats.clone(),
+    };
+    let t0 = Instant::now();
+    let task = tokio::spawn(persister.run(shutdown.clone()));
+    while (stats.candles.load(Relaxed) as usize) < total {
+        assert!(t0.elapsed() < Duration::from_secs(600), "persister stalled: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = t0.elapsed();
+    shutdown.stop();
+    let _ = task.await;
+    let stored: usize = tokio::task::block_in_place(|| {
+        ids.iter().map(|id| store.candles(id, Some(0), None, minutes + 1).unwrap().len()).sum()
+    });
+    assert_eq!(stored, total, "every candle stored once");
+    println!(
+        "{label}: {series} series x {minutes} minutes = {total} candles: forward {:.0} candles/s \
+         ({:.2} s); persist {:.0} candles/s ({:.2} s, {} transactions, {} failures)",
+        total as f64 / fwd.as_secs_f64(),
+        fwd.as_secs_f64(),
+        total as f64 / took.as_secs_f64(),
+        took.as_secs_f64(),
+        stats.batches.load(Relaxed),
+        stats.write_failures.load(Relaxed),
+    );
+    let _ = js.delete_stream(subjects.candle_stream()).await;
+    tokio::task::block_in_place(move || {
+        store.close();
+        drop(store);
+        drop(db);
+    });
+}
+
+fn main() {
+    let series = setting("series", 20);
+    let minutes = setting("minutes", 10_000);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        run(series, minutes, Vec::new(), "1m only").await;
+        run(series, minutes, server::config::IngestConfig::default().derived, "1m + derived").await;
+    });
+}
