@@ -122,6 +122,36 @@ impl Backends {
     }
 }
 
+/// A cluster worker's parts (see [`crate::cluster::worker`]): the cluster's PostgreSQL store
+/// (read: where its kline tasks resume), the NATS bus (its forming candles), and an in-process
+/// bus for the books it keeps for snapshot requests (published to nobody).
+pub struct WorkerBackends {
+    pub store: Arc<dyn CandleStore>,
+    pub bus: Arc<dyn Bus>,
+    pub local: Arc<dyn Bus>,
+}
+
+impl WorkerBackends {
+    /// Opens `[store] url` and the bus on `client`; the bus's tasks end with `shutdown`.
+    pub async fn open(
+        config: &Config,
+        client: async_nats::Client,
+        shutdown: &Shutdown,
+    ) -> Result<WorkerBackends, StartError> {
+        let url = config.store.url.clone().unwrap_or_default();
+        let shown = crate::store::postgres::redact(&url);
+        let store = blocking(move || PostgresStore::open(&url)).await.map_err(|source| {
+            StartError::Store { path: format!("{shown} (configuration key `store.url`)"), source }
+        })?;
+        let bus = NatsBus::new(client, &config.bus.prefix, config.limits.bus_capacity, shutdown);
+        Ok(WorkerBackends {
+            store: Arc::new(store),
+            bus: Arc::new(bus),
+            local: Arc::new(InProcessBus::new(config.limits.bus_capacity)),
+        })
+    }
+}
+
 /// The service.
 pub struct App {
     pub config: Config,

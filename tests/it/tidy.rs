@@ -195,7 +195,7 @@ fn only_the_composition_root_names_a_concrete_bus_or_store() {
             continue;
         }
         for (n, code) in code_lines(f) {
-            for word in ["InProcessBus", "SqliteStore"] {
+            for word in ["InProcessBus", "NatsBus", "SqliteStore", "PostgresStore"] {
                 if code.contains(word) {
                     hits.push(format!("{rel}:{n}: {word}"));
                 }

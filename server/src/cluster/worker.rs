@@ -25,9 +25,9 @@ use shared::protocol::ops::JobKind;
 
 use super::candles::{ensure_stream, JetStreamForward};
 use super::Subjects;
+use crate::app::WorkerBackends;
 use crate::books::depth_job::{DepthRole, DepthRunner};
 use crate::books::BookRegistry;
-use crate::bus::{Bus, InProcessBus, NatsBus};
 use crate::candles::kline_job::KlineRunner;
 use crate::candles::writer::CandleWriter;
 use crate::clock::wall_clock_ms;
@@ -35,8 +35,7 @@ use crate::config::Config;
 use crate::jobs::Supervisor;
 use crate::shutdown::Shutdown;
 use crate::sources::Sources;
-use crate::store::postgres::PostgresStore;
-use crate::store::{blocking, CandleStore};
+use crate::store::blocking;
 
 /// Who this worker is.
 #[derive(Debug, Clone)]
@@ -64,8 +63,8 @@ pub struct WorkerStats {
 pub enum WorkerError {
     #[error("configuration key `store.kind`: a worker reads where its kline tasks resume from the cluster's PostgreSQL store")]
     NotPostgres,
-    #[error("cannot open the store (configuration key `store.url`)")]
-    Store(#[source] crate::store::StoreError),
+    #[error(transparent)]
+    Backends(#[from] crate::app::StartError),
     #[error("cannot set up JetStream's candle stream")]
     JetStream(#[source] async_nats::Error),
     #[error("cannot subscribe to {subject}")]
@@ -123,15 +122,11 @@ pub async fn run(
     let subjects = Subjects::new(&config.bus.prefix);
     let js = async_nats::jetstream::new(client.clone());
     ensure_stream(&js, &subjects, &config.cluster).await.map_err(WorkerError::JetStream)?;
-    let url = config.store.url.clone().ok_or(WorkerError::NotPostgres)?;
-    let store: Arc<dyn CandleStore> =
-        Arc::new(blocking(move || PostgresStore::open(&url)).await.map_err(WorkerError::Store)?);
-    let bus: Arc<dyn Bus> = Arc::new(NatsBus::new(
-        client.clone(),
-        &config.bus.prefix,
-        config.limits.bus_capacity,
-        &shutdown,
-    ));
+    if config.store.kind != crate::cluster::config::StoreKind::Postgres {
+        return Err(WorkerError::NotPostgres);
+    }
+    let WorkerBackends { store, bus, local } =
+        WorkerBackends::open(&config, client.clone(), &shutdown).await?;
     let endpoints = crate::sources::remote_endpoints(&config.sources)?;
     let sources =
         Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
@@ -143,7 +138,7 @@ pub async fn run(
     // requests) and forward every diff.
     super::depth::ensure_stream(&js, &subjects).await.map_err(WorkerError::JetStream)?;
     let tap = super::depth::DepthTap::new(client.clone(), subjects.clone(), &shutdown);
-    let local = BookRegistry::new(Arc::new(InProcessBus::new(config.limits.bus_capacity)));
+    let local = BookRegistry::new(local);
     let depth = DepthRunner::new(&config, sources.clone(), local, DepthRole::Worker(tap));
     let sessions = Sessions {
         kline: Supervisor::new(JobKind::Kline, config.ingest.clone(), Arc::new(runner), &shutdown),
