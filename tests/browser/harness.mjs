@@ -13,7 +13,7 @@ import { chromium } from 'playwright-core';
 const here = dirname(fileURLToPath(import.meta.url));
 export const root = resolve(here, '..', '..');
 export const outDir = join(here, 'out');
-const bin = process.env.MILLRACE_BIN ? resolve(root, process.env.MILLRACE_BIN) : join(root, 'target', 'debug', 'millrace');
+export const bin = process.env.MILLRACE_BIN ? resolve(root, process.env.MILLRACE_BIN) : join(root, 'target', 'debug', 'millrace');
 const staticDir = process.env.MILLRACE_STATIC_DIR ? resolve(root, process.env.MILLRACE_STATIC_DIR) : join(root, 'dist');
 const chromiumPath = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 

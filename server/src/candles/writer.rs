@@ -32,6 +32,10 @@ pub enum Derive {
     /// Backfill: the derived candle of every bucket of `timeframes` that the 1m range
     /// `[lo, hi]` touches and that has ended by the minute `newest`.
     Buckets { timeframes: Vec<Timeframe>, lo: i64, hi: i64, newest: i64 },
+    /// The cluster's persister, writing many instruments' closed minutes at once: for every 1m
+    /// series of the write, `Buckets` over its own minutes (`lo`, `hi` = `newest` = its first
+    /// and last).
+    EachSeries { timeframes: Vec<Timeframe> },
 }
 
 /// Rows of one write: the 1m series first, then derived series.
@@ -114,6 +118,19 @@ impl CandleWriter {
 
 /// Applies `derive` to `rows` (blocking: reads the store).
 fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result<(), StoreError> {
+    if let Derive::EachSeries { timeframes } = derive {
+        let m1: Vec<(SeriesId, Vec<Candle>)> = rows
+            .iter()
+            .filter(|(s, c)| s.timeframe == Timeframe::M1 && !c.is_empty())
+            .cloned()
+            .collect();
+        for (series_1m, minutes) in m1 {
+            let (lo, hi) = (minutes[0].open_time, minutes[minutes.len() - 1].open_time);
+            let span = Span { lo, hi, newest: hi };
+            ended_buckets(store, &series_1m, &minutes, timeframes, span, rows)?;
+        }
+        return Ok(());
+    }
     let Some((series_1m, minutes)) =
         rows.first().filter(|(s, _)| s.timeframe == Timeframe::M1).cloned()
     else {
@@ -140,21 +157,46 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
             }
         }
         Derive::Buckets { timeframes, lo, hi, newest } => {
-            for &tf in timeframes {
-                let mut opens = Vec::new();
-                let mut bucket = tf.bucket_open(*lo);
-                while bucket <= tf.bucket_open(*hi) {
-                    let end = bucket + tf.duration_ms();
-                    if end - MINUTE_MS <= *newest {
-                        opens.push(bucket);
-                    }
-                    bucket = end;
-                }
-                let merged = merge_buckets(store, &series_1m, &minutes, tf, &opens)?;
-                let series = SeriesId { instrument: series_1m.instrument.clone(), timeframe: tf };
-                rows.push((series, merged));
-            }
+            let span = Span { lo: *lo, hi: *hi, newest: *newest };
+            ended_buckets(store, &series_1m, &minutes, timeframes, span, rows)?;
         }
+        Derive::EachSeries { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+/// A 1m range `[lo, hi]` and the newest minute known to have closed.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    lo: i64,
+    hi: i64,
+    newest: i64,
+}
+
+/// Appends to `rows` the `timeframes` candles of every bucket that the span's 1m range of
+/// `series_1m` touches and that has ended by its newest minute, each the merge of its stored
+/// minutes and `minutes`.
+fn ended_buckets(
+    store: &dyn CandleStore,
+    series_1m: &SeriesId,
+    minutes: &[Candle],
+    timeframes: &[Timeframe],
+    Span { lo, hi, newest }: Span,
+    rows: &mut Rows,
+) -> Result<(), StoreError> {
+    for &tf in timeframes {
+        let mut opens = Vec::new();
+        let mut bucket = tf.bucket_open(lo);
+        while bucket <= tf.bucket_open(hi) {
+            let end = bucket + tf.duration_ms();
+            if end - MINUTE_MS <= newest {
+                opens.push(bucket);
+            }
+            bucket = end;
+        }
+        let merged = merge_buckets(store, series_1m, minutes, tf, &opens)?;
+        let series = SeriesId { instrument: series_1m.instrument.clone(), timeframe: tf };
+        rows.push((series, merged));
     }
     Ok(())
 }

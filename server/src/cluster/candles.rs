@@ -10,10 +10,11 @@
 //! - The persister ([`Persister`]) consumes it through the durable pull consumer
 //!   `persister`, shared by every persister; only the holder of the `persister` lease pulls, so
 //!   one process writes at a time (a derived candle is the merge of its bucket's stored minutes,
-//!   which two concurrent writers of a series could each read incomplete). It groups a batch by
-//!   series, writes each series' minutes and the derived candles they complete in one
-//!   transaction through the one [`CandleWriter`] (which publishes them after the commit), and
-//!   only then acknowledges the messages. A failed write is negatively acknowledged with a
+//!   which two concurrent writers of a series could each read incomplete). It pulls rounds of
+//!   up to `BATCH_MAX` messages, writes a round's minutes of every series and the derived
+//!   candles they complete in one transaction through the one [`CandleWriter`] (which publishes
+//!   them after the commit) while the next round is pulled, and only then acknowledges the
+//!   round's messages. A failed write is negatively acknowledged with a
 //!   delay and comes back; a persister killed before acknowledging leaves its messages to be
 //!   redelivered to the next lease holder after `ack_wait`. Writes are idempotent upserts, and
 //!   the bus's kline de-dup drops a redelivered batch's second publication.
@@ -45,8 +46,9 @@ pub const CONSUMER: &str = "persister";
 /// Most messages a persister writes in one round.
 pub const BATCH_MAX: usize = 20_000;
 
-/// How long a round waits for more messages after the first one.
-const BATCH_WAIT: Duration = Duration::from_millis(100);
+/// How long one pull request waits for messages: what a closed candle may wait, at most, before
+/// it is written (when fewer than `BATCH_MAX` are waiting); an idle persister pulls this often.
+const PULL_WAIT: Duration = Duration::from_millis(250);
 
 /// How long a message may stay unacknowledged before JetStream redelivers it.
 const ACK_WAIT: Duration = Duration::from_secs(30);
@@ -139,7 +141,7 @@ impl ForwardClosed for JetStreamForward {
 pub struct PersisterStats {
     /// Closed 1m candles written (derived ones are not counted).
     pub candles: AtomicU64,
-    /// Series transactions committed.
+    /// Rounds committed (one transaction each).
     pub batches: AtomicU64,
     pub write_failures: AtomicU64,
     /// Messages that were not a closed candle (terminated, never redelivered).
@@ -147,6 +149,8 @@ pub struct PersisterStats {
     /// Messages delivered more than once (a persister died or failed before acknowledging).
     pub redelivered: AtomicU64,
     pub lease_errors: AtomicU64,
+    /// Pull requests that failed (NATS away).
+    pub pull_errors: AtomicU64,
     /// 1 while this process holds the persister lease.
     pub leading: AtomicU64,
 }
@@ -204,66 +208,87 @@ impl Persister {
                 .await
                 .map_err(err("lease bucket"))?;
         let mut lease = RoleLease::new(kv, "persister", &id);
-        let mut tick = tokio::time::interval(Duration::from_millis(cluster.tick_ms));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = Duration::from_millis(cluster.tick_ms);
         let retry = Duration::from_millis(cluster.tick_ms.max(500));
-        let mut messages: Option<pull::Stream> = None;
-        let mut batch: Vec<jetstream::Message> = Vec::new();
-        loop {
-            // Hold the lease; pull only while holding it.
-            tokio::select! {
-                _ = tick.tick() => {
-                    match lease.keep(&stats.lease_errors).await {
-                        Ok(Some(epoch)) => tracing::info!(%id, epoch, "persisting closed candles"),
-                        Ok(None) => {}
-                        Err(()) => messages = None,
-                    }
-                    stats.leading.store(u64::from(lease.held()), Relaxed);
-                    if lease.held() && messages.is_none() {
-                        match consumer.messages().await {
-                            Ok(m) => messages = Some(m),
-                            Err(e) => tracing::warn!(error = %e, "persister: cannot pull"),
-                        }
-                    }
-                    continue;
+        let mut next_keep = tokio::time::Instant::now();
+        // The round being written, and the next one, pulled meanwhile.
+        let (mut current, mut ahead): (Vec<jetstream::Message>, Vec<jetstream::Message>) =
+            (Vec::new(), Vec::new());
+        while !shutdown.is_stopping() {
+            // Hold the lease (renewed every tick); pull only while holding it.
+            if tokio::time::Instant::now() >= next_keep {
+                next_keep += every;
+                if let Ok(Some(epoch)) = lease.keep(&stats.lease_errors).await {
+                    tracing::info!(%id, epoch, "persisting closed candles");
                 }
-                m = next(&mut messages) => match m {
-                    Some(Ok(m)) => batch.push(m),
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "persister: pull failed, pulling again");
-                        messages = None;
-                        continue;
-                    }
-                    None => { messages = None; continue; }
-                },
-                () = shutdown.stopping() => break,
+                stats.leading.store(u64::from(lease.held()), Relaxed);
             }
-            // Gather a round: what arrives within BATCH_WAIT, at most BATCH_MAX.
-            let until = tokio::time::Instant::now() + BATCH_WAIT;
-            while batch.len() < BATCH_MAX {
-                match tokio::time::timeout_at(until, next(&mut messages)).await {
-                    Ok(Some(Ok(m))) => batch.push(m),
-                    Ok(_) | Err(_) => break,
+            if !lease.held() {
+                // What was pulled goes back at once, for the new holder.
+                for m in current.drain(..) {
+                    let _ = m.ack_with(AckKind::Nak(None)).await;
                 }
+                tokio::select! {
+                    () = tokio::time::sleep_until(next_keep) => {}
+                    () = shutdown.stopping() => break,
+                }
+                continue;
             }
-            persist(&mut batch, &derived, &writer, &stats, retry).await;
+            if current.is_empty() {
+                if let Err(e) = pull(&consumer, &mut current).await {
+                    pull_failed(&e, &stats, retry, &shutdown).await;
+                }
+                continue;
+            }
+            // Write this round while the next one is pulled.
+            let (_, pulled) = tokio::join!(
+                persist(&mut current, &derived, &writer, &stats, retry),
+                pull(&consumer, &mut ahead)
+            );
+            if let Err(e) = pulled {
+                pull_failed(&e, &stats, retry, &shutdown).await;
+            }
+            std::mem::swap(&mut current, &mut ahead);
+        }
+        for m in current.drain(..) {
+            let _ = m.ack_with(AckKind::Nak(None)).await;
         }
         lease.release().await;
         Ok(())
     }
 }
 
-/// The next message of `messages`; pending forever when there is none.
-async fn next(
-    messages: &mut Option<pull::Stream>,
-) -> Option<Result<jetstream::Message, async_nats::error::Error<pull::MessagesErrorKind>>> {
-    match messages {
-        Some(m) => m.next().await,
-        None => std::future::pending().await,
+/// Pulls one round into `batch`.
+async fn pull(
+    consumer: &jetstream::consumer::Consumer<pull::Config>,
+    batch: &mut Vec<jetstream::Message>,
+) -> Result<(), async_nats::Error> {
+    let mut messages =
+        consumer.batch().max_messages(BATCH_MAX).expires(PULL_WAIT).messages().await?;
+    while let Some(m) = messages.next().await {
+        batch.push(m?);
+    }
+    Ok(())
+}
+
+/// A failed pull: counted, logged, and a pause before the next.
+async fn pull_failed(
+    e: &async_nats::Error,
+    stats: &PersisterStats,
+    retry: Duration,
+    shutdown: &Shutdown,
+) {
+    tracing::warn!(error = %e, "persister: pull failed");
+    stats.pull_errors.fetch_add(1, Relaxed);
+    tokio::select! {
+        () = tokio::time::sleep(retry) => {}
+        () = shutdown.stopping() => {}
     }
 }
 
-/// Writes one round and acknowledges it (see the module docs).
+/// Writes one round — every series' minutes and the derived candles they complete, in one
+/// transaction — and acknowledges its messages once it committed; a failed write sends them
+/// back after `retry` (written again then: upserts are idempotent).
 async fn persist(
     batch: &mut Vec<jetstream::Message>,
     derived: &[Timeframe],
@@ -271,16 +296,15 @@ async fn persist(
     stats: &PersisterStats,
     retry: Duration,
 ) {
-    type Round = (BTreeMap<i64, Candle>, Vec<jetstream::Message>);
-    let mut by_series: BTreeMap<SeriesId, Round> = BTreeMap::new();
+    let mut by_series: BTreeMap<SeriesId, BTreeMap<i64, Candle>> = BTreeMap::new();
+    let mut msgs = Vec::with_capacity(batch.len());
     for m in batch.drain(..) {
         if m.info().is_ok_and(|i| i.delivered > 1) {
             stats.redelivered.fetch_add(1, Relaxed);
         }
         match serde_json::from_slice::<ClosedCandle>(&m.payload) {
             Ok(c) if c.series.timeframe == Timeframe::M1 && c.candle.check().is_ok() => {
-                let (candles, msgs) = by_series.entry(c.series).or_default();
-                candles.insert(c.candle.open_time, c.candle);
+                by_series.entry(c.series).or_default().insert(c.candle.open_time, c.candle);
                 msgs.push(m);
             }
             _ => {
@@ -290,28 +314,27 @@ async fn persist(
             }
         }
     }
-    // One transaction per series; its messages are acknowledged once it committed, or come
-    // back after `retry` (upserted again: idempotent).
-    for (series, (candles, msgs)) in by_series {
-        let candles: Vec<Candle> = candles.into_values().collect();
-        let (lo, hi) = (candles[0].open_time, candles[candles.len() - 1].open_time);
-        let n = candles.len() as u64;
-        let store = writer.store().clone();
-        let derive = Derive::Buckets { timeframes: derived.to_vec(), lo, hi, newest: hi };
-        match writer.write(vec![(series.clone(), candles)], derive, move |b| store.write(b)).await {
-            Ok(_) => {
-                stats.candles.fetch_add(n, Relaxed);
-                stats.batches.fetch_add(1, Relaxed);
-                for m in msgs {
-                    let _ = m.ack().await;
-                }
+    if by_series.is_empty() {
+        return;
+    }
+    let rows: Vec<(SeriesId, Vec<Candle>)> =
+        by_series.into_iter().map(|(s, c)| (s, c.into_values().collect())).collect();
+    let n: usize = rows.iter().map(|(_, c)| c.len()).sum();
+    let store = writer.store().clone();
+    let derive = Derive::EachSeries { timeframes: derived.to_vec() };
+    match writer.write(rows, derive, move |b| store.write(b)).await {
+        Ok(_) => {
+            stats.candles.fetch_add(n as u64, Relaxed);
+            stats.batches.fetch_add(1, Relaxed);
+            for m in msgs {
+                let _ = m.ack().await;
             }
-            Err(e) => {
-                stats.write_failures.fetch_add(1, Relaxed);
-                tracing::error!(%series, "persister: write failed, will retry: {}", report(&e));
-                for m in msgs {
-                    let _ = m.ack_with(AckKind::Nak(Some(retry))).await;
-                }
+        }
+        Err(e) => {
+            stats.write_failures.fetch_add(1, Relaxed);
+            tracing::error!("persister: write failed, will retry: {}", report(&e));
+            for m in msgs {
+                let _ = m.ack_with(AckKind::Nak(Some(retry))).await;
             }
         }
     }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt as _;
 use shared::cluster::assign::{Assigner, Output};
 use shared::cluster::{Demand, TaskId, WorkerStatus};
+use shared::protocol::ops::ReportQuery;
 use tokio::sync::mpsc;
 
 use super::config::{glob_match, ClusterConfig};
@@ -116,7 +117,9 @@ pub async fn run(
             },
             Some(m) = report.next() => {
                 if let (true, Some(reply)) = (assigner.is_leader(), m.reply) {
-                    let body = serde_json::to_vec(&assigner.report(now())).expect("serialisable");
+                    let q: ReportQuery = serde_json::from_slice(&m.payload).unwrap_or_default();
+                    let body = serde_json::to_vec(&assigner.report(now(), q.max_tasks))
+                        .expect("serialisable");
                     let _ = client.publish(reply, body.into()).await;
                 }
             }

@@ -57,8 +57,9 @@ use serde::Deserialize;
 use shared::protocol::ops::{
     AdminResult, ApiErrorCode as Code, AutoBalanceReply, AutoBalanceRequest, BackfillReport,
     BooksReport, Catalog, ClusterReport, HotspotReply, HotspotRequest, InstrumentReply,
-    InstrumentRequest, JobsReport, KlineRow, MigrateReply, MigrateRequest, SeriesReply,
-    SeriesRequest, ShardsReport, SourcesReport, StoredSeries, TickSourceKind, TickSourceStats,
+    InstrumentRequest, JobsReport, KlineRow, MigrateReply, MigrateRequest, ReportQuery,
+    SeriesReply, SeriesRequest, ShardsReport, SourcesReport, StoredSeries, TickSourceKind,
+    TickSourceStats, REPORT_MAX_TASKS,
 };
 use shared::protocol::{InstrumentId, RestDepthResponse, SeriesId};
 
@@ -198,8 +199,13 @@ async fn ops_sources(State(state): State<AppState>) -> Json<SourcesReport> {
     Json(SourcesReport { sources: state.app.sources.snapshot() })
 }
 
-/// The leading supervisor's report, asked over NATS (a gateway only).
-async fn ops_cluster(State(state): State<AppState>) -> Result<Json<ClusterReport>, ApiError> {
+/// The leading supervisor's report, asked over NATS (a gateway only); `?max_tasks=N` (default
+/// 1,000) bounds the task list.
+async fn ops_cluster(
+    State(state): State<AppState>,
+    query: Result<Query<ReportQueryParams>, QueryRejection>,
+) -> Result<Json<ClusterReport>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad(Code::Malformed, e.body_text()))?;
     let Some(g) = &state.app.gateway else {
         return Err(ApiError::not_found(
             Code::NotFound,
@@ -208,7 +214,9 @@ async fn ops_cluster(State(state): State<AppState>) -> Result<Json<ClusterReport
     };
     let unavailable =
         |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, why);
-    let ask = g.client.request(g.subjects.report(), bytes::Bytes::new());
+    let query = ReportQuery { max_tasks: q.max_tasks.unwrap_or(REPORT_MAX_TASKS).min(5_000) };
+    let body = serde_json::to_vec(&query).expect("serialisable");
+    let ask = g.client.request(g.subjects.report(), body.into());
     let answer = tokio::time::timeout(std::time::Duration::from_secs(2), ask)
         .await
         .map_err(|_| unavailable("no leading supervisor answered within 2 s".into()))?
@@ -216,6 +224,12 @@ async fn ops_cluster(State(state): State<AppState>) -> Result<Json<ClusterReport
     serde_json::from_slice(&answer.payload)
         .map(Json)
         .map_err(|e| unavailable(format!("the supervisor's report did not parse: {e}")))
+}
+
+/// `GET /api/v1/ops/cluster` parameters.
+#[derive(Debug, serde::Deserialize)]
+struct ReportQueryParams {
+    max_tasks: Option<usize>,
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

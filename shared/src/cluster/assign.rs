@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::timer::LowResTimer;
-use super::{Instructions, TaskId, WorkerStatus};
+use super::{Instructions, TaskId, TaskReport, WorkerStatus};
 use crate::protocol::ops::{
     AssignmentRecord, ClusterReport, ClusterTask, ClusterWorker, ShortCause, Shortfall,
     SupervisorInfo, SupervisorState, SupervisorStats,
@@ -303,11 +303,18 @@ impl Assigner {
         }
         let started_leaving = status.leaving && !w.leaving;
         w.leaving = status.leaving;
-        w.reported = status
-            .tasks
-            .iter()
-            .map(|r| (r.task.clone(), r.data_age_ms.map(|age| now_ms.saturating_sub(age))))
-            .collect();
+        let at = |r: &TaskReport| r.data_age_ms.map(|age| now_ms.saturating_sub(age));
+        // At steady state a worker reports the same tasks (in order) every time: update the
+        // data times in place rather than rebuild the map.
+        let same = w.reported.len() == status.tasks.len()
+            && w.reported.keys().zip(&status.tasks).all(|(k, r)| *k == r.task);
+        if same {
+            for (v, r) in w.reported.values_mut().zip(&status.tasks) {
+                *v = at(r);
+            }
+        } else {
+            w.reported = status.tasks.iter().map(|r| (r.task.clone(), at(r))).collect();
+        }
         for (task, hold) in w.holds.iter_mut() {
             if let Some(Some(at)) = w.reported.get(task) {
                 hold.last_data_ms = hold.last_data_ms.max(*at);
@@ -828,8 +835,9 @@ impl Assigner {
         self.short.values()
     }
 
-    /// The operations report at `now_ms`.
-    pub fn report(&self, now_ms: u64) -> ClusterReport {
+    /// The operations report at `now_ms`, with at most `max_tasks` tasks and as many
+    /// shortfalls (the totals say how many there are; a report must fit a NATS message).
+    pub fn report(&self, now_ms: u64, max_tasks: usize) -> ClusterReport {
         let state = match self.phase {
             Phase::Standby => SupervisorState::Standby,
             Phase::WarmingUp { .. } => SupervisorState::WarmingUp,
@@ -855,6 +863,7 @@ impl Assigner {
         let tasks = self
             .wanted
             .keys()
+            .take(max_tasks)
             .map(|t| {
                 let holders = self.holders_of(t);
                 let freshest = holders
@@ -881,7 +890,9 @@ impl Assigner {
             },
             workers,
             tasks,
-            unassigned: self.short.values().cloned().collect(),
+            tasks_total: self.wanted.len(),
+            unassigned: self.short.values().take(max_tasks).cloned().collect(),
+            unassigned_total: self.short.len(),
             events: self.history.iter().cloned().collect(),
         }
     }

@@ -294,7 +294,7 @@ fn warm_up_then_reset_assignment_with_redundancy() {
     assert!(w.sent.iter().all(|s| s.reset), "the first assignment is a reset");
     w.run(2);
     w.check_settled(1);
-    let report = w.sup.report(w.now);
+    let report = w.sup.report(w.now, usize::MAX);
     assert_eq!(report.workers.iter().map(|w| w.running).sum::<u32>(), 12);
 }
 
@@ -338,7 +338,7 @@ fn distinct_holders_go_beyond_quota_within_max_load_and_the_rest_is_reported_sho
     let short: Vec<_> = w.sup.shortfalls().cloned().collect();
     assert_eq!(short.len(), 3, "{short:?}");
     assert!(short.iter().all(|s| s.cause == ShortCause::NoCapacity && s.missing == 1));
-    let record = w.sup.report(w.now).events.pop().unwrap();
+    let record = w.sup.report(w.now, usize::MAX).events.pop().unwrap();
     assert_eq!((record.added, record.unassigned), (13, 3));
     w.drain_outputs();
     w.check_settled(2);

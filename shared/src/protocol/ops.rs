@@ -687,15 +687,40 @@ pub struct HotspotReply {
 }
 
 /// `GET /api/v1/ops/cluster`: the supervisor's view of the cluster (seed 004).
+/// Tasks in a [`ClusterReport`] unless the request asks otherwise (10,000 tasks would not fit
+/// one NATS message).
+pub const REPORT_MAX_TASKS: usize = 1000;
+
+/// What a report request asks for (its body; empty = the defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportQuery {
+    #[serde(default = "default_max_tasks")]
+    pub max_tasks: usize,
+}
+
+fn default_max_tasks() -> usize {
+    REPORT_MAX_TASKS
+}
+
+impl Default for ReportQuery {
+    fn default() -> Self {
+        ReportQuery { max_tasks: REPORT_MAX_TASKS }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterReport {
     pub supervisor: SupervisorInfo,
     pub workers: Vec<ClusterWorker>,
-    /// Every wanted task, with the workers holding it.
+    /// Wanted tasks with the workers holding each, in task id order: the first `max_tasks`
+    /// of the request (default [`REPORT_MAX_TASKS`]).
     pub tasks: Vec<ClusterTask>,
-    /// Tasks held by fewer workers than the redundancy asks, and why.
+    /// How many tasks are wanted.
+    pub tasks_total: usize,
+    /// Tasks held by fewer workers than the redundancy asks, and why (as many as `tasks`).
     pub unassigned: Vec<Shortfall>,
+    pub unassigned_total: usize,
     /// The last assignment events, newest last.
     pub events: Vec<AssignmentRecord>,
 }
