@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use shared::cluster::worker::WorkerTasks;
-use shared::cluster::{Instructions, TaskId, TaskKind, TaskReport, WorkerStatus};
+use shared::cluster::{Instructions, TaskId, TaskKind, WorkerStatus};
 use shared::protocol::ops::JobKind;
 
 use super::candles::{ensure_stream, JetStreamForward};
@@ -158,20 +158,7 @@ pub async fn run(
     let mut leaving = false;
     let status = |tasks: &WorkerTasks, leaving: bool| {
         let now = wall_clock_ms();
-        let (epoch, applied_seq) = tasks.applied();
-        WorkerStatus {
-            worker: id.clone(),
-            instance,
-            max_load: options.max_load,
-            epoch,
-            applied_seq,
-            leaving,
-            tasks: tasks
-                .wanted()
-                .iter()
-                .map(|t| TaskReport { task: t.clone(), data_age_ms: sessions.data_age_ms(t, now) })
-                .collect(),
-        }
+        tasks.status(&id, instance, options.max_load, leaving, |t| sessions.data_age_ms(t, now))
     };
     let publish = |st: WorkerStatus| {
         let (client, subject, stats) = (client.clone(), subjects.status(), stats.clone());

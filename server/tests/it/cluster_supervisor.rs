@@ -13,7 +13,7 @@ use server::cluster::supervisor;
 use server::cluster::Subjects;
 use server::shutdown::Shutdown;
 use shared::cluster::worker::WorkerTasks;
-use shared::cluster::{Instructions, TaskId, TaskKind, TaskReport, WorkerStatus};
+use shared::cluster::{Instructions, TaskId, TaskKind};
 use shared::protocol::ops::{ClusterReport, SupervisorState};
 use shared::protocol::{InstrumentId, Market};
 
@@ -90,20 +90,7 @@ impl TestWorker {
                     every.tick().await;
                     let status = {
                         let t = tasks.lock().unwrap();
-                        let (epoch, applied_seq) = t.applied();
-                        WorkerStatus {
-                            worker: id.clone(),
-                            instance,
-                            max_load,
-                            epoch,
-                            applied_seq,
-                            leaving: false,
-                            tasks: t
-                                .wanted()
-                                .iter()
-                                .map(|t| TaskReport { task: t.clone(), data_age_ms: Some(0) })
-                                .collect(),
-                        }
+                        t.status(&id, instance, max_load, false, |_| Some(0))
                     };
                     let body = serde_json::to_vec(&status).unwrap();
                     nats.publish(subject.clone(), body.into()).await.unwrap();

@@ -56,6 +56,56 @@ fn cluster_config(sim: &SimHandle, pg: &PgDb, prefix: &str, redundancy: u32) -> 
     c
 }
 
+/// One test's cluster: the simulator and the gateway in this process, a database of its own,
+/// and the roles (supervisors, workers) as child processes by name.
+struct TestCluster {
+    sim: SimHandle,
+    pg: PgDb,
+    gateway: TestServer,
+    roles: BTreeMap<String, ChildRole>,
+    dir: std::path::PathBuf,
+}
+
+impl TestCluster {
+    /// The simulator at `speed`, a fresh database, and the gateway of `tag`'s configuration
+    /// (changed by `configure`); no role yet.
+    async fn start(tag: &str, speed: f64, seed: u64, configure: impl FnOnce(&mut Config)) -> Self {
+        let sim = start_sim(speed, seed).await;
+        let pg = tokio::task::block_in_place(|| PgDb::fresh(tag));
+        let prefix = format!("t{tag}{}", std::process::id());
+        let mut config = cluster_config(&sim, &pg, &prefix, 2);
+        configure(&mut config);
+        let gateway = TestServer::start(config).await;
+        TestCluster { sim, pg, gateway, roles: BTreeMap::new(), dir: temp_dir(tag) }
+    }
+
+    /// Starts `millrace supervisor --id id`.
+    fn supervisor(&mut self, id: &str) {
+        let args = ["supervisor", "--id", id];
+        let role = ChildRole::start(id, &args, &self.gateway.config, &self.dir, "info");
+        self.roles.insert(id.to_string(), role);
+    }
+
+    /// Starts `millrace worker --id id --max-load 10` with `more` arguments.
+    fn worker(&mut self, id: &str, more: &[&str]) {
+        let mut args = vec!["worker", "--id", id, "--max-load", "10"];
+        args.extend_from_slice(more);
+        let role = ChildRole::start(id, &args, &self.gateway.config, &self.dir, "info");
+        self.roles.insert(id.to_string(), role);
+    }
+
+    fn role(&mut self, id: &str) -> &mut ChildRole {
+        self.roles.get_mut(id).expect("a role of this cluster")
+    }
+
+    async fn stop(self) {
+        drop(self.roles);
+        self.gateway.stop().await;
+        self.sim.shutdown();
+        tokio::task::block_in_place(|| drop(self.pg));
+    }
+}
+
 async fn report(gateway: &TestServer) -> Option<ClusterReport> {
     let (status, body) = gateway.get("/api/v1/ops/cluster").await;
     (status == 200).then(|| serde_json::from_str(&body).expect("a ClusterReport"))
@@ -135,69 +185,60 @@ fn watch_closed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_killed_and_drained_lose_and_repeat_no_candle() {
-    let sim = start_sim(60.0, 41).await;
-    let pg = tokio::task::block_in_place(|| PgDb::fresh("cluster"));
-    let prefix = format!("tw{}", std::process::id());
-    let config = cluster_config(&sim, &pg, &prefix, 2);
-    let dir = temp_dir("cluster");
-    let gateway = TestServer::start(config.clone()).await;
-    let _supervisor =
-        ChildRole::start("sup", &["supervisor", "--id", "sup1"], &config, &dir, "info");
-    let mut workers: BTreeMap<String, ChildRole> = BTreeMap::new();
+    let mut c = TestCluster::start("cluster", 60.0, 41, |_| {}).await;
+    c.supervisor("sup1");
     for i in 1..=4 {
-        let id = format!("w{i}");
-        let args = ["worker", "--id", id.as_str(), "--max-load", "10", "--drain-s", "5"];
-        workers.insert(id.clone(), ChildRole::start(&id, &args, &config, &dir, "info"));
+        c.worker(&format!("w{i}"), &["--drain-s", "5"]);
     }
-    let mut ws = gateway.ws().await;
+    let mut ws = c.gateway.ws().await;
     let btc_1m = format!("kline@{BTC}:1m");
     request(&mut ws, "SUBSCRIBE", &[btc_1m.as_str()], 1).await;
     let (seen, watcher) = watch_closed(ws);
 
-    let r = fully_assigned(&gateway, 2, &[]).await;
-    let n0 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", 0, 5).await;
+    let r = fully_assigned(&c.gateway, 2, &[]).await;
+    let n0 = stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", 0, 5).await;
 
     // kill -9 a worker holding BTC: its tasks move within worker_timeout_s + 2 ticks.
     let victim =
         r.tasks.iter().find(|t| t.instrument.to_string() == BTC).unwrap().workers[0].clone();
     let t0 = Instant::now();
-    workers.get_mut(&victim).unwrap().kill9();
-    fully_assigned(&gateway, 2, &[victim.as_str()]).await;
+    c.role(&victim).kill9();
+    fully_assigned(&c.gateway, 2, &[victim.as_str()]).await;
     let kill_failover = t0.elapsed();
     eprintln!("fail-over after kill -9 of {victim}: {kill_failover:?}");
     let bound = Duration::from_millis(WORKER_TIMEOUT_S * 1000 + 2 * TICK_MS);
     // + the report's own polling (25 ms) and NATS round trips
     assert!(kill_failover <= bound + Duration::from_millis(300), "{kill_failover:?} > {bound:?}");
-    let n1 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", n0, 5).await;
+    let n1 = stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n0, 5).await;
 
     // SIGTERM another holder: it announces it is leaving, its tasks move at once.
-    let r = report(&gateway).await.unwrap();
+    let r = report(&c.gateway).await.unwrap();
     let leaving =
         r.tasks.iter().flat_map(|t| t.workers.iter()).find(|w| **w != victim).unwrap().clone();
     let t0 = Instant::now();
-    workers[&leaving].sigterm();
-    fully_assigned(&gateway, 2, &[victim.as_str(), leaving.as_str()]).await;
+    c.role(&leaving).sigterm();
+    fully_assigned(&c.gateway, 2, &[victim.as_str(), leaving.as_str()]).await;
     let drain_failover = t0.elapsed();
     eprintln!("fail-over on drain of {leaving}: {drain_failover:?}");
     assert!(drain_failover <= Duration::from_secs(2), "{drain_failover:?}");
-    let status = workers.get_mut(&leaving).unwrap().exited(Duration::from_secs(15)).await;
+    let status = c.role(&leaving).exited(Duration::from_secs(15)).await;
     assert!(status.is_some_and(|s| s.success()), "the drained worker exits cleanly: {status:?}");
-    stored_grows(&pg, "sim:spot:BTC/USDT:1m", n1, 5).await;
+    stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n1, 5).await;
 
     // The stored 1m series equals the exchange's, contiguous.
-    let stored = stored_pg(&pg, "sim:spot:BTC/USDT:1m");
+    let stored = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m");
     let (first, last) = (stored[0].open_time, stored[stored.len() - 1].open_time);
-    assert_eq!(stored, sim.closed_klines("BTCUSDT", first, last), "stored = the exchange's");
+    assert_eq!(stored, c.sim.closed_klines("BTCUSDT", first, last), "stored = the exchange's");
     assert!(stored.windows(2).all(|w| w[1].open_time - w[0].open_time == 60_000), "no hole");
     // Written once each: the persister wrote as many 1m candles as are stored.
-    let eth = stored_pg(&pg, "sim:spot:ETH/USDT:1m");
-    let persister = &gateway.app.gateway.as_ref().unwrap().persister;
+    let eth = stored_pg(&c.pg, "sim:spot:ETH/USDT:1m");
+    let persister = &c.gateway.app.gateway.as_ref().unwrap().persister;
     let written = persister.candles.load(std::sync::atomic::Ordering::Relaxed) as usize;
-    let rows = stored_pg(&pg, "sim:spot:BTC/USDT:1m").len() + eth.len();
+    let rows = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m").len() + eth.len();
     eprintln!("stored 1m rows {rows}, written by the persister {written}");
     assert_eq!(written, rows, "each closed candle reached the store once");
     // Derived candles are merges of the stored minutes of their bucket.
-    for c5 in stored_pg(&pg, "sim:spot:BTC/USDT:5m") {
+    for c5 in stored_pg(&c.pg, "sim:spot:BTC/USDT:5m") {
         let minutes: Vec<Candle> = stored
             .iter()
             .filter(|m| m.open_time >= c5.open_time && m.open_time < c5.open_time + 300_000)
@@ -216,117 +257,93 @@ async fn workers_killed_and_drained_lose_and_repeat_no_candle() {
     let opens: Vec<i64> = seen.keys().copied().collect();
     assert!(opens.windows(2).all(|w| w[1] - w[0] == 60_000), "no hole: {opens:?}");
 
-    drop(workers);
-    gateway.stop().await;
-    sim.shutdown();
-    tokio::task::block_in_place(|| drop(pg));
+    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_book_follows_the_workers_through_a_kill() {
     use crate::depth_faults::{matches_sim, status, watch_bus};
     use shared::protocol::BookHealth;
-    let sim = start_sim(1.0, 43).await;
-    let pg = tokio::task::block_in_place(|| PgDb::fresh("clusterbook"));
-    let prefix = format!("twd{}", std::process::id());
-    let mut config = cluster_config(&sim, &pg, &prefix, 2);
-    config.cluster.instruments = vec![BTC.parse().unwrap()];
-    config.cluster.kinds = vec![TaskKind::Depth];
-    config.depth.verify_interval_ms = 0; // no periodic re-snapshot: a resync would show
-    let dir = temp_dir("clusterbook");
-    let gateway = TestServer::start(config.clone()).await;
-    let _supervisor =
-        ChildRole::start("sup", &["supervisor", "--id", "sup1"], &config, &dir, "info");
-    let mut workers: BTreeMap<String, ChildRole> = BTreeMap::new();
+    let mut c = TestCluster::start("clusterbook", 1.0, 43, |config| {
+        config.cluster.instruments = vec![BTC.parse().unwrap()];
+        config.cluster.kinds = vec![TaskKind::Depth];
+        config.depth.verify_interval_ms = 0; // no periodic re-snapshot: a resync would show
+    })
+    .await;
+    c.supervisor("sup1");
     for i in 1..=4 {
-        let id = format!("w{i}");
-        let args = ["worker", "--id", id.as_str(), "--max-load", "10"];
-        workers.insert(id.clone(), ChildRole::start(&id, &args, &config, &dir, "info"));
+        c.worker(&format!("w{i}"), &[]);
     }
-    let r = fully_assigned(&gateway, 2, &[]).await;
+    let r = fully_assigned(&c.gateway, 2, &[]).await;
     // A browser's subscription starts the gateway's book of BTC (and asks the cluster for it).
-    let _lease = gateway.app.subscribe_depth(&BTC.parse().unwrap()).unwrap();
-    let watch = watch_bus(&gateway, BTC);
-    let s0 = matches_sim(&gateway, &sim, BTC, "BTCUSDT", BookHealth::Synced).await;
+    let _lease = c.gateway.app.subscribe_depth(&BTC.parse().unwrap()).unwrap();
+    let watch = watch_bus(&c.gateway, BTC);
+    let s0 = matches_sim(&c.gateway, &c.sim, BTC, "BTCUSDT", BookHealth::Synced).await;
     assert!(s0.stream.contains("diffs"), "fed by the cluster: {}", s0.stream);
 
     // Both first holders are killed, one after the other (so whichever replica's copies
     // JetStream was keeping, that one dies), each replaced in time by another worker.
     let first = r.tasks[0].workers.clone();
     for (i, victim) in first.iter().enumerate() {
-        workers.get_mut(victim).unwrap().kill9();
-        fully_assigned(&gateway, 2, &first[..=i].iter().map(|s| s.as_str()).collect::<Vec<_>>())
+        c.role(victim).kill9();
+        fully_assigned(&c.gateway, 2, &first[..=i].iter().map(|s| s.as_str()).collect::<Vec<_>>())
             .await;
         // the replacement is connected and forwarding before the next kill
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let s1 = matches_sim(&gateway, &sim, BTC, "BTCUSDT", BookHealth::Synced).await;
+    let s1 = matches_sim(&c.gateway, &c.sim, BTC, "BTCUSDT", BookHealth::Synced).await;
     assert!(s1.last_update_id > s0.last_update_id);
     assert_eq!(s1.sync.gaps, s0.sync.gaps, "no gap through the kill: {:?}", s1.sync);
     assert_eq!(s1.sync.resyncs, s0.sync.resyncs, "no resync through the kill: {:?}", s1.sync);
-    let (_, job) = status(&gateway, BTC);
+    let (_, job) = status(&c.gateway, BTC);
     eprintln!("gateway book after the kill: {:?}; job {job}", s1.sync);
     watch.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     watch.assert_clean("BTC through the kill");
 
-    drop(workers);
-    gateway.stop().await;
-    sim.shutdown();
-    tokio::task::block_in_place(|| drop(pg));
+    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_leads_without_restarts_and_a_silent_task_moves() {
     use sim::{StreamClass, StreamTarget};
-    let sim = start_sim(60.0, 47).await;
-    let pg = tokio::task::block_in_place(|| PgDb::fresh("clusterlead"));
-    let prefix = format!("twl{}", std::process::id());
-    let mut config = cluster_config(&sim, &pg, &prefix, 2);
-    config.cluster.task_timeout_s = 3;
-    let dir = temp_dir("clusterlead");
-    let gateway = TestServer::start(config.clone()).await;
-    let mut supervisors: BTreeMap<String, ChildRole> = BTreeMap::new();
-    for id in ["sup1", "sup2"] {
-        supervisors.insert(
-            id.to_string(),
-            ChildRole::start(id, &["supervisor", "--id", id], &config, &dir, "info"),
-        );
-    }
-    let mut workers = Vec::new();
+    let mut c = TestCluster::start("clusterlead", 60.0, 47, |config| {
+        config.cluster.task_timeout_s = 3;
+    })
+    .await;
+    c.supervisor("sup1");
+    c.supervisor("sup2");
     for i in 1..=3 {
-        let id = format!("w{i}");
-        let args = ["worker", "--id", id.as_str(), "--max-load", "10"];
-        workers.push(ChildRole::start(&id, &args, &config, &dir, "info"));
+        c.worker(&format!("w{i}"), &[]);
     }
-    let r = fully_assigned(&gateway, 2, &[]).await;
-    let n0 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", 0, 3).await;
+    let r = fully_assigned(&c.gateway, 2, &[]).await;
+    let n0 = stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", 0, 3).await;
 
     // kill -9 of the leader: the standby leads, and no upstream session is restarted.
     let leader = r.supervisor.leader.clone().expect("a leader");
-    let opened = sim.connections_opened();
+    let opened = c.sim.connections_opened();
     let t0 = Instant::now();
-    supervisors.get_mut(&leader).unwrap().kill9();
+    c.role(&leader).kill9();
     let r = eventually("the standby leads", || async {
-        let r = report(&gateway).await?;
+        let r = report(&c.gateway).await?;
         (r.supervisor.leader.as_deref().is_some_and(|l| l != leader)
             && r.supervisor.state == shared::protocol::ops::SupervisorState::Running)
             .then_some(r)
     })
     .await;
     eprintln!("standby {:?} leads after {:?}", r.supervisor.leader, t0.elapsed());
-    fully_assigned(&gateway, 2, &[]).await;
-    let n1 = stored_grows(&pg, "sim:spot:BTC/USDT:1m", n0, 3).await;
-    assert_eq!(sim.connections_opened(), opened, "a session was restarted by the fail-over");
+    fully_assigned(&c.gateway, 2, &[]).await;
+    let n1 = stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n0, 3).await;
+    assert_eq!(c.sim.connections_opened(), opened, "a session was restarted by the fail-over");
 
     // A stalled upstream: the silent task is unassigned and reassigned after task_timeout_s.
     let t0 = Instant::now();
-    sim.faults().stall(
+    c.sim.faults().stall(
         StreamTarget::kind(StreamClass::Kline).for_symbol("BTCUSDT"),
         Duration::from_secs(5),
     );
     eventually("the silent task reassigned", || async {
-        let r = report(&gateway).await?;
+        let r = report(&c.gateway).await?;
         r.events.iter().any(|e| e.reason.contains("silent")).then_some(())
     })
     .await;
@@ -340,14 +357,10 @@ async fn a_standby_leads_without_restarts_and_a_silent_task_moves() {
         "{silent_after:?}: task_timeout_s is 3 s"
     );
     // ... and once the exchange talks again nothing is missing.
-    stored_grows(&pg, "sim:spot:BTC/USDT:1m", n1, 8).await;
-    let stored = stored_pg(&pg, "sim:spot:BTC/USDT:1m");
+    stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n1, 8).await;
+    let stored = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m");
     let (first, last) = (stored[0].open_time, stored[stored.len() - 1].open_time);
-    assert_eq!(stored, sim.closed_klines("BTCUSDT", first, last), "stored = the exchange's");
+    assert_eq!(stored, c.sim.closed_klines("BTCUSDT", first, last), "stored = the exchange's");
 
-    drop(workers);
-    drop(supervisors);
-    gateway.stop().await;
-    sim.shutdown();
-    tokio::task::block_in_place(|| drop(pg));
+    c.stop().await;
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Instructions, TaskId};
+use super::{Instructions, TaskId, TaskReport, WorkerStatus};
 
 /// What applying one instruction set changes: stop these sessions, then start these.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,6 +63,31 @@ impl WorkerTasks {
             }
         }
         Some(change)
+    }
+
+    /// The status that says what this worker holds: every wanted task with its data age
+    /// (`age`: ms since the session last had upstream data, `None` before any).
+    pub fn status(
+        &self,
+        worker: &str,
+        instance: u64,
+        max_load: u32,
+        leaving: bool,
+        age: impl Fn(&TaskId) -> Option<u64>,
+    ) -> WorkerStatus {
+        WorkerStatus {
+            worker: worker.to_string(),
+            instance,
+            max_load,
+            epoch: self.epoch,
+            applied_seq: self.applied_seq,
+            leaving,
+            tasks: self
+                .wanted
+                .iter()
+                .map(|t| TaskReport { task: t.clone(), data_age_ms: age(t) })
+                .collect(),
+        }
     }
 
     /// Forgets every task (the worker is leaving and has stopped them).

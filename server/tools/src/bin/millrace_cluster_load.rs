@@ -28,7 +28,7 @@ use server::cluster::config::{BusConfig, BusKind, ClusterConfig};
 use server::cluster::Subjects;
 use server::config::Config;
 use shared::cluster::worker::WorkerTasks;
-use shared::cluster::{Instructions, TaskKind, TaskReport, WorkerStatus};
+use shared::cluster::{Instructions, TaskKind};
 use shared::protocol::ops::ClusterReport;
 use shared::protocol::{InstrumentId, Market};
 
@@ -86,22 +86,8 @@ async fn worker(
     let mut instructions = client.subscribe(subjects.instructions(&id)).await?;
     let tasks = Arc::new(Mutex::new(WorkerTasks::new()));
     let instance = u64::from(std::process::id()) << 32 | u64::from(id.len() as u32);
-    let status = |t: &WorkerTasks| {
-        let (epoch, applied_seq) = t.applied();
-        WorkerStatus {
-            worker: id.clone(),
-            instance,
-            max_load,
-            epoch,
-            applied_seq,
-            leaving: false,
-            tasks: t
-                .wanted()
-                .iter()
-                .map(|task| TaskReport { task: task.clone(), data_age_ms: Some(100) })
-                .collect(),
-        }
-    };
+    // every task with fresh data: no task times out
+    let status = |t: &WorkerTasks| t.status(&id, instance, max_load, false, |_| Some(100));
     let mut tick = tokio::time::interval(every);
     loop {
         let st = tokio::select! {
