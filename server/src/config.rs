@@ -78,6 +78,12 @@ pub enum ConfigError {
     Env { name: String, problem: String },
 }
 
+impl From<crate::cluster::config::InvalidKey> for ConfigError {
+    fn from(e: crate::cluster::config::InvalidKey) -> Self {
+        ConfigError::Invalid { key: e.key, problem: e.problem }
+    }
+}
+
 /// A [`ConfigError::Invalid`] from a message `configuration key `K`: P`.
 fn invalid(message: String) -> ConfigError {
     let parsed =

@@ -7,8 +7,6 @@ use shared::cluster::assign::AssignConfig;
 use shared::cluster::{TaskId, TaskKind};
 use shared::protocol::InstrumentId;
 
-use crate::config::ConfigError;
-
 /// `[bus] kind`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -167,8 +165,17 @@ pub fn glob_match(pattern: &str, symbol: &str) -> bool {
     p[pi..].iter().all(|&c| c == b'*')
 }
 
-fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key: key.into(), problem: problem.into() }
+/// A key of `[bus]`, `[store]` or `[cluster]` with a bad value (the service's configuration
+/// error names it the same way).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration key `{key}`: {problem}")]
+pub struct InvalidKey {
+    pub key: String,
+    pub problem: String,
+}
+
+fn invalid(key: &str, problem: impl Into<String>) -> InvalidKey {
+    InvalidKey { key: key.into(), problem: problem.into() }
 }
 
 /// A subject token / bucket name: letters, digits, `_`, `-`.
@@ -183,7 +190,7 @@ pub fn validate(
     bus: &BusConfig,
     store: &StoreConfig,
     cluster: &ClusterConfig,
-) -> Result<(), ConfigError> {
+) -> Result<(), InvalidKey> {
     if !valid_prefix(&bus.prefix) {
         return Err(invalid(
             "bus.prefix",
