@@ -14,6 +14,10 @@
 //! Books: the gateway's book of an instrument, synced from the workers' forwarded diffs and
 //! snapshots, equals the exchange's at the same update id, and a `kill -9` of a worker holding
 //! it costs its clients nothing — no gap, no resync, an unbroken chain of deltas.
+//!
+//! Control: `kill -9` of the leading supervisor — the standby leads and no upstream session is
+//! restarted; a stalled upstream — its task is reassigned after `task_timeout_s`; a browser's
+//! subscription to an unpinned instrument — a task while it lasts, gone after the idle TTL.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -305,10 +309,11 @@ async fn a_gateway_book_follows_the_workers_through_a_kill() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_leads_without_restarts_and_a_silent_task_moves() {
+async fn a_standby_leads_without_restarts_a_silent_task_moves_and_demand_comes_and_goes() {
     use sim::{StreamClass, StreamTarget};
     let mut c = TestCluster::start("clusterlead", 60.0, 47, |config| {
         config.cluster.task_timeout_s = 3;
+        config.ingest.ondemand_idle_ttl_s = 1;
     })
     .await;
     c.supervisor("sup1");
@@ -361,6 +366,27 @@ async fn a_standby_leads_without_restarts_and_a_silent_task_moves() {
     let stored = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m");
     let (first, last) = (stored[0].open_time, stored[stored.len() - 1].open_time);
     assert_eq!(stored, c.sim.closed_klines("BTCUSDT", first, last), "stored = the exchange's");
+
+    // On demand: a browser's subscription to an instrument nobody pinned becomes a task of the
+    // cluster (seed 000's lease at the gateway, its demand at the supervisor) ...
+    let sol = "sim:spot:SOL/USDT";
+    let sol_task = format!("kline:{sol}");
+    let mut ws = c.gateway.ws().await;
+    let stream = format!("kline@{sol}:1m");
+    request(&mut ws, "SUBSCRIBE", &[stream.as_str()], 1).await;
+    eventually("SOL assigned on demand", || async {
+        let r = report(&c.gateway).await?;
+        r.tasks.iter().any(|t| t.id == sol_task && t.workers.len() == 2).then_some(())
+    })
+    .await;
+    stored_grows(&c.pg, "sim:spot:SOL/USDT:1m", 0, 3).await;
+    // ... and leaves it once the last session has gone and the idle TTL has passed.
+    drop(ws);
+    eventually("SOL no longer a task", || async {
+        let r = report(&c.gateway).await?;
+        (!r.tasks.iter().any(|t| t.id == sol_task)).then_some(())
+    })
+    .await;
 
     c.stop().await;
 }
