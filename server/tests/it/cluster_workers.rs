@@ -21,6 +21,9 @@
 //!
 //! Redundancy 3: three replicas send every closed candle and every diff; the persister writes
 //! each candle once, a browser sees each once, and the diff stream keeps each diff once.
+//!
+//! Restarts: a NATS server of the test's own killed and started again, then every database
+//! connection dropped — the stored series still equals the exchange's, with no hole.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -469,5 +472,103 @@ async fn with_redundancy_3_every_candle_and_diff_goes_downstream_once() {
     eprintln!("{total} diffs kept, {} natural ids", ids.len());
     assert!(total > 20, "diffs flowed: {total}");
     assert_eq!(ids.len(), total, "a diff kept twice");
+    c.stop().await;
+}
+
+/// A NATS server of one test's own (JetStream on, file store in `dir`), to stop and start.
+struct OwnNats {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl OwnNats {
+    fn start(dir: std::path::PathBuf) -> OwnNats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut n = OwnNats { port, dir, child: None };
+        n.restart();
+        n
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn restart(&mut self) {
+        let child = std::process::Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server (scripts/setup installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnNats {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_and_dropped_database_connections_lose_nothing() {
+    let mut nats = OwnNats::start(temp_dir("ownnats"));
+    let url = nats.url();
+    let mut c = TestCluster::start("clusterrestart", 60.0, 59, |config| {
+        config.bus.url = url;
+        config.cluster.instruments = vec![BTC.parse().unwrap()];
+        config.cluster.kinds = vec![TaskKind::Kline];
+    })
+    .await;
+    c.supervisor("sup1");
+    for i in 1..=2 {
+        c.worker(&format!("w{i}"), &[]);
+    }
+    fully_assigned(&c.gateway, 2, &[]).await;
+    let n0 = stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", 0, 5).await;
+
+    // NATS goes away for 3 s (kill -9) and comes back with its JetStream store.
+    nats.kill9();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    nats.restart();
+    let n1 = stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n0, 8).await;
+
+    // Every connection to the database is dropped (as a PostgreSQL restart does to them).
+    let terminated: i64 = tokio::task::block_in_place(|| {
+        let mut admin = postgres::Client::connect(&pg_admin_url(), postgres::NoTls).unwrap();
+        let db = c.pg.url().rsplit('/').next().unwrap().to_string();
+        let q = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid()";
+        admin.query_one(q, &[&db]).unwrap().get(0)
+    });
+    assert!(terminated > 0, "the cluster holds connections to its database");
+    stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n1, 8).await;
+
+    let stored = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m");
+    let (first, last) = (stored[0].open_time, stored[stored.len() - 1].open_time);
+    assert_eq!(stored, c.sim.closed_klines("BTCUSDT", first, last), "nothing lost");
+    assert!(stored.windows(2).all(|w| w[1].open_time - w[0].open_time == 60_000), "no hole");
+    let persister = &c.gateway.app.gateway.as_ref().unwrap().persister;
+    eprintln!(
+        "after the restarts: {} stored, {} written, {} write failures, {} redelivered",
+        stored.len(),
+        persister.candles.load(std::sync::atomic::Ordering::Relaxed),
+        persister.write_failures.load(std::sync::atomic::Ordering::Relaxed),
+        persister.redelivered.load(std::sync::atomic::Ordering::Relaxed),
+    );
     c.stop().await;
 }
