@@ -113,6 +113,16 @@ async fn worker(
     }
 }
 
+/// A child process killed (and reaped) when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(')').context("/proc stat")?.1;
@@ -174,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         None => std::env::current_exe()?.with_file_name("millrace"),
     };
     let log = dir.join("supervisor.log");
-    let mut child = Command::new(&bin)
+    let child = Command::new(&bin)
         .args(["supervisor", "--id", "load-sup", "--config"])
         .arg(&path)
         .env("RUST_LOG", "info")
@@ -183,6 +193,8 @@ async fn main() -> anyhow::Result<()> {
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let pid = child.id();
+    // stopped however this run ends
+    let _child = KillOnDrop(child);
     println!(
         "{} workers (max load {max_load}), {tasks} tasks x {} = {replicas} replicas, prefix {prefix}",
         args.workers, args.redundancy
@@ -192,7 +204,6 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     while applied.replicas.load(Relaxed) < replicas {
         if Instant::now() > deadline {
-            let _ = child.kill();
             bail!(
                 "only {} of {replicas} replicas applied after 120 s",
                 applied.replicas.load(Relaxed)
@@ -238,8 +249,6 @@ async fn main() -> anyhow::Result<()> {
         s1.instructions_sent - s0.instructions_sent,
     );
     println!("tasks {}, unassigned {}", r1.tasks_total, r1.unassigned_total);
-    let _ = child.kill();
-    let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
