@@ -133,6 +133,14 @@ impl ClusterConfig {
         }
     }
 
+    /// How many short statuses (data ages only) a worker sends between two full ones: as many
+    /// as keep a full status at least three times in every warm-up — a supervisor that starts
+    /// late learns a worker's task list only from a full status — and at most 9.
+    pub fn short_statuses(&self) -> u32 {
+        let per_warmup = self.warmup_s * 1000 / self.status_interval_ms.max(1);
+        u32::try_from((per_warmup / 3).saturating_sub(1)).unwrap_or(u32::MAX).min(9)
+    }
+
     /// The pinned tasks: every instrument × every kind.
     pub fn pinned_tasks(&self) -> Vec<TaskId> {
         self.instruments
@@ -281,6 +289,16 @@ mod tests {
         assert!(glob_match("BTC/USDT", "BTC/USDT"));
         assert!(!glob_match("BTC/USD", "BTC/USDT"));
         assert!(glob_match("*T*T", "BTC/USDT"));
+    }
+
+    #[test]
+    fn a_full_status_comes_three_times_a_warm_up() {
+        let c = ClusterConfig::default(); // 30 s warm-up, a status a second
+        assert_eq!(c.short_statuses(), 9);
+        let c = ClusterConfig { warmup_s: 1, status_interval_ms: 200, ..ClusterConfig::default() };
+        assert_eq!(c.short_statuses(), 0, "5 statuses a warm-up: all full");
+        let c = ClusterConfig { warmup_s: 12, ..ClusterConfig::default() };
+        assert_eq!(c.short_statuses(), 3);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use shared::cluster::worker::WorkerTasks;
+use shared::cluster::worker::{Identity, WorkerTasks};
 use shared::cluster::{Instructions, TaskId, TaskKind, WorkerStatus};
 use shared::protocol::ops::JobKind;
 
@@ -156,9 +156,14 @@ pub async fn run(
     let instance = instance_id();
     let mut tasks = WorkerTasks::new();
     let mut leaving = false;
-    let status = |tasks: &WorkerTasks, leaving: bool| {
+    let who = Identity { worker: id.clone(), instance, max_load: options.max_load };
+    // The full task list when it changed, on leaving, and a few times every warm-up; at steady
+    // state otherwise only the data ages.
+    let short_max = config.cluster.short_statuses();
+    let status = |tasks: &mut WorkerTasks, leaving: bool, full: bool| {
         let now = wall_clock_ms();
-        tasks.status(&id, instance, options.max_load, leaving, |t| sessions.data_age_ms(t, now))
+        let age = |t: &TaskId| sessions.data_age_ms(t, now);
+        tasks.next_status(&who, leaving, age, full, short_max)
     };
     let publish = |st: WorkerStatus| {
         let (client, subject, stats) = (client.clone(), subjects.status(), stats.clone());
@@ -195,7 +200,7 @@ pub async fn run(
                             tracing::info!(epoch = set.epoch, seq = set.seq, reset = set.reset,
                                 stop = change.stop.len(), start = change.start.len(),
                                 "instructions applied");
-                            publish(status(&tasks, leaving)).await;
+                            publish(status(&mut tasks, leaving, false)).await;
                         }
                         if leaving && tasks.wanted().is_empty() {
                             break; // every task moved
@@ -204,12 +209,12 @@ pub async fn run(
                     _ => { stats.malformed.fetch_add(1, Relaxed); }
                 }
             }
-            _ = tick.tick() => publish(status(&tasks, leaving)).await,
+            _ = tick.tick() => publish(status(&mut tasks, leaving, false)).await,
             () = &mut drain, if !leaving => {
                 tracing::info!(%id, "draining: leaving the cluster");
                 leaving = true;
                 drain_deadline.as_mut().reset(tokio::time::Instant::now() + options.drain);
-                publish(status(&tasks, leaving)).await;
+                publish(status(&mut tasks, leaving, true)).await;
                 if tasks.wanted().is_empty() {
                     break;
                 }
@@ -224,7 +229,7 @@ pub async fn run(
         sessions.depth.stop(Duration::from_secs(5))
     );
     tasks.clear();
-    publish(status(&tasks, true)).await;
+    publish(status(&mut tasks, true, true)).await;
     let _ = client.flush().await;
     let _ = blocking(move || {
         store.close();

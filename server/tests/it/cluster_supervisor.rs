@@ -12,7 +12,7 @@ use server::cluster::config::ClusterConfig;
 use server::cluster::supervisor;
 use server::cluster::Subjects;
 use server::shutdown::Shutdown;
-use shared::cluster::worker::WorkerTasks;
+use shared::cluster::worker::{Identity, WorkerTasks};
 use shared::cluster::{Instructions, TaskId, TaskKind};
 use shared::protocol::ops::{ClusterReport, SupervisorState};
 use shared::protocol::{InstrumentId, Market};
@@ -90,7 +90,8 @@ impl TestWorker {
                     every.tick().await;
                     let status = {
                         let t = tasks.lock().unwrap();
-                        t.status(&id, instance, max_load, false, |_| Some(0))
+                        let who = Identity { worker: id.clone(), instance, max_load };
+                        t.status(&who, false, |_| Some(0))
                     };
                     let body = serde_json::to_vec(&status).unwrap();
                     nats.publish(subject.clone(), body.into()).await.unwrap();

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::timer::LowResTimer;
-use super::{Instructions, TaskId, TaskReport, WorkerStatus};
+use super::{Instructions, TaskId, WorkerStatus};
 use crate::protocol::ops::{
     AssignmentRecord, ClusterReport, ClusterTask, ClusterWorker, ShortCause, Shortfall,
     SupervisorInfo, SupervisorState, SupervisorStats,
@@ -113,6 +113,8 @@ struct Worker {
     generation: u64,
     /// The tasks its last status listed, with the supervisor time of their last data.
     reported: BTreeMap<TaskId, Option<u64>>,
+    /// The version of that list (`WorkerStatus::list`).
+    list: u64,
     /// What this supervisor assigned it.
     holds: BTreeMap<TaskId, Hold>,
     /// Sequence number of the next instruction set of this epoch.
@@ -266,6 +268,20 @@ impl Assigner {
     /// A worker's status.
     pub fn handle_status(&mut self, now_ms: u64, status: &WorkerStatus) {
         self.stats.statuses += 1;
+        if let Some(ages) = &status.ages {
+            // A short status stands for the list of its version: usable only if that is the
+            // list this supervisor holds; otherwise a sign of life, until the next full one.
+            let Some(w) = self.workers.get_mut(&status.worker) else { return };
+            let known = w.instance == status.instance
+                && w.list == status.list
+                && w.reported.len() == ages.len();
+            if !known {
+                if w.instance == status.instance && w.active {
+                    w.last_seen_ms = now_ms;
+                }
+                return;
+            }
+        }
         let generation = self.next_generation();
         let id = status.worker.clone();
         let instance = status.instance;
@@ -281,6 +297,7 @@ impl Assigner {
                 leaving: false,
                 generation: 0,
                 reported: BTreeMap::new(),
+                list: 0,
                 holds: BTreeMap::new(),
                 next_seq: 1,
             }
@@ -303,17 +320,26 @@ impl Assigner {
         }
         let started_leaving = status.leaving && !w.leaving;
         w.leaving = status.leaving;
-        let at = |r: &TaskReport| r.data_age_ms.map(|age| now_ms.saturating_sub(age));
-        // At steady state a worker reports the same tasks (in order) every time: update the
-        // data times in place rather than rebuild the map.
-        let same = w.reported.len() == status.tasks.len()
-            && w.reported.keys().zip(&status.tasks).all(|(k, r)| *k == r.task);
-        if same {
-            for (v, r) in w.reported.values_mut().zip(&status.tasks) {
-                *v = at(r);
+        let at = |age: Option<u64>| age.map(|age| now_ms.saturating_sub(age));
+        if let Some(ages) = &status.ages {
+            // the list it stands for, checked above: the ages in its order
+            for (v, age) in w.reported.values_mut().zip(ages) {
+                *v = at(*age);
             }
         } else {
-            w.reported = status.tasks.iter().map(|r| (r.task.clone(), at(r))).collect();
+            // At steady state a worker reports the same tasks (in order) every time: update
+            // the data times in place rather than rebuild the map.
+            let same = w.reported.len() == status.tasks.len()
+                && w.reported.keys().zip(&status.tasks).all(|(k, r)| *k == r.task);
+            if same {
+                for (v, r) in w.reported.values_mut().zip(&status.tasks) {
+                    *v = at(r.data_age_ms);
+                }
+            } else {
+                w.reported =
+                    status.tasks.iter().map(|r| (r.task.clone(), at(r.data_age_ms))).collect();
+            }
+            w.list = status.list;
         }
         for (task, hold) in w.holds.iter_mut() {
             if let Some(Some(at)) = w.reported.get(task) {

@@ -116,8 +116,18 @@ pub struct WorkerStatus {
     pub applied_seq: u64,
     /// The worker is draining (SIGTERM): reassign its tasks now.
     pub leaving: bool,
-    /// Every session it holds.
+    /// The version of the worker's task list (it changes whenever an instruction set changes
+    /// the list); 0 from a worker that does not say.
+    #[serde(default)]
+    pub list: u64,
+    /// Every session it holds — or, in a short status (`ages` given), nothing.
     pub tasks: Vec<TaskReport>,
+    /// A short status: the data ages of the tasks of list version `list`, in its order (task
+    /// id order), instead of the tasks themselves. A worker sends its full list whenever the
+    /// list changed and every so often; at steady state the supervisor then reads numbers, not
+    /// task ids. A supervisor that does not know that version takes it as a sign of life only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ages: Option<Vec<Option<u64>>>,
 }
 
 /// One instruction set for one worker (the seed's 指令集): applied as "pre-reset", then "end

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use super::assign::{AssignConfig, Assigner, Output};
-use super::worker::WorkerTasks;
-use super::{Instructions, TaskId, TaskKind, TaskReport, WorkerStatus};
+use super::worker::{Identity, WorkerTasks};
+use super::{Instructions, TaskId, TaskKind, WorkerStatus};
 use crate::protocol::ops::ShortCause;
 use crate::protocol::{InstrumentId, Market};
 use crate::testkit::Rng;
@@ -58,25 +58,16 @@ impl SimWorker {
         }
     }
 
-    fn status(&self, id: &str, now: u64, stalled: &BTreeSet<TaskId>) -> WorkerStatus {
-        let (epoch, applied_seq) = self.tasks.applied();
-        WorkerStatus {
-            worker: id.to_string(),
-            instance: self.instance,
-            max_load: self.max_load,
-            epoch,
-            applied_seq,
-            leaving: self.leaving,
-            tasks: self
-                .started_at
-                .iter()
-                .map(|(t, &at)| TaskReport {
-                    task: t.clone(),
-                    // stalled instruments send nothing after the session started
-                    data_age_ms: Some(if stalled.contains(t) { now - at } else { 0 }),
-                })
-                .collect(),
-        }
+    /// Its status: the full list when it changed and every 4th time, else the short form (data
+    /// ages only), as `millrace worker` does.
+    fn status(&mut self, id: &str, now: u64, stalled: &BTreeSet<TaskId>) -> WorkerStatus {
+        let started = &self.started_at;
+        // stalled instruments send nothing after the session started
+        let age =
+            |t: &TaskId| started.get(t).map(|&at| if stalled.contains(t) { now - at } else { 0 });
+        let who =
+            Identity { worker: id.to_string(), instance: self.instance, max_load: self.max_load };
+        self.tasks.next_status(&who, self.leaving, age, false, 3)
     }
 
     fn apply(&mut self, set: &Instructions, now: u64) {
@@ -142,7 +133,7 @@ impl World {
     fn step(&mut self) {
         self.now += TICK;
         let now = self.now;
-        for (id, w) in &self.workers {
+        for (id, w) in &mut self.workers {
             if w.alive {
                 let st = w.status(id, now, &self.stalled);
                 self.sup.handle_status(now, &st);
@@ -553,4 +544,31 @@ fn random_histories_keep_every_invariant() {
             w.check_settled(seed);
         }
     }
+}
+
+#[test]
+fn a_short_status_counts_only_for_the_list_it_stands_for() {
+    let mut w = World::new(7, 1);
+    w.add_worker("w1", 10);
+    listed_now(&mut w, [task(TaskKind::Kline, 1)]);
+    w.run(5);
+    let before = w.sup.report(w.now, 10);
+    let held = before.tasks[0].workers.clone();
+    assert_eq!(held, vec!["w1".to_string()]);
+    // A short status of a list version the supervisor never saw: a sign of life, nothing else
+    // (its ages are not taken, its missing task list does not read as "dropped everything").
+    let sim = &w.workers["w1"];
+    let who = Identity { worker: "w1".into(), instance: sim.instance, max_load: sim.max_load };
+    let mut short = sim.tasks.short_status(&who, false, |_| Some(0));
+    short.list += 7;
+    short.ages = Some(Vec::new());
+    w.now += TICK;
+    w.sup.handle_status(w.now, &short);
+    let r = w.sup.report(w.now, 10);
+    assert_eq!(r.workers[0].last_seen_ms, 0, "seen alive");
+    assert_eq!(r.tasks[0].workers, held, "nothing reassigned");
+    assert_eq!(
+        r.supervisor.stats.assignments,
+        w.sup.report(w.now, 10).supervisor.stats.assignments
+    );
 }

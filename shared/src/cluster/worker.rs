@@ -7,6 +7,15 @@ use std::collections::BTreeSet;
 
 use super::{Instructions, TaskId, TaskReport, WorkerStatus};
 
+/// Who a worker's statuses are from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub worker: String,
+    /// Random per process start (see [`WorkerStatus::instance`]).
+    pub instance: u64,
+    pub max_load: u32,
+}
+
 /// What applying one instruction set changes: stop these sessions, then start these.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Change {
@@ -20,6 +29,11 @@ pub struct WorkerTasks {
     epoch: u64,
     applied_seq: u64,
     wanted: BTreeSet<TaskId>,
+    /// Bumped whenever `wanted` changes (the status's `list`).
+    version: u64,
+    /// The list version of the last full status, and short statuses sent since.
+    last_full: Option<u64>,
+    since_full: u32,
 }
 
 impl WorkerTasks {
@@ -50,6 +64,7 @@ impl WorkerTasks {
             change.stop = self.wanted.difference(&new).cloned().collect();
             change.start = new.difference(&self.wanted).cloned().collect();
             self.wanted = new;
+            self.bump(&change);
             return Some(change);
         }
         for t in &set.end {
@@ -62,36 +77,89 @@ impl WorkerTasks {
                 change.start.push(t.clone());
             }
         }
+        self.bump(&change);
         Some(change)
+    }
+
+    fn bump(&mut self, change: &Change) {
+        if !change.stop.is_empty() || !change.start.is_empty() {
+            self.version += 1;
+        }
+    }
+
+    /// The version of the wanted list (see [`WorkerStatus::list`]).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The status that says what this worker holds: every wanted task with its data age
     /// (`age`: ms since the session last had upstream data, `None` before any).
     pub fn status(
         &self,
-        worker: &str,
-        instance: u64,
-        max_load: u32,
+        who: &Identity,
         leaving: bool,
         age: impl Fn(&TaskId) -> Option<u64>,
     ) -> WorkerStatus {
         WorkerStatus {
-            worker: worker.to_string(),
-            instance,
-            max_load,
+            worker: who.worker.clone(),
+            instance: who.instance,
+            max_load: who.max_load,
             epoch: self.epoch,
             applied_seq: self.applied_seq,
             leaving,
+            list: self.version,
             tasks: self
                 .wanted
                 .iter()
                 .map(|t| TaskReport { task: t.clone(), data_age_ms: age(t) })
                 .collect(),
+            ages: None,
+        }
+    }
+
+    /// The status to send now: the full list when it changed since the last full status, when
+    /// `full` is asked (e.g. leaving) and after `short_max` short ones; else the short form.
+    pub fn next_status(
+        &mut self,
+        who: &Identity,
+        leaving: bool,
+        age: impl Fn(&TaskId) -> Option<u64>,
+        full: bool,
+        short_max: u32,
+    ) -> WorkerStatus {
+        if full || self.last_full != Some(self.version) || self.since_full >= short_max {
+            self.last_full = Some(self.version);
+            self.since_full = 0;
+            self.status(who, leaving, age)
+        } else {
+            self.since_full += 1;
+            self.short_status(who, leaving, age)
+        }
+    }
+
+    /// [`WorkerTasks::status`], short: the data ages alone (see [`WorkerStatus::ages`]).
+    pub fn short_status(
+        &self,
+        who: &Identity,
+        leaving: bool,
+        age: impl Fn(&TaskId) -> Option<u64>,
+    ) -> WorkerStatus {
+        WorkerStatus {
+            worker: who.worker.clone(),
+            instance: who.instance,
+            max_load: who.max_load,
+            epoch: self.epoch,
+            applied_seq: self.applied_seq,
+            leaving,
+            list: self.version,
+            tasks: Vec::new(),
+            ages: Some(self.wanted.iter().map(age).collect()),
         }
     }
 
     /// Forgets every task (the worker is leaving and has stopped them).
     pub fn clear(&mut self) -> Vec<TaskId> {
+        self.version += 1;
         std::mem::take(&mut self.wanted).into_iter().collect()
     }
 }

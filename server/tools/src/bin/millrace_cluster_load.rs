@@ -27,7 +27,7 @@ use futures_util::StreamExt as _;
 use server::cluster::config::{BusConfig, BusKind, ClusterConfig};
 use server::cluster::Subjects;
 use server::config::Config;
-use shared::cluster::worker::WorkerTasks;
+use shared::cluster::worker::{Identity, WorkerTasks};
 use shared::cluster::{Instructions, TaskKind};
 use shared::protocol::ops::ClusterReport;
 use shared::protocol::{InstrumentId, Market};
@@ -52,6 +52,9 @@ struct Args {
     status_interval_ms: u64,
     #[arg(long, default_value_t = 1000)]
     tick_ms: u64,
+    /// The supervisor's warm-up (it sets how often workers send their full task list).
+    #[arg(long, default_value_t = 30)]
+    warmup_s: u64,
     /// Seconds of steady state measured.
     #[arg(long, default_value_t = 30)]
     steady_s: u64,
@@ -81,13 +84,16 @@ async fn worker(
     id: String,
     max_load: u32,
     every: Duration,
+    short_max: u32,
     applied: Arc<Applied>,
 ) -> anyhow::Result<()> {
     let mut instructions = client.subscribe(subjects.instructions(&id)).await?;
     let tasks = Arc::new(Mutex::new(WorkerTasks::new()));
     let instance = u64::from(std::process::id()) << 32 | u64::from(id.len() as u32);
     // every task with fresh data: no task times out
-    let status = |t: &WorkerTasks| t.status(&id, instance, max_load, false, |_| Some(100));
+    let who = Identity { worker: id.clone(), instance, max_load };
+    // as `millrace worker`: the full list on change and a few times a warm-up, else data ages
+    let status = |t: &mut WorkerTasks| t.next_status(&who, false, |_| Some(100), false, short_max);
     let mut tick = tokio::time::interval(every);
     loop {
         let st = tokio::select! {
@@ -105,9 +111,9 @@ async fn worker(
                 } else if grew < 0 {
                     applied.replicas.fetch_sub((-grew) as u64, Relaxed);
                 }
-                status(&t)
+                status(&mut t)
             }
-            _ = tick.tick() => status(&tasks.lock().unwrap()),
+            _ = tick.tick() => status(&mut tasks.lock().unwrap()),
         };
         client.publish(subjects.status(), serde_json::to_vec(&st)?.into()).await?;
     }
@@ -153,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
     let config = Config {
         bus: BusConfig { kind: BusKind::Nats, url: args.nats.clone(), prefix: prefix.clone() },
         cluster: ClusterConfig {
-            warmup_s: 3,
+            warmup_s: args.warmup_s,
             tick_ms: args.tick_ms,
             status_interval_ms: args.status_interval_ms,
             redundancy: args.redundancy,
@@ -168,13 +174,14 @@ async fn main() -> anyhow::Result<()> {
     let path = dir.join("cluster.toml");
     std::fs::write(&path, toml::to_string(&config)?)?;
 
+    let short_max = config.cluster.short_statuses();
     let client = async_nats::connect(&args.nats).await.context("NATS")?;
     let applied = Arc::new(Applied::default());
     let every = Duration::from_millis(args.status_interval_ms);
     for w in 0..args.workers {
         let (c, s, a) = (client.clone(), subjects.clone(), applied.clone());
         tokio::spawn(async move {
-            if let Err(e) = worker(c, s, format!("w{w}"), max_load, every, a).await {
+            if let Err(e) = worker(c, s, format!("w{w}"), max_load, every, short_max, a).await {
                 eprintln!("worker w{w}: {e:#}");
             }
         });
