@@ -9,17 +9,24 @@
 //!   together (with backfill's coverage record, when the caller commits through it), so a crash
 //!   never leaves them out of step.
 //! - **Persist, then publish.** The candles reach the bus only after the commit returned.
+//! - **One writer of a series at a time.** The merge reads the stored minutes before the
+//!   transaction writes: two writes of one series at once (live ingest and backfill meeting in
+//!   a bucket, or a gap fill) could each miss the other's minutes and leave a derived candle
+//!   short. A write holds its 1m series ([`SeriesLocks`]) from the read to the commit; writes
+//!   of other series go on in parallel. Across processes the cluster has one writer (the
+//!   persister lease's holder, which also runs backfill).
 //!
 //! The store is blocking: the write runs on a blocking thread.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use shared::candle::{merge, Candle, Timeframe, MINUTE_MS};
 use shared::protocol::{KlineEvent, KlinePayload, Push, SeriesId, Stream};
 
 use crate::bus::Bus;
+use crate::lock::lock;
 use crate::store::{CandleStore, SeriesRows, StoreError};
 
 /// How the derived candles of a write are made.
@@ -58,11 +65,12 @@ pub struct CandleWriter {
     store: Arc<dyn CandleStore>,
     bus: Arc<dyn Bus>,
     forward: Option<Arc<dyn ForwardClosed>>,
+    locks: Arc<SeriesLocks>,
 }
 
 impl CandleWriter {
     pub fn new(store: Arc<dyn CandleStore>, bus: Arc<dyn Bus>) -> Self {
-        Self { store, bus, forward: None }
+        Self { store, bus, forward: None, locks: Arc::default() }
     }
 
     /// A cluster worker's writer: it reads `store` (where the job resumes, the derived
@@ -74,7 +82,7 @@ impl CandleWriter {
         bus: Arc<dyn Bus>,
         forward: Arc<dyn ForwardClosed>,
     ) -> Self {
-        Self { store, bus, forward: Some(forward) }
+        Self { store, bus, forward: Some(forward), locks: Arc::default() }
     }
 
     pub fn store(&self) -> &Arc<dyn CandleStore> {
@@ -98,9 +106,12 @@ impl CandleWriter {
             }
             return Ok(rows);
         }
-        let store = self.store.clone();
+        let (store, locks) = (self.store.clone(), self.locks.clone());
         let rows = crate::store::blocking(move || {
             let mut rows = rows;
+            let _held = locks.hold(
+                rows.iter().filter(|(s, _)| s.timeframe == Timeframe::M1).map(|(s, _)| s.clone()),
+            );
             complete(store.as_ref(), &mut rows, &derive)?;
             let batch: Vec<SeriesRows<'_>> =
                 rows.iter().map(|(s, c)| SeriesRows { series: s, candles: c }).collect();
@@ -113,6 +124,45 @@ impl CandleWriter {
             publish_closed(self.bus.as_ref(), series, candles);
         }
         Ok(rows)
+    }
+}
+
+/// The 1m series being written by this process's [`CandleWriter`]s (see the module docs).
+#[derive(Debug, Default)]
+pub struct SeriesLocks {
+    held: Mutex<BTreeSet<SeriesId>>,
+    released: Condvar,
+}
+
+impl SeriesLocks {
+    /// Waits until none of `series` is held, then holds them all until the guard is dropped
+    /// (all at once, so two writes of overlapping sets never wait for each other in a circle).
+    /// Blocking.
+    pub fn hold(&self, series: impl IntoIterator<Item = SeriesId>) -> SeriesHold<'_> {
+        let series: BTreeSet<SeriesId> = series.into_iter().collect();
+        let mut held = lock(&self.held);
+        while series.iter().any(|s| held.contains(s)) {
+            held = self.released.wait(held).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        held.extend(series.iter().cloned());
+        SeriesHold { locks: self, series }
+    }
+}
+
+/// Series held by [`SeriesLocks::hold`].
+pub struct SeriesHold<'a> {
+    locks: &'a SeriesLocks,
+    series: BTreeSet<SeriesId>,
+}
+
+impl Drop for SeriesHold<'_> {
+    fn drop(&mut self) {
+        let mut held = lock(&self.locks.held);
+        for s in &self.series {
+            held.remove(s);
+        }
+        drop(held);
+        self.locks.released.notify_all();
     }
 }
 
@@ -184,6 +234,7 @@ fn ended_buckets(
     Span { lo, hi, newest }: Span,
     rows: &mut Rows,
 ) -> Result<(), StoreError> {
+    let mut all_opens = Vec::with_capacity(timeframes.len());
     for &tf in timeframes {
         let mut opens = Vec::new();
         let mut bucket = tf.bucket_open(lo);
@@ -194,9 +245,21 @@ fn ended_buckets(
             }
             bucket = end;
         }
-        let merged = merge_buckets(store, series_1m, minutes, tf, &opens)?;
+        all_opens.push((tf, opens));
+    }
+    // One store read covering every timeframe's buckets.
+    let first = all_opens.iter().filter_map(|(_, o)| o.first().copied()).min();
+    let end = all_opens
+        .iter()
+        .filter_map(|(tf, o)| o.last().map(|l| l + tf.duration_ms() - MINUTE_MS))
+        .max();
+    let all = match (first, end) {
+        (Some(first), Some(end)) => minutes_between(store, series_1m, minutes, first, end)?,
+        _ => BTreeMap::new(),
+    };
+    for (tf, opens) in all_opens {
         let series = SeriesId { instrument: series_1m.instrument.clone(), timeframe: tf };
-        rows.push((series, merged));
+        rows.push((series, merge_from(&all, tf, &opens)));
     }
     Ok(())
 }
@@ -212,7 +275,20 @@ pub fn merge_buckets(
     opens: &[i64],
 ) -> Result<Vec<Candle>, StoreError> {
     let (Some(&first), Some(&last)) = (opens.first(), opens.last()) else { return Ok(Vec::new()) };
-    let end = last + tf.duration_ms() - MINUTE_MS;
+    let all =
+        minutes_between(store, series_1m, minutes, first, last + tf.duration_ms() - MINUTE_MS)?;
+    Ok(merge_from(&all, tf, opens))
+}
+
+/// The 1m candles of `series_1m` with open time in `[first, end]`: stored, overlaid by
+/// `minutes`. One store read.
+fn minutes_between(
+    store: &dyn CandleStore,
+    series_1m: &SeriesId,
+    minutes: &[Candle],
+    first: i64,
+    end: i64,
+) -> Result<BTreeMap<i64, Candle>, StoreError> {
     let span = usize::try_from((end - first) / MINUTE_MS + 1).unwrap_or(usize::MAX);
     let mut all: BTreeMap<i64, Candle> = store
         .candles(series_1m, Some(first), Some(end), span)?
@@ -225,14 +301,20 @@ pub fn merge_buckets(
             .filter(|c| c.open_time >= first && c.open_time <= end)
             .map(|c| (c.open_time, *c)),
     );
-    Ok(opens
+    Ok(all)
+}
+
+/// The `tf` candles of the buckets opening at `opens`, merged from `all` (see
+/// [`merge_buckets`]).
+fn merge_from(all: &BTreeMap<i64, Candle>, tf: Timeframe, opens: &[i64]) -> Vec<Candle> {
+    opens
         .iter()
         .filter_map(|&open| {
             let inside: Vec<Candle> =
                 all.range(open..open + tf.duration_ms()).map(|(_, c)| *c).collect();
             merge(tf, &inside)
         })
-        .collect())
+        .collect()
 }
 
 /// The `kline@{series}` push frame for `candle`.
@@ -326,5 +408,31 @@ mod tests {
             "minutes 3-4 are not stored yet"
         );
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_write_waits_for_the_other_writer_of_its_series_only() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let locks = Arc::new(SeriesLocks::default());
+        let (btc, eth): (SeriesId, SeriesId) =
+            ("sim:spot:BTC/USDT:1m".parse().unwrap(), "sim:spot:ETH/USDT:1m".parse().unwrap());
+        let first = locks.hold([btc.clone()]);
+        // Another series goes on at once.
+        drop(locks.hold([eth.clone()]));
+        // A write that includes the held series waits until the first is done.
+        let done = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (locks, done, both) = (locks.clone(), done.clone(), [eth, btc]);
+            std::thread::spawn(move || {
+                let _held = locks.hold(both);
+                done.store(true, SeqCst);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!done.load(SeqCst), "it waits while BTC is being written");
+        drop(first);
+        waiter.join().unwrap();
+        assert!(done.load(SeqCst));
+        assert!(lock(&locks.held).is_empty(), "everything released");
     }
 }
