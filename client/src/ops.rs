@@ -445,6 +445,8 @@ fn BackfillCard(backfill: RwSignal<Option<BackfillReport>>, admin: Admin) -> imp
     let tasks = Memo::new(move |_| {
         backfill.with(|b| b.as_ref().map(|b| b.tasks.clone()).unwrap_or_default())
     });
+    // In a cluster, the node holding the persister lease backfills; elsewhere starts are refused.
+    let here = Memo::new(move |_| backfill.with(|b| b.as_ref().is_none_or(|b| b.runs_here)));
     let row = move |series: String| {
         let key = series.clone();
         let task = Memo::new(move |_| {
@@ -462,7 +464,7 @@ fn BackfillCard(backfill: RwSignal<Option<BackfillReport>>, admin: Admin) -> imp
                 <span>{f(|t| t.state.as_str().into())}</span>
                 <span class="mono muted">{f(|t| format!("{} candles", t.candles_written))}</span>
                 <span class="muted">{f(|t| t.last_error.clone().or_else(|| t.stop_reason.clone()).unwrap_or_default())}</span>
-                <button class="backfill-start" disabled=running
+                <button class="backfill-start" disabled=move || running() || !here.get()
                     on:click=move |_| admin.run(AdminAction::BackfillStart(SeriesRequest { series: start.clone() }), format!("start backfill {start}"))>"start"</button>
                 <button class="backfill-stop" disabled=move || !running()
                     on:click=move |_| admin.run(AdminAction::BackfillStop(SeriesRequest { series: stop.clone() }), format!("stop backfill {stop}"))>"stop"</button>
@@ -472,6 +474,9 @@ fn BackfillCard(backfill: RwSignal<Option<BackfillReport>>, admin: Admin) -> imp
     view! {
         <section class="card ops-card">
             <h2>"Backfill"</h2>
+            <p class="muted backfill-elsewhere" hidden=move || here.get()>
+                "Another node of the cluster backfills: the holder of the persister lease."
+            </p>
             <For each=move || tasks.with(|t| t.iter().map(|x| x.series.to_string()).collect::<Vec<_>>()) key=|k| k.clone() children=row />
         </section>
     }

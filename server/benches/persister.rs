@@ -82,6 +82,7 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
         writer: CandleWriter::new(store.clone(), bus),
         id: "bench".into(),
         stats: stats.clone(),
+        leading: tokio::sync::watch::channel(false).0,
     };
     let t0 = Instant::now();
     let task = tokio::spawn(persister.run(shutdown.clone()));

@@ -185,6 +185,8 @@ pub struct Gateway {
     pub subjects: Subjects,
     pub demand: Arc<DemandSet>,
     pub persister: Arc<PersisterStats>,
+    /// Whether this gateway holds the persister lease (and so runs backfill).
+    pub lead: tokio::sync::watch::Receiver<bool>,
 }
 
 impl App {
@@ -221,9 +223,7 @@ impl App {
         };
         let supervisor = Supervisor::new(JobKind::Kline, config.ingest.clone(), runner, &shutdown);
         supervisor.start(&config.pinned_instruments());
-        // A gateway's history comes from the cluster's persister; backfill stays off (not yet
-        // run cluster-wide).
-        let tasks = if gateway.is_some() { Vec::new() } else { config.backfill_tasks() };
+        let tasks = config.backfill_tasks();
         let backfill = {
             let (derived, sources, shutdown) =
                 (config.ingest.derived.clone(), sources.clone(), shutdown.clone());
@@ -233,7 +233,30 @@ impl App {
             .await
             .map_err(StartError::Backfill)?
         };
-        backfill.start_configured();
+        match &gateway {
+            None => backfill.start_configured(),
+            // In a cluster the holder of the persister lease backfills (see `Backfill::lease`).
+            Some(g) => {
+                backfill.needs_lease();
+                let (mut lead, backfill, stop) =
+                    (g.lead.clone(), backfill.clone(), shutdown.clone());
+                shutdown.spawn(async move {
+                    loop {
+                        tokio::select! {
+                            changed = lead.changed() => if changed.is_err() { break },
+                            () = stop.stopping() => break,
+                        }
+                        let held = *lead.borrow_and_update();
+                        if let Err(e) = backfill.lease(held).await {
+                            tracing::error!(
+                                "cannot take over backfill: {}",
+                                crate::error::report(&e)
+                            );
+                        }
+                    }
+                });
+            }
+        }
         let books = BookRegistry::new(bus.clone());
         let role = match &gateway {
             Some(g) => DepthRole::Gateway(
@@ -623,6 +646,7 @@ fn start_gateway(
         shutdown.clone(),
     ));
     let persister = Arc::new(PersisterStats::default());
+    let (leading, lead) = tokio::sync::watch::channel(false);
     let run = Persister {
         client: client.clone(),
         subjects: subjects.clone(),
@@ -631,6 +655,7 @@ fn start_gateway(
         writer,
         id: id.clone(),
         stats: persister.clone(),
+        leading,
     }
     .run(shutdown.clone());
     shutdown.spawn(async move {
@@ -639,7 +664,7 @@ fn start_gateway(
         }
     });
     tracing::info!(%id, prefix = %subjects.prefix, "gateway of the cluster");
-    Gateway { id, client, subjects, demand, persister }
+    Gateway { id, client, subjects, demand, persister, lead }
 }
 
 async fn start_simulators(

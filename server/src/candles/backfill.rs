@@ -22,8 +22,16 @@
 //! `kill -9` at any point loses at most the page in flight, and the next run fetches it again.
 //! Rate limits (HTTP 429/418) pause the run for the exchange's `Retry-After`; other errors are
 //! retried with back-off and, after several failures, end the run as `failed` (progress kept).
+//!
+//! **In a cluster** one node at a time backfills: the holder of the persister lease (which also
+//! writes the live closed candles, so a series has one writer). Every gateway has the tasks;
+//! [`Backfill::lease`] tells it when it gains the lease (it reloads every task's progress from
+//! the shared store, so it resumes where the previous holder stopped, and starts the
+//! `auto_start` tasks) and when it loses it (its runs stop after the page in flight). A
+//! start asked of a node without the lease is refused with [`BackfillError::OtherNode`].
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,7 +62,17 @@ const MAX_FAILURES: u32 = 8;
 pub enum BackfillError {
     #[error("no backfill task for {0:?}")]
     UnknownTask(String),
+    #[error(
+        "backfill runs on the cluster node holding the persister lease, and this node does not \
+         hold it"
+    )]
+    OtherNode,
 }
+
+/// Where backfill may run: [`Inner::gate`].
+const ALWAYS: u8 = 0;
+const LEASE_HELD: u8 = 1;
+const LEASE_NOT_HELD: u8 = 2;
 
 struct Task {
     config: BackfillTaskConfig,
@@ -83,6 +101,10 @@ struct Inner {
     writer: CandleWriter,
     sources: Arc<Sources>,
     derived: Vec<Timeframe>,
+    /// `ALWAYS` on a single process; in a cluster whether this node holds the lease.
+    gate: AtomicU8,
+    /// Serialises lease changes (a reload of progress and the starts after it).
+    lease_change: tokio::sync::Mutex<()>,
     /// Backfill's part of the service: every run is a child of it.
     shutdown: Shutdown,
 }
@@ -119,6 +141,8 @@ impl Backfill {
             writer,
             sources,
             derived: derived.to_vec(),
+            gate: AtomicU8::new(ALWAYS),
+            lease_change: tokio::sync::Mutex::new(()),
             shutdown: shutdown.child(),
         };
         Ok(Self { inner: Arc::new(inner) })
@@ -136,8 +160,58 @@ impl Backfill {
         }
     }
 
+    /// In a cluster: runs only while this node holds the lease; it does not yet.
+    pub fn needs_lease(&self) {
+        self.inner.gate.store(LEASE_NOT_HELD, Relaxed);
+    }
+
+    /// Whether runs may start here (always on a single process).
+    pub fn runs_here(&self) -> bool {
+        self.inner.gate.load(Relaxed) != LEASE_NOT_HELD
+    }
+
+    /// This node gained (`true`) or lost the lease (see the module docs). On gaining it,
+    /// every task's progress is read again from the store, where the previous holder left it.
+    pub async fn lease(&self, held: bool) -> Result<(), StoreError> {
+        let _one = self.inner.lease_change.lock().await;
+        if !held {
+            self.inner.gate.store(LEASE_NOT_HELD, Relaxed);
+            for task in lock(&self.inner.tasks).values() {
+                if let Some(run) = &task.run {
+                    run.stop();
+                }
+            }
+            return Ok(());
+        }
+        // The runs the last loss stopped must be over before their progress is replaced.
+        let runs: Vec<Shutdown> =
+            lock(&self.inner.tasks).values().filter_map(|t| t.run.clone()).collect();
+        for run in runs {
+            run.stopped(Duration::from_secs(30)).await;
+        }
+        let keys: Vec<String> = lock(&self.inner.tasks).keys().cloned().collect();
+        let store = self.inner.store.clone();
+        let stored = blocking(move || {
+            keys.into_iter()
+                .map(|k| Ok((k.clone(), store.backfill_progress(&k)?)))
+                .collect::<Result<Vec<_>, StoreError>>()
+        })
+        .await?;
+        for (key, progress) in stored {
+            if let (Some(task), Some(p)) = (lock(&self.inner.tasks).get(&key), progress) {
+                *lock(&task.progress) = p;
+            }
+        }
+        self.inner.gate.store(LEASE_HELD, Relaxed);
+        self.start_configured();
+        Ok(())
+    }
+
     /// Starts a run of the task for `series` (no-op if one is running).
     pub fn start(&self, series: &str) -> Result<(), BackfillError> {
+        if !self.runs_here() {
+            return Err(BackfillError::OtherNode);
+        }
         let mut tasks = lock(&self.inner.tasks);
         let task =
             tasks.get_mut(series).ok_or_else(|| BackfillError::UnknownTask(series.to_string()))?;

@@ -178,12 +178,15 @@ pub struct Persister {
     /// Its id in the lease.
     pub id: String,
     pub stats: Arc<PersisterStats>,
+    /// Told whether this candidate holds the lease, on every change (the node's backfill
+    /// follows it).
+    pub leading: tokio::sync::watch::Sender<bool>,
 }
 
 impl Persister {
     /// Runs until `shutdown`.
     pub async fn run(self, shutdown: Shutdown) -> Result<(), PersisterError> {
-        let Persister { client, subjects, cluster, derived, writer, id, stats } = self;
+        let Persister { client, subjects, cluster, derived, writer, id, stats, leading } = self;
         let js = jetstream::new(client);
         let err = |what: &str| {
             let what = what.to_string();
@@ -222,6 +225,8 @@ impl Persister {
                     tracing::info!(%id, epoch, "persisting closed candles");
                 }
                 stats.leading.store(u64::from(lease.held()), Relaxed);
+                leading
+                    .send_if_modified(|was| std::mem::replace(was, lease.held()) != lease.held());
             }
             if !lease.held() {
                 // What was pulled goes back at once, for the new holder.
@@ -253,6 +258,7 @@ impl Persister {
         for m in current.drain(..) {
             let _ = m.ack_with(AckKind::Nak(None)).await;
         }
+        leading.send_replace(false);
         lease.release().await;
         Ok(())
     }

@@ -64,6 +64,7 @@ use shared::protocol::ops::{
 use shared::protocol::{InstrumentId, RestDepthResponse, SeriesId};
 
 use super::{ApiError, AppState};
+use crate::candles::backfill::BackfillError;
 use crate::l3::engine::SymbolIdx;
 use crate::store::blocking;
 
@@ -192,7 +193,10 @@ async fn ops_jobs(State(state): State<AppState>) -> Json<JobsReport> {
 }
 
 async fn ops_backfill(State(state): State<AppState>) -> Json<BackfillReport> {
-    Json(BackfillReport { tasks: state.app.backfill.snapshot() })
+    Json(BackfillReport {
+        tasks: state.app.backfill.snapshot(),
+        runs_here: state.app.backfill.runs_here(),
+    })
 }
 
 async fn ops_sources(State(state): State<AppState>) -> Json<SourcesReport> {
@@ -285,11 +289,12 @@ async fn admin_backfill_start(
     raw: String,
 ) -> Result<Json<SeriesReply>, ApiError> {
     let b: SeriesRequest = admin(&state, &headers, &raw)?;
-    state
-        .app
-        .backfill
-        .start(&b.series)
-        .map_err(|e| ApiError::bad(Code::UnknownSeries, e.to_string()))?;
+    state.app.backfill.start(&b.series).map_err(|e| match e {
+        BackfillError::UnknownTask(_) => ApiError::bad(Code::UnknownSeries, e.to_string()),
+        BackfillError::OtherNode => {
+            ApiError::new(StatusCode::CONFLICT, Code::OtherNode, e.to_string())
+        }
+    })?;
     Ok(Json(SeriesReply { result: AdminResult::Started, series: b.series }))
 }
 

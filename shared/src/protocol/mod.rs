@@ -275,6 +275,9 @@ pub enum ErrorCode {
     TooManyConnections,
     /// REST: a part of the cluster the answer needs (the leading supervisor) did not answer.
     Unavailable,
+    /// REST: in a cluster, another node does this (backfill runs on the node holding the
+    /// persister lease).
+    OtherNode,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

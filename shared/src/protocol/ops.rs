@@ -501,6 +501,9 @@ pub struct TickSourceStats {
 #[serde(deny_unknown_fields)]
 pub struct BackfillReport {
     pub tasks: Vec<BackfillTask>,
+    /// Whether runs may start on this node: always on a single process; in a cluster, on the
+    /// node holding the persister lease.
+    pub runs_here: bool,
 }
 
 /// Where a backfill task is.
