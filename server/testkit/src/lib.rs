@@ -458,15 +458,21 @@ pub fn pg_admin_url() -> String {
 pub struct PgDb {
     name: String,
     url: String,
+    admin: String,
 }
 
 impl PgDb {
-    /// Creates `millrace_<tag>_<pid>_<n>`.
+    /// Creates `millrace_<tag>_<pid>_<n>` on the tests' server ([`pg_admin_url`]).
     pub fn fresh(tag: &str) -> PgDb {
+        PgDb::fresh_on(&pg_admin_url(), tag)
+    }
+
+    /// Creates `millrace_<tag>_<pid>_<n>` on the server of `admin` (a URL of a database there).
+    pub fn fresh_on(admin: &str, tag: &str) -> PgDb {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("millrace_{tag}_{}_{n}", std::process::id());
-        let admin = pg_admin_url();
+        let admin = admin.to_string();
         let mut client = postgres::Client::connect(&admin, postgres::NoTls)
             .unwrap_or_else(|e| panic!("PostgreSQL at {admin} (run scripts/services): {e}"));
         client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
@@ -475,7 +481,7 @@ impl PgDb {
             Some(i) if admin[..i].contains("://") => format!("{}/{name}", &admin[..i]),
             _ => panic!("MILLRACE_TEST_PG must be a postgres:// URL ending in /DATABASE"),
         };
-        PgDb { name, url }
+        PgDb { name, url, admin }
     }
 
     /// The URL of this database.
@@ -492,7 +498,7 @@ impl PgDb {
 impl Drop for PgDb {
     fn drop(&mut self) {
         let drop_db = || {
-            if let Ok(mut c) = postgres::Client::connect(&pg_admin_url(), postgres::NoTls) {
+            if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
                 let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
                 let _ = c.batch_execute(&sql);
             }
@@ -508,4 +514,123 @@ impl Drop for PgDb {
             Err(_) => drop_db(),
         }
     }
+}
+
+/// A PostgreSQL server of one test's own, to stop and start: `initdb` (trust auth) in `dir`, on a
+/// free port of 127.0.0.1, its socket in `dir`. Run as the user `postgres` when the tests run as
+/// root (PostgreSQL refuses root). The binaries come from Debian's `postgresql` package
+/// (`scripts/setup` installs it).
+pub struct OwnPostgres {
+    pub port: u16,
+    data: PathBuf,
+    bin: PathBuf,
+    root: bool,
+}
+
+impl OwnPostgres {
+    pub fn start(dir: PathBuf) -> OwnPostgres {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|d| {
+                let mut v: Vec<PathBuf> = d.flatten().map(|e| e.path().join("bin")).collect();
+                v.sort();
+                v.pop()
+            })
+            .filter(|b| b.join("initdb").exists())
+            .expect("PostgreSQL's binaries in /usr/lib/postgresql/<version>/bin (scripts/setup)");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let root = running_as_root();
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = dir.join("pgdata");
+        let pg = OwnPostgres { port, data, bin, root };
+        if root {
+            pg.run_plain("chown", &["-R", "postgres", dir.to_str().unwrap()]);
+        }
+        pg.run("initdb", &["-A", "trust", "-U", "postgres", "-D", pg.data.to_str().unwrap()]);
+        pg.up();
+        pg
+    }
+
+    /// The URL of its `postgres` database.
+    pub fn admin_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn up(&self) {
+        let opts = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {}",
+            self.port,
+            self.data.parent().unwrap().display()
+        );
+        let log = self.data.parent().unwrap().join("postgres.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "start",
+                "-w",
+                "-D",
+                self.data.to_str().unwrap(),
+                "-o",
+                &opts,
+                "-l",
+                log.to_str().unwrap(),
+            ],
+        );
+    }
+
+    /// Stops it: `fast` (connections closed, a clean shutdown) or `immediate` (a crash; WAL
+    /// recovery at the next start).
+    pub fn down(&self, mode: &str) {
+        self.run("pg_ctl", &["stop", "-w", "-m", mode, "-D", self.data.to_str().unwrap()]);
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let exe = self.bin.join(tool);
+        let status = if self.root {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&exe)
+                .args(args)
+                .stdout(Stdio::null())
+                .status()
+        } else {
+            Command::new(&exe).args(args).stdout(Stdio::null()).status()
+        };
+        let status = status.unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+        assert!(status.success(), "{} {args:?}: {status}", exe.display());
+    }
+
+    fn run_plain(&self, cmd: &str, args: &[&str]) {
+        let status = Command::new(cmd).args(args).status().unwrap();
+        assert!(status.success(), "{cmd} {args:?}: {status}");
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let exe = self.bin.join("pg_ctl");
+        let data = self.data.to_str().unwrap_or_default().to_string();
+        let args = ["stop", "-w", "-m", "immediate", "-D", &data];
+        let mut cmd = if self.root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        let _ = cmd.args(args).stdout(Stdio::null()).status();
+    }
+}
+
+/// Whether this process runs as root.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
 }

@@ -22,8 +22,12 @@
 //! Redundancy 3: three replicas send every closed candle and every diff; the persister writes
 //! each candle once, a browser sees each once, and the diff stream keeps each diff once.
 //!
-//! Restarts: a NATS server of the test's own killed and started again, then every database
-//! connection dropped — the stored series still equals the exchange's, with no hole.
+//! Backfill: two gateways, one backfilling (the persister lease holder); when it goes away the
+//! other resumes from the stored progress, and the stored window equals the exchange's.
+//!
+//! Restarts: a NATS server of the test's own killed and started again, then a PostgreSQL server
+//! of the test's own stopped (immediate shutdown) and started again — the stored series still
+//! equals the exchange's, with no hole.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -80,8 +84,19 @@ impl TestCluster {
     /// The simulator at `speed`, a fresh database, and the gateway of `tag`'s configuration
     /// (changed by `configure`); no role yet.
     async fn start(tag: &str, speed: f64, seed: u64, configure: impl FnOnce(&mut Config)) -> Self {
+        TestCluster::start_on(&pg_admin_url(), tag, speed, seed, configure).await
+    }
+
+    /// [`TestCluster::start`] with its database on the PostgreSQL server of `admin`.
+    async fn start_on(
+        admin: &str,
+        tag: &str,
+        speed: f64,
+        seed: u64,
+        configure: impl FnOnce(&mut Config),
+    ) -> Self {
         let sim = start_sim(speed, seed).await;
-        let pg = tokio::task::block_in_place(|| PgDb::fresh(tag));
+        let pg = tokio::task::block_in_place(|| PgDb::fresh_on(admin, tag));
         let prefix = format!("t{tag}{}", std::process::id());
         let mut config = cluster_config(&sim, &pg, &prefix, 2);
         configure(&mut config);
@@ -525,10 +540,12 @@ impl Drop for OwnNats {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nats_restart_and_dropped_database_connections_lose_nothing() {
+async fn a_nats_restart_then_a_postgres_restart_lose_nothing() {
     let mut nats = OwnNats::start(temp_dir("ownnats"));
     let url = nats.url();
-    let mut c = TestCluster::start("clusterrestart", 60.0, 59, |config| {
+    let pg_server = tokio::task::block_in_place(|| OwnPostgres::start(temp_dir("ownpg")));
+    let admin = pg_server.admin_url();
+    let mut c = TestCluster::start_on(&admin, "clusterrestart", 60.0, 59, |config| {
         config.bus.url = url;
         config.cluster.instruments = vec![BTC.parse().unwrap()];
         config.cluster.kinds = vec![TaskKind::Kline];
@@ -547,15 +564,11 @@ async fn a_nats_restart_and_dropped_database_connections_lose_nothing() {
     nats.restart();
     let n1 = stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n0, 8).await;
 
-    // Every connection to the database is dropped (as a PostgreSQL restart does to them).
-    let terminated: i64 = tokio::task::block_in_place(|| {
-        let mut admin = postgres::Client::connect(&pg_admin_url(), postgres::NoTls).unwrap();
-        let db = c.pg.url().rsplit('/').next().unwrap().to_string();
-        let q = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                 WHERE datname = $1 AND pid <> pg_backend_pid()";
-        admin.query_one(q, &[&db]).unwrap().get(0)
-    });
-    assert!(terminated > 0, "the cluster holds connections to its database");
+    // PostgreSQL goes away for 3 s, the hard way (immediate shutdown: no checkpoint, every
+    // connection cut; WAL recovery when it starts again), then comes back.
+    tokio::task::block_in_place(|| pg_server.down("immediate"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::block_in_place(|| pg_server.up());
     stored_grows(&c.pg, "sim:spot:BTC/USDT:1m", n1, 8).await;
 
     let stored = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m");
@@ -571,4 +584,97 @@ async fn a_nats_restart_and_dropped_database_connections_lose_nothing() {
         persister.redelivered.load(std::sync::atomic::Ordering::Relaxed),
     );
     c.stop().await;
+    tokio::task::block_in_place(|| drop(pg_server));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gateway_at_a_time_backfills_and_the_next_resumes_where_it_stopped() {
+    use server::config::BackfillTaskConfig;
+    const XRP_1M: &str = "sim:spot:XRP/USDT:1m";
+    let c = TestCluster::start("clusterfill", 60.0, 61, |config| {
+        config.cluster.id = Some("g1".into());
+        config.server.admin_token = Some("fill-token".into());
+        config.backfill = vec![BackfillTaskConfig {
+            series: XRP_1M.into(),
+            retention_days: 3,
+            batch_limit: 100,
+            pause_ms: 300,
+            ..Default::default()
+        }];
+    })
+    .await;
+    let TestCluster { sim, pg, gateway: g1, roles, dir: _ } = c;
+    let task = |b: &serde_json::Value| b["tasks"][0].clone();
+    // The first gateway holds the persister lease, so it backfills.
+    eventually("g1 backfilling", || async {
+        let b = g1.get_json("/api/v1/ops/backfill").await;
+        (b["runs_here"] == true && task(&b)["batches"].as_u64().unwrap_or(0) >= 2).then_some(())
+    })
+    .await;
+    let mut config = g1.config.clone();
+    config.cluster.id = Some("g2".into());
+    config.server.data_dir = temp_dir("clusterfill2");
+    let g2 = TestServer::start(config).await;
+    tokio::time::sleep(Duration::from_millis(3 * TICK_MS)).await;
+    let b2 = g2.get_json("/api/v1/ops/backfill").await;
+    assert_eq!(b2["runs_here"], false, "{b2}");
+    assert_eq!(task(&b2)["running"], false, "{b2}");
+    // (its progress is the shared one, read from PostgreSQL: g1's)
+    assert!(task(&b2)["window"].is_null(), "g2 has not run: {b2}");
+    // Asked to start, the second refuses and says who does it.
+    let auth = [("Authorization", "Bearer fill-token")];
+    let body = format!(r#"{{"series":"{XRP_1M}"}}"#);
+    let (s, reply) =
+        http(g2.addr, "POST", "/api/v1/admin/backfill/start", &auth, &body).await.unwrap();
+    assert_eq!(s, 409, "{reply}");
+    assert!(reply.contains("other_node") && reply.contains("persister lease"), "{reply}");
+
+    // The first goes away mid-run; the second takes the lease and resumes from the stored
+    // progress instead of starting over.
+    let b1 = g1.get_json("/api/v1/ops/backfill").await;
+    assert_eq!(task(&b1)["state"], "running", "g1 is still at it: {b1}");
+    let written_by_g1 = task(&b1)["candles_written"].as_u64().unwrap();
+    g1.stop().await;
+    let done = eventually("g2 to finish the backfill", || async {
+        let b = g2.get_json("/api/v1/ops/backfill").await;
+        let t = task(&b);
+        (b["runs_here"] == true && t["state"] == "done" && t["running"] == false).then_some(t)
+    })
+    .await;
+    eprintln!("g1 wrote {written_by_g1} (at least) before it stopped; g2's run: {done}");
+    assert!(done["progress"].as_f64().unwrap() > 0.999, "{done}");
+    assert_eq!(done["covered"].as_array().unwrap().len(), 1, "one covered range: {done}");
+    let (lo, hi) = (done["window"][0].as_i64().unwrap(), done["window"][1].as_i64().unwrap());
+    let window = ((hi - lo) / 60_000 + 1) as u64;
+    let written_by_g2 = done["candles_written"].as_u64().unwrap();
+    assert!(
+        written_by_g1 + written_by_g2 <= window + 200,
+        "g2 fetched only what g1 had not: {written_by_g1} + {written_by_g2} vs {window}"
+    );
+
+    // The stored window equals the exchange's, without a hole, and its derived candles are the
+    // merges of its minutes.
+    let stored: Vec<Candle> = stored_pg(&pg, XRP_1M)
+        .into_iter()
+        .filter(|c| c.open_time >= lo && c.open_time <= hi)
+        .collect();
+    assert_eq!(stored.len() as u64, window, "no hole");
+    assert_eq!(stored, sim.closed_klines("XRPUSDT", lo, hi), "stored = the exchange's");
+    let m5 = stored_pg(&pg, "sim:spot:XRP/USDT:5m");
+    let mut checked = 0;
+    for c5 in m5.iter().filter(|c| c.open_time >= lo && c.open_time + 240_000 <= hi) {
+        let minutes: Vec<Candle> = stored
+            .iter()
+            .filter(|m| m.open_time >= c5.open_time && m.open_time < c5.open_time + 300_000)
+            .copied()
+            .collect();
+        assert_eq!(Some(*c5), shared::candle::merge(shared::candle::Timeframe::M5, &minutes));
+        checked += 1;
+    }
+    assert!(checked as u64 >= window / 5 - 2, "{checked} derived candles checked");
+
+    drop(roles);
+    g2.stop().await;
+    sim.shutdown();
+    tokio::task::block_in_place(|| drop(pg));
 }
