@@ -2,4 +2,5 @@
 //! are in BENCHMARKS.md).
 
 mod depth_load;
+mod e2e;
 mod fanout;

@@ -90,6 +90,12 @@ pub struct RunOpts {
     /// Also write the result JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// The server is a cluster gateway fed over the NATS server at this URL (`serve --gateway`).
+    #[arg(long)]
+    pub gateway: Option<String>,
+    /// With --gateway: PostgreSQL URL for the gateway's fresh database (`serve --pg`).
+    #[arg(long)]
+    pub pg: Option<String>,
 }
 
 /// A child process of this binary speaking the line protocol.
@@ -292,6 +298,12 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
     }
     if let Some(n) = opts.server_threads {
         server_args.extend(["--worker-threads".into(), n.to_string()]);
+    }
+    if let Some(url) = &opts.gateway {
+        server_args.extend(["--gateway".into(), url.clone()]);
+    }
+    if let Some(url) = &opts.pg {
+        server_args.extend(["--pg".into(), url.clone()]);
     }
     let mut server = Child::spawn("serve", &server_args)?;
     let ready = server.expect("READY", Duration::from_secs(120))?;
@@ -533,7 +545,7 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
         "options": {
             "clients": n, "streams_per_client": k, "topics": opts.topics, "tick_ms": opts.tick_ms,
             "bus_capacity": opts.bus_capacity, "nodelay": opts.nodelay, "tungstenite_clients": opts.tungstenite_clients, "duration_s": opts.duration.as_secs_f64(),
-            "warmup_s": opts.warmup.as_secs_f64(), "quick": opts.quick,
+            "warmup_s": opts.warmup.as_secs_f64(), "quick": opts.quick, "gateway": opts.gateway.is_some(),
         },
         "idle": idle,
         "subscribed": subscribed,

@@ -17,6 +17,15 @@
 //! at a client is the time from the scheduled publish instant to delivery, including the
 //! publisher's own wake-up delay (reported as `late_*` in `STATS`).
 //!
+//! **`--gateway NATS_URL`**: the service is a cluster gateway (`[cluster] enabled`, `[bus] kind =
+//! "nats"`, `[store] kind = "postgres"` on a fresh database made from `--pg` and dropped at the
+//! end), and the publisher sends on a NATS connection of its own under the same prefix, as a
+//! worker does: every message goes publisher → nats-server → the gateway's subscription of its
+//! topic (kline de-dup) → fan-out → WebSocket sessions. The clients' subscriptions become the
+//! gateway's on-demand cluster tasks (no supervisor runs, so no worker feeds them). The
+//! publisher still runs in this process (its NATS client's CPU is counted as the server's);
+//! nats-server's CPU shows as `other` in `run`'s tables.
+//!
 //! stdin, one command a line: `rate <messages/s>` (total over all topics; answers `OK {...}`),
 //! `stats` (answers `STATS {...}`), `quit`. End of input also quits, so a server started by
 //! `run` never outlives it; Ctrl-C and SIGTERM stop it too.
@@ -32,16 +41,20 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use serde_json::json;
 use server::app::{App, Backends};
-use server::bus::{Bus as _, InProcessBus};
+use server::bus::{Bus, Fanout, InProcessBus, NatsBus};
 use server::candles::writer::kline_frame;
+use server::cluster::config::{BusConfig, BusKind, StoreConfig, StoreKind};
 use server::config::{Config, SourceConfig};
 use server::http::{serve_app, ServeConfig};
 use server::shutdown::signal as shutdown_signal;
+use server::shutdown::Shutdown;
 use shared::candle::Candle;
 use shared::protocol::SeriesId;
 use shared::testkit::Rng;
 use shared::{Price, Volume};
 use sim::SymbolSpec;
+
+use tools::FreshDb;
 
 use crate::common::{emit, raise_nofile_limit, topic_series, wall_us, MAX_TOPICS};
 
@@ -79,6 +92,13 @@ pub struct ServeOpts {
     /// Ignore stdin (run until Ctrl-C / SIGTERM), e.g. when started in the background.
     #[arg(long)]
     pub no_stdin: bool,
+    /// Serve as a cluster gateway fed over the NATS server at this URL (see the module docs).
+    #[arg(long)]
+    pub gateway: Option<String>,
+    /// With --gateway: a PostgreSQL URL whose user may create databases; the gateway's store is
+    /// a fresh database, dropped at the end.
+    #[arg(long, default_value = "postgres://postgres:postgres@127.0.0.1:5432/postgres")]
+    pub pg: String,
 }
 
 /// Counters and settings shared by the publisher, the control thread and the service.
@@ -109,10 +129,9 @@ impl Publisher {
         self.generation.fetch_add(1, Relaxed);
     }
 
-    fn stats(&self, bus: &InProcessBus, topics: &[String]) -> serde_json::Value {
+    fn stats(&self, fanout: &Fanout, topics: &[String]) -> serde_json::Value {
         let ticks = self.ticks.load(Relaxed);
-        let subscribers: Vec<usize> =
-            topics.iter().map(|t| bus.fanout().subscriber_count(t)).collect();
+        let subscribers: Vec<usize> = topics.iter().map(|t| fanout.subscriber_count(t)).collect();
         json!({
             "rate": f64::from_bits(self.rate_bits.load(Relaxed)),
             "published": self.published.load(Relaxed),
@@ -173,7 +192,7 @@ impl Walk {
 
 fn publisher_loop(
     state: Arc<Publisher>,
-    bus: Arc<InProcessBus>,
+    bus: Arc<dyn Bus>,
     mut walks: Vec<Walk>,
     tick_ms: u64,
     seed: u64,
@@ -227,7 +246,7 @@ fn publisher_loop(
 }
 
 /// The service's configuration for the load test (see the module docs).
-fn config(opts: &ServeOpts, dir: &std::path::Path) -> anyhow::Result<Config> {
+fn config(opts: &ServeOpts, dir: &std::path::Path, db: Option<&FreshDb>) -> anyhow::Result<Config> {
     let static_dir = dir.join("static");
     std::fs::create_dir_all(&static_dir).context("cannot create the static dir")?;
     std::fs::write(static_dir.join("index.html"), "<!doctype html><title>millrace-fanout</title>")
@@ -242,6 +261,14 @@ fn config(opts: &ServeOpts, dir: &std::path::Path) -> anyhow::Result<Config> {
     c.limits.max_connections_per_ip = 1_000_000;
     c.limits.bus_capacity = opts.bus_capacity;
     c.sources = vec![SourceConfig { speed: 1.0, seed: opts.seed, ..SourceConfig::default() }];
+    if let (Some(url), Some(db)) = (&opts.gateway, db) {
+        let prefix = format!("fanout{}", std::process::id());
+        c.bus = BusConfig { kind: BusKind::Nats, url: url.clone(), prefix };
+        c.store = StoreConfig { kind: StoreKind::Postgres, url: Some(db.url.clone()) };
+        c.cluster.enabled = true;
+        c.cluster.id = Some("fanout-gateway".into());
+        c.cluster.instruments = vec![];
+    }
     c.validate()?;
     Ok(c)
 }
@@ -258,7 +285,8 @@ pub fn main(opts: ServeOpts) -> anyhow::Result<()> {
     let dir: PathBuf = std::env::temp_dir().join(format!("millrace-fanout-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let config = config(&opts, &dir)?;
+    let db = opts.gateway.as_ref().map(|_| FreshDb::create(&opts.pg, "fanout")).transpose()?;
+    let config = config(&opts, &dir, db.as_ref())?;
     let serve_config = ServeConfig::new(config.clone())?;
 
     let mut rt = tokio::runtime::Builder::new_multi_thread();
@@ -269,6 +297,7 @@ pub fn main(opts: ServeOpts) -> anyhow::Result<()> {
     let rt = rt.build().context("cannot start the tokio runtime")?;
     let result = rt.block_on(run(opts, config, serve_config, nofile));
     rt.shutdown_timeout(Duration::from_secs(2));
+    drop(db);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -279,11 +308,31 @@ async fn run(
     serve_config: ServeConfig,
     nofile: u64,
 ) -> anyhow::Result<()> {
-    // The tool publishes on the service's bus itself, so it chooses the bus (the service's own
-    // default, the in-process bus) and keeps a handle on it.
-    let bus = Arc::new(InProcessBus::new(config.limits.bus_capacity));
-    let backends = Backends { bus: bus.clone(), ..Backends::open(&config).await? };
-    let app = Arc::new(App::start_with(config, backends).await?);
+    // The tool chooses the service's bus and keeps a handle on its fan-out: the in-process bus
+    // (the default), or a gateway's NATS bus with a second connection to publish on.
+    let capacity = config.limits.bus_capacity;
+    let tools = Shutdown::new();
+    let opened = Backends::open(&config).await?;
+    let (backends, fanout, publish_on): (Backends, Fanout, Arc<dyn Bus>) = match &opts.gateway {
+        None => {
+            let bus = Arc::new(InProcessBus::new(capacity));
+            let fanout = bus.fanout().clone();
+            (Backends { bus: bus.clone(), ..opened }, fanout, bus)
+        }
+        Some(url) => {
+            let prefix = config.bus.prefix.clone();
+            let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
+            let bus = Arc::new(NatsBus::new(gateway, &prefix, capacity, &tools));
+            let worker = async_nats::connect(url.as_str())
+                .await
+                .with_context(|| format!("cannot connect to NATS at --gateway {url}"))?;
+            let worker_bus: Arc<dyn Bus> =
+                Arc::new(NatsBus::new(worker, &prefix, PUBLISH_CAPACITY, &tools));
+            let fanout = bus.fanout().clone();
+            (Backends { bus, ..opened }, fanout, worker_bus)
+        }
+    };
+    let app = Arc::new(App::start_with(config.clone(), backends).await?);
     // Subscriptions need the simulator's symbols; wait for them before saying READY.
     let deadline = Instant::now() + Duration::from_secs(60);
     while !app.sources.snapshot().iter().all(|s| s.ready) {
@@ -318,7 +367,7 @@ async fn run(
     let state = Arc::new(Publisher::default());
     state.set_rate(opts.rate.max(0.0));
     let publisher = {
-        let (state, bus, tick, seed) = (state.clone(), bus.clone(), opts.tick_ms, opts.seed);
+        let (state, bus, tick, seed) = (state.clone(), publish_on.clone(), opts.tick_ms, opts.seed);
         std::thread::Builder::new()
             .name("fanout-publisher".into())
             .spawn(move || publisher_loop(state, bus, walks, tick, seed))?
@@ -326,7 +375,8 @@ async fn run(
 
     let quit = Arc::new(tokio::sync::Notify::new());
     if !opts.no_stdin {
-        let (quit, state, bus, topics) = (quit.clone(), state.clone(), bus.clone(), topics.clone());
+        let (quit, state, fanout, topics) =
+            (quit.clone(), state.clone(), fanout.clone(), topics.clone());
         std::thread::Builder::new().name("fanout-control".into()).spawn(move || {
             for line in std::io::stdin().lock().lines() {
                 let Ok(line) = line else { break };
@@ -339,7 +389,7 @@ async fn run(
                         }
                         Err(e) => emit("ERROR", json!({ "msg": e.to_string() })),
                     },
-                    (Some("stats"), None) => emit("STATS", state.stats(&bus, &topics)),
+                    (Some("stats"), None) => emit("STATS", state.stats(&fanout, &topics)),
                     (Some("quit"), None) => break,
                     (None, _) => {}
                     _ => emit(
@@ -362,6 +412,7 @@ async fn run(
             "bus_capacity": opts.bus_capacity,
             "nofile": nofile,
             "nodelay": opts.nodelay,
+            "gateway": opts.gateway.is_some(),
         }),
     );
     let shutdown = async move {
@@ -373,6 +424,13 @@ async fn run(
     let served = serve_app(listener, serve_config, app.clone(), shutdown).await;
     state.stop.store(true, Relaxed);
     let _ = publisher.join();
-    emit("STOPPED", state.stats(&bus, &topics));
+    emit("STOPPED", state.stats(&fanout, &topics));
+    tools.stop();
+    if let Some(url) = &opts.gateway {
+        tools::remove_cluster_streams(url, &config.bus.prefix).await;
+    }
     Ok(served?)
 }
+
+/// Frames the publisher's NATS bus may queue (a worker's default).
+const PUBLISH_CAPACITY: usize = 1024;
