@@ -13,9 +13,12 @@
 //!   which two concurrent writers of a series could each read incomplete). It pulls rounds of
 //!   up to `BATCH_MAX` messages, writes a round's minutes of every series and the derived
 //!   candles they complete in one transaction through the one [`CandleWriter`] (which publishes
-//!   them after the commit) while the next round is pulled, and only then acknowledges the
-//!   round's messages. A failed write is negatively acknowledged with a
-//!   delay and comes back; a persister killed before acknowledging leaves its messages to be
+//!   them after the commit) while the next round is pulled, and acknowledges the round's
+//!   messages only after the commit (while the next round is written). A round is what is
+//!   waiting, fetched at once; only when nothing is waiting does a pull request wait (at most
+//!   `PULL_WAIT`) — a request that expired while the server was still sending a full round
+//!   left the client waiting seconds for its end. A failed write is negatively acknowledged
+//!   with a delay and comes back; a persister killed before acknowledging leaves its messages to be
 //!   redelivered to the next lease holder after `ack_wait`. Writes are idempotent upserts, and
 //!   the bus's kline de-dup drops a redelivered batch's second publication.
 
@@ -214,9 +217,10 @@ impl Persister {
         let every = Duration::from_millis(cluster.tick_ms);
         let retry = Duration::from_millis(cluster.tick_ms.max(500));
         let mut next_keep = tokio::time::Instant::now();
-        // The round being written, and the next one, pulled meanwhile.
-        let (mut current, mut ahead): (Vec<jetstream::Message>, Vec<jetstream::Message>) =
-            (Vec::new(), Vec::new());
+        // The round being written, the next one (pulled meanwhile), and the last one written
+        // (acknowledged meanwhile).
+        let (mut current, mut ahead, mut written): (Vec<Msg>, Vec<Msg>, Vec<Msg>) =
+            (Vec::new(), Vec::new(), Vec::new());
         while !shutdown.is_stopping() {
             // Hold the lease (renewed every tick); pull only while holding it.
             if tokio::time::Instant::now() >= next_keep {
@@ -229,7 +233,9 @@ impl Persister {
                     .send_if_modified(|was| std::mem::replace(was, lease.held()) != lease.held());
             }
             if !lease.held() {
-                // What was pulled goes back at once, for the new holder.
+                // What was written is acknowledged; what was pulled goes back at once, for the
+                // new holder.
+                ack_all(std::mem::take(&mut written)).await;
                 for m in current.drain(..) {
                     let _ = m.ack_with(AckKind::Nak(None)).await;
                 }
@@ -240,21 +246,28 @@ impl Persister {
                 continue;
             }
             if current.is_empty() {
-                if let Err(e) = pull(&consumer, &mut current).await {
+                let (pulled, ()) = tokio::join!(
+                    pull(&consumer, &mut current),
+                    ack_all(std::mem::take(&mut written))
+                );
+                if let Err(e) = pulled {
                     pull_failed(&e, &stats, retry, &shutdown).await;
                 }
                 continue;
             }
-            // Write this round while the next one is pulled.
-            let (_, pulled) = tokio::join!(
+            // Write this round while the next one is pulled and the last one acknowledged.
+            let (done, pulled, ()) = tokio::join!(
                 persist(&mut current, &derived, &writer, &stats, retry),
-                pull(&consumer, &mut ahead)
+                pull(&consumer, &mut ahead),
+                ack_all(std::mem::take(&mut written))
             );
+            written = done;
             if let Err(e) = pulled {
                 pull_failed(&e, &stats, retry, &shutdown).await;
             }
             std::mem::swap(&mut current, &mut ahead);
         }
+        ack_all(written).await;
         for m in current.drain(..) {
             let _ = m.ack_with(AckKind::Nak(None)).await;
         }
@@ -267,8 +280,18 @@ impl Persister {
 /// Pulls one round into `batch`.
 async fn pull(
     consumer: &jetstream::consumer::Consumer<pull::Config>,
-    batch: &mut Vec<jetstream::Message>,
+    batch: &mut Vec<Msg>,
 ) -> Result<(), async_nats::Error> {
+    // What is waiting, at once (no expiry: a request that expires while the server is still
+    // sending a full round can leave the client waiting seconds for its end).
+    let mut messages = consumer.fetch().max_messages(BATCH_MAX).messages().await?;
+    while let Some(m) = messages.next().await {
+        batch.push(m?);
+    }
+    if !batch.is_empty() {
+        return Ok(());
+    }
+    // Nothing waiting: wait for the next messages, at most `PULL_WAIT`.
     let mut messages =
         consumer.batch().max_messages(BATCH_MAX).expires(PULL_WAIT).messages().await?;
     while let Some(m) = messages.next().await {
@@ -292,16 +315,26 @@ async fn pull_failed(
     }
 }
 
+type Msg = jetstream::Message;
+
+/// Acknowledges `msgs` (a committed round).
+async fn ack_all(msgs: Vec<Msg>) {
+    for m in msgs {
+        let _ = m.ack().await;
+    }
+}
+
 /// Writes one round — every series' minutes and the derived candles they complete, in one
-/// transaction — and acknowledges its messages once it committed; a failed write sends them
-/// back after `retry` (written again then: upserts are idempotent).
+/// transaction — and returns its messages once it committed, to be acknowledged (while the next
+/// round is written); a failed write sends them back after `retry` (written again then: upserts
+/// are idempotent).
 async fn persist(
-    batch: &mut Vec<jetstream::Message>,
+    batch: &mut Vec<Msg>,
     derived: &[Timeframe],
     writer: &CandleWriter,
     stats: &PersisterStats,
     retry: Duration,
-) {
+) -> Vec<Msg> {
     let mut by_series: BTreeMap<SeriesId, BTreeMap<i64, Candle>> = BTreeMap::new();
     let mut msgs = Vec::with_capacity(batch.len());
     for m in batch.drain(..) {
@@ -321,7 +354,7 @@ async fn persist(
         }
     }
     if by_series.is_empty() {
-        return;
+        return Vec::new();
     }
     let rows: Vec<(SeriesId, Vec<Candle>)> =
         by_series.into_iter().map(|(s, c)| (s, c.into_values().collect())).collect();
@@ -332,9 +365,7 @@ async fn persist(
         Ok(_) => {
             stats.candles.fetch_add(n as u64, Relaxed);
             stats.batches.fetch_add(1, Relaxed);
-            for m in msgs {
-                let _ = m.ack().await;
-            }
+            msgs
         }
         Err(e) => {
             stats.write_failures.fetch_add(1, Relaxed);
@@ -342,6 +373,7 @@ async fn persist(
             for m in msgs {
                 let _ = m.ack_with(AckKind::Nak(Some(retry))).await;
             }
+            Vec::new()
         }
     }
 }

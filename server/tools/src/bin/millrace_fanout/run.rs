@@ -457,6 +457,9 @@ pub fn main(mut opts: RunOpts) -> anyhow::Result<()> {
             "publish_rate_set": rate,
             "publish_per_s": d(&s0, &s1, "published") / dt,
             "publish_skipped": d(&s0, &s1, "skipped"),
+            // --gateway: updates the gateway's kline de-dup dropped (same topic, open time and
+            // event time: the publisher's catch-up after a late tick sends several per ms)
+            "dedup_dropped": d(&s0, &s1, "bus_duplicates"),
             "queued_per_s": d(&s0, &s1, "queued") / dt,
             "deliveries_per_s": r["deliveries_per_s"],
             "mbytes_per_s": r["mbytes_per_s"],

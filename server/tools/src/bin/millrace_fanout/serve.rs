@@ -129,10 +129,16 @@ impl Publisher {
         self.generation.fetch_add(1, Relaxed);
     }
 
-    fn stats(&self, fanout: &Fanout, topics: &[String]) -> serde_json::Value {
+    fn stats(
+        &self,
+        fanout: &Fanout,
+        gateway: Option<&NatsBus>,
+        topics: &[String],
+    ) -> serde_json::Value {
         let ticks = self.ticks.load(Relaxed);
         let subscribers: Vec<usize> = topics.iter().map(|t| fanout.subscriber_count(t)).collect();
         json!({
+            "bus_duplicates": gateway.map_or(0, |b| b.stats().duplicates.load(Relaxed)),
             "rate": f64::from_bits(self.rate_bits.load(Relaxed)),
             "published": self.published.load(Relaxed),
             "queued": self.queued.load(Relaxed),
@@ -313,25 +319,26 @@ async fn run(
     let capacity = config.limits.bus_capacity;
     let tools = Shutdown::new();
     let opened = Backends::open(&config).await?;
-    let (backends, fanout, publish_on): (Backends, Fanout, Arc<dyn Bus>) = match &opts.gateway {
-        None => {
-            let bus = Arc::new(InProcessBus::new(capacity));
-            let fanout = bus.fanout().clone();
-            (Backends { bus: bus.clone(), ..opened }, fanout, bus)
-        }
-        Some(url) => {
-            let prefix = config.bus.prefix.clone();
-            let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
-            let bus = Arc::new(NatsBus::new(gateway, &prefix, capacity, &tools));
-            let worker = async_nats::connect(url.as_str())
-                .await
-                .with_context(|| format!("cannot connect to NATS at --gateway {url}"))?;
-            let worker_bus: Arc<dyn Bus> =
-                Arc::new(NatsBus::new(worker, &prefix, PUBLISH_CAPACITY, &tools));
-            let fanout = bus.fanout().clone();
-            (Backends { bus, ..opened }, fanout, worker_bus)
-        }
-    };
+    let (backends, fanout, gateway, publish_on): (Backends, Fanout, _, Arc<dyn Bus>) =
+        match &opts.gateway {
+            None => {
+                let bus = Arc::new(InProcessBus::new(capacity));
+                let fanout = bus.fanout().clone();
+                (Backends { bus: bus.clone(), ..opened }, fanout, None, bus)
+            }
+            Some(url) => {
+                let prefix = config.bus.prefix.clone();
+                let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
+                let bus = Arc::new(NatsBus::new(gateway, &prefix, capacity, &tools));
+                let worker = async_nats::connect(url.as_str())
+                    .await
+                    .with_context(|| format!("cannot connect to NATS at --gateway {url}"))?;
+                let worker_bus: Arc<dyn Bus> =
+                    Arc::new(NatsBus::new(worker, &prefix, PUBLISH_CAPACITY, &tools));
+                let fanout = bus.fanout().clone();
+                (Backends { bus: bus.clone(), ..opened }, fanout, Some(bus), worker_bus)
+            }
+        };
     let app = Arc::new(App::start_with(config.clone(), backends).await?);
     // Subscriptions need the simulator's symbols; wait for them before saying READY.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -377,6 +384,7 @@ async fn run(
     if !opts.no_stdin {
         let (quit, state, fanout, topics) =
             (quit.clone(), state.clone(), fanout.clone(), topics.clone());
+        let gateway = gateway.clone();
         std::thread::Builder::new().name("fanout-control".into()).spawn(move || {
             for line in std::io::stdin().lock().lines() {
                 let Ok(line) = line else { break };
@@ -389,7 +397,9 @@ async fn run(
                         }
                         Err(e) => emit("ERROR", json!({ "msg": e.to_string() })),
                     },
-                    (Some("stats"), None) => emit("STATS", state.stats(&fanout, &topics)),
+                    (Some("stats"), None) => {
+                        emit("STATS", state.stats(&fanout, gateway.as_deref(), &topics))
+                    }
                     (Some("quit"), None) => break,
                     (None, _) => {}
                     _ => emit(
@@ -424,7 +434,7 @@ async fn run(
     let served = serve_app(listener, serve_config, app.clone(), shutdown).await;
     state.stop.store(true, Relaxed);
     let _ = publisher.join();
-    emit("STOPPED", state.stats(&fanout, &topics));
+    emit("STOPPED", state.stats(&fanout, gateway.as_deref(), &topics));
     tools.stop();
     if let Some(url) = &opts.gateway {
         tools::remove_cluster_streams(url, &config.bus.prefix).await;
