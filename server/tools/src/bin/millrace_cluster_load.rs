@@ -70,13 +70,6 @@ struct Applied {
     last_growth_ms: AtomicU64,
 }
 
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// One simulated worker until the process ends.
 async fn worker(
     client: async_nats::Client,
@@ -107,7 +100,7 @@ async fn worker(
                 let grew = t.wanted().len() as i64 - before;
                 if grew > 0 {
                     applied.replicas.fetch_add(grew as u64, Relaxed);
-                    applied.last_growth_ms.store(wall_ms(), Relaxed);
+                    applied.last_growth_ms.store(tools::wall_ms() as u64, Relaxed);
                 } else if grew < 0 {
                     applied.replicas.fetch_sub((-grew) as u64, Relaxed);
                 }
@@ -116,16 +109,6 @@ async fn worker(
             _ = tick.tick() => status(&mut tasks.lock().unwrap()),
         };
         client.publish(subjects.status(), serde_json::to_vec(&st)?.into()).await?;
-    }
-}
-
-/// A child process killed (and reaped) when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -201,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("starting {}", bin.display()))?;
     let pid = child.id();
     // stopped however this run ends
-    let _child = KillOnDrop(child);
+    let _child = tools::KillOnDrop(child);
     println!(
         "{} workers (max load {max_load}), {tasks} tasks x {} = {replicas} replicas, prefix {prefix}",
         args.workers, args.redundancy

@@ -26,7 +26,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,7 +39,7 @@ use server::config::{Config, SourceConfig, SourceKind};
 use shared::cluster::TaskKind;
 use sim::{Sim, SimConfig, SimHandle, SymbolSpec};
 use tokio_tungstenite::tungstenite::Message;
-use tools::FreshDb;
+use tools::{wall_ms, FreshDb, KillOnDrop};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Mode {
@@ -74,23 +74,6 @@ struct Args {
     /// Simulator seed.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-}
-
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-/// A child process, killed however the run ends.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// What the clients saw while measuring.

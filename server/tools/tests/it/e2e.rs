@@ -11,21 +11,13 @@ fn a_short_run_measures_both_modes_and_sees_each_update_once() {
     assert!(bin.exists(), "{} is built by `cargo test --workspace`", bin.display());
     let nats =
         std::env::var("MILLRACE_TEST_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-    let out = Command::new(env!("CARGO_BIN_EXE_millrace-e2e"))
-        .args(["--clients", "4", "--instruments", "2", "--duration-s", "3", "--nats", &nats])
-        .args(["--pg", &testkit::pg_admin_url()])
-        .arg("--bin")
-        .arg(&bin)
-        .output()
-        .expect("millrace-e2e runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line\nstdout:\n{stdout}\nstderr:\n{stderr}"));
-    let r: serde_json::Value = serde_json::from_str(line).expect("RESULT is JSON");
+    let r = crate::result_of(
+        Command::new(env!("CARGO_BIN_EXE_millrace-e2e"))
+            .args(["--clients", "4", "--instruments", "2", "--duration-s", "3", "--nats", &nats])
+            .args(["--pg", &testkit::pg_admin_url()])
+            .arg("--bin")
+            .arg(&bin),
+    );
     for mode in ["single", "cluster"] {
         let m = &r[mode];
         assert!(m["samples"].as_u64().unwrap() > 0, "{mode}: {r:#}");

@@ -21,19 +21,9 @@ fn quick_run_through_a_cluster_gateway_delivers_and_exits_cleanly() {
 
 /// Runs `millrace-fanout run --quick` with `extra` arguments and checks its result.
 fn check_quick_run(extra: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_millrace-fanout"))
-        .args(["run", "--quick"])
-        .args(extra)
-        .output()
-        .expect("millrace-fanout runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line\nstdout:\n{stdout}\nstderr:\n{stderr}"));
-    let r: serde_json::Value = serde_json::from_str(line).expect("RESULT is JSON");
+    let r = crate::result_of(
+        Command::new(env!("CARGO_BIN_EXE_millrace-fanout")).args(["run", "--quick"]).args(extra),
+    );
 
     assert_eq!(r["server_exit_ok"], true, "{r:#}");
     assert_eq!(r["clients_exit_ok"], true, "{r:#}");
