@@ -41,8 +41,10 @@ pub enum Derive {
     Buckets { timeframes: Vec<Timeframe>, lo: i64, hi: i64, newest: i64 },
     /// The cluster's persister, writing many instruments' closed minutes at once: for every 1m
     /// series of the write, `Buckets` over its own minutes (`lo`, `hi` = `newest` = its first
-    /// and last).
-    EachSeries { timeframes: Vec<Timeframe> },
+    /// and last), widened to the newest minute it wrote of that series before (`written`), if
+    /// known: a bucket that ended in between (its last minute never came) is written, and a
+    /// late minute (a gap filled after a reconnect) rewrites the ended bucket it belongs to.
+    EachSeries { timeframes: Vec<Timeframe>, written: BTreeMap<SeriesId, i64> },
 }
 
 /// Rows of one write: the 1m series first, then derived series.
@@ -168,14 +170,18 @@ impl Drop for SeriesHold<'_> {
 
 /// Applies `derive` to `rows` (blocking: reads the store).
 fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result<(), StoreError> {
-    if let Derive::EachSeries { timeframes } = derive {
+    if let Derive::EachSeries { timeframes, written } = derive {
         let m1: Vec<(SeriesId, Vec<Candle>)> = rows
             .iter()
             .filter(|(s, c)| s.timeframe == Timeframe::M1 && !c.is_empty())
             .cloned()
             .collect();
         for (series_1m, minutes) in m1 {
-            let (lo, hi) = (minutes[0].open_time, minutes[minutes.len() - 1].open_time);
+            let (first, last) = (minutes[0].open_time, minutes[minutes.len() - 1].open_time);
+            let (lo, hi) = match written.get(&series_1m) {
+                Some(&before) => (first.min(before + MINUTE_MS), last.max(before)),
+                None => (first, last),
+            };
             let span = Span { lo, hi, newest: hi };
             ended_buckets(store, &series_1m, &minutes, timeframes, span, rows)?;
         }
@@ -434,5 +440,41 @@ mod tests {
         waiter.join().unwrap();
         assert!(done.load(SeqCst));
         assert!(lock(&locks.held).is_empty(), "everything released");
+    }
+
+    #[test]
+    fn the_persister_writes_a_bucket_whose_last_minute_never_came_and_rewrites_one_a_late_minute_joins(
+    ) {
+        let dir = std::env::temp_dir().join(format!("millrace-writer-late-{}", std::process::id()));
+        let store = SqliteStore::open(&dir.join("t.db")).unwrap();
+        let m1: SeriesId = "sim:spot:ETH/USDT:1m".parse().unwrap();
+        let m5: SeriesId = "sim:spot:ETH/USDT:5m".parse().unwrap();
+        let t0 = 1_700_000_100_000_i64.div_euclid(300_000) * 300_000;
+        let at = |i: i64| minute(t0 + i * 60_000, 100 + i);
+        let each = |written: &[(SeriesId, i64)]| Derive::EachSeries {
+            timeframes: vec![Timeframe::M5],
+            written: written.iter().cloned().collect(),
+        };
+        let m5_of = |rows: &Rows| rows.iter().find(|(s, _)| *s == m5).map(|(_, c)| c.clone());
+        // Minutes 0-2 written; 3 is late and 4 never comes; the next write starts at 5.
+        let early: Vec<Candle> = (0..3).map(at).collect();
+        store.write(&[SeriesRows { series: &m1, candles: &early }]).unwrap();
+        let mut rows = vec![(m1.clone(), vec![at(5)])];
+        complete(&store, &mut rows, &each(&[])).unwrap();
+        assert_eq!(m5_of(&rows), Some(vec![]), "unknown history: only the write's own buckets");
+        let mut rows = vec![(m1.clone(), vec![at(5)])];
+        complete(&store, &mut rows, &each(&[(m1.clone(), t0 + 2 * 60_000)])).unwrap();
+        assert_eq!(
+            m5_of(&rows),
+            Some(vec![merge(Timeframe::M5, &early).unwrap()]),
+            "the bucket that ended between the writes is written from its stored minutes"
+        );
+        store.write(&[SeriesRows { series: &m1, candles: &[at(5)] }]).unwrap();
+        // Minute 3 arrives late (a gap fill), after minute 5 was written.
+        let mut rows = vec![(m1.clone(), vec![at(3)])];
+        complete(&store, &mut rows, &each(&[(m1.clone(), t0 + 5 * 60_000)])).unwrap();
+        let all: Vec<Candle> = (0..4).map(at).collect();
+        assert_eq!(m5_of(&rows), Some(vec![merge(Timeframe::M5, &all).unwrap()]));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

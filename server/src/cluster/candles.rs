@@ -221,6 +221,9 @@ impl Persister {
         // (acknowledged meanwhile).
         let (mut current, mut ahead, mut written): (Vec<Msg>, Vec<Msg>, Vec<Msg>) =
             (Vec::new(), Vec::new(), Vec::new());
+        // The newest minute written of each series while holding the lease (see
+        // `Derive::EachSeries`); forgotten when the lease is, as another node writes then.
+        let mut newest_written: BTreeMap<SeriesId, i64> = BTreeMap::new();
         while !shutdown.is_stopping() {
             // Hold the lease (renewed every tick); pull only while holding it.
             if tokio::time::Instant::now() >= next_keep {
@@ -236,6 +239,7 @@ impl Persister {
                 // What was written is acknowledged; what was pulled goes back at once, for the
                 // new holder.
                 ack_all(std::mem::take(&mut written)).await;
+                newest_written.clear();
                 for m in current.drain(..) {
                     let _ = m.ack_with(AckKind::Nak(None)).await;
                 }
@@ -257,7 +261,7 @@ impl Persister {
             }
             // Write this round while the next one is pulled and the last one acknowledged.
             let (done, pulled, ()) = tokio::join!(
-                persist(&mut current, &derived, &writer, &stats, retry),
+                persist(&mut current, &derived, &writer, &mut newest_written, &stats, retry),
                 pull(&consumer, &mut ahead),
                 ack_all(std::mem::take(&mut written))
             );
@@ -332,6 +336,7 @@ async fn persist(
     batch: &mut Vec<Msg>,
     derived: &[Timeframe],
     writer: &CandleWriter,
+    newest_written: &mut BTreeMap<SeriesId, i64>,
     stats: &PersisterStats,
     retry: Duration,
 ) -> Vec<Msg> {
@@ -360,11 +365,19 @@ async fn persist(
         by_series.into_iter().map(|(s, c)| (s, c.into_values().collect())).collect();
     let n: usize = rows.iter().map(|(_, c)| c.len()).sum();
     let store = writer.store().clone();
-    let derive = Derive::EachSeries { timeframes: derived.to_vec() };
+    let written: BTreeMap<SeriesId, i64> =
+        rows.iter().filter_map(|(s, _)| newest_written.get(s).map(|&t| (s.clone(), t))).collect();
+    let newest: Vec<(SeriesId, i64)> =
+        rows.iter().map(|(s, c)| (s.clone(), c[c.len() - 1].open_time)).collect();
+    let derive = Derive::EachSeries { timeframes: derived.to_vec(), written };
     match writer.write(rows, derive, move |b| store.write(b)).await {
         Ok(_) => {
             stats.candles.fetch_add(n as u64, Relaxed);
             stats.batches.fetch_add(1, Relaxed);
+            for (series, t) in newest {
+                let e = newest_written.entry(series).or_insert(t);
+                *e = (*e).max(t);
+            }
             msgs
         }
         Err(e) => {
