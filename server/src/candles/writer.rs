@@ -41,9 +41,10 @@ pub enum Derive {
     Buckets { timeframes: Vec<Timeframe>, lo: i64, hi: i64, newest: i64 },
     /// The cluster's persister, writing many instruments' closed minutes at once: for every 1m
     /// series of the write, `Buckets` over its own minutes (`lo`, `hi` = `newest` = its first
-    /// and last), widened to the newest minute it wrote of that series before (`written`), if
-    /// known: a bucket that ended in between (its last minute never came) is written, and a
-    /// late minute (a gap filled after a reconnect) rewrites the ended bucket it belongs to.
+    /// and last), widened to the newest minute of that series written before (`written`, or
+    /// else the newest stored): a bucket that ended in between (its last minute never came) is
+    /// written, and a late minute (a gap filled after a reconnect) rewrites the ended bucket it
+    /// belongs to.
     EachSeries { timeframes: Vec<Timeframe>, written: BTreeMap<SeriesId, i64> },
 }
 
@@ -178,8 +179,13 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
             .collect();
         for (series_1m, minutes) in m1 {
             let (first, last) = (minutes[0].open_time, minutes[minutes.len() - 1].open_time);
-            let (lo, hi) = match written.get(&series_1m) {
-                Some(&before) => (first.min(before + MINUTE_MS), last.max(before)),
+            // The newest minute written before: known to this writer, or else the store's.
+            let before = match written.get(&series_1m) {
+                Some(&t) => Some(t),
+                None => store.last_open_time(&series_1m)?,
+            };
+            let (lo, hi) = match before {
+                Some(before) => (first.min(before + MINUTE_MS), last.max(before)),
                 None => (first, last),
             };
             let span = Span { lo, hi, newest: hi };
@@ -459,22 +465,28 @@ mod tests {
         // Minutes 0-2 written; 3 is late and 4 never comes; the next write starts at 5.
         let early: Vec<Candle> = (0..3).map(at).collect();
         store.write(&[SeriesRows { series: &m1, candles: &early }]).unwrap();
-        let mut rows = vec![(m1.clone(), vec![at(5)])];
-        complete(&store, &mut rows, &each(&[])).unwrap();
-        assert_eq!(m5_of(&rows), Some(vec![]), "unknown history: only the write's own buckets");
-        let mut rows = vec![(m1.clone(), vec![at(5)])];
-        complete(&store, &mut rows, &each(&[(m1.clone(), t0 + 2 * 60_000)])).unwrap();
-        assert_eq!(
-            m5_of(&rows),
-            Some(vec![merge(Timeframe::M5, &early).unwrap()]),
-            "the bucket that ended between the writes is written from its stored minutes"
-        );
+        // The bucket that ended between the writes is written from its stored minutes, whether
+        // the writer knows what it wrote before or reads the store's newest minute.
+        for known in [vec![(m1.clone(), t0 + 2 * 60_000)], vec![]] {
+            let mut rows = vec![(m1.clone(), vec![at(5)])];
+            complete(&store, &mut rows, &each(&known)).unwrap();
+            assert_eq!(m5_of(&rows), Some(vec![merge(Timeframe::M5, &early).unwrap()]));
+        }
         store.write(&[SeriesRows { series: &m1, candles: &[at(5)] }]).unwrap();
-        // Minute 3 arrives late (a gap fill), after minute 5 was written.
-        let mut rows = vec![(m1.clone(), vec![at(3)])];
-        complete(&store, &mut rows, &each(&[(m1.clone(), t0 + 5 * 60_000)])).unwrap();
+        // Minute 3 arrives late (a gap fill), after minute 5 was written: its ended bucket is
+        // written again with it.
         let all: Vec<Candle> = (0..4).map(at).collect();
-        assert_eq!(m5_of(&rows), Some(vec![merge(Timeframe::M5, &all).unwrap()]));
+        for known in [vec![(m1.clone(), t0 + 5 * 60_000)], vec![]] {
+            let mut rows = vec![(m1.clone(), vec![at(3)])];
+            complete(&store, &mut rows, &each(&known)).unwrap();
+            assert_eq!(m5_of(&rows), Some(vec![merge(Timeframe::M5, &all).unwrap()]));
+        }
+        // Without either (a write of the first minutes of a series), only its own buckets.
+        let fresh: SeriesId = "sim:spot:SOL/USDT:1m".parse().unwrap();
+        let mut rows = vec![(fresh, vec![at(5)])];
+        complete(&store, &mut rows, &each(&[])).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(rows[1].1.is_empty(), "{rows:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -222,7 +222,8 @@ impl Persister {
         let (mut current, mut ahead, mut written): (Vec<Msg>, Vec<Msg>, Vec<Msg>) =
             (Vec::new(), Vec::new(), Vec::new());
         // The newest minute written of each series while holding the lease (see
-        // `Derive::EachSeries`); forgotten when the lease is, as another node writes then.
+        // `Derive::EachSeries`; without it the store's newest is read); forgotten when the
+        // lease is, as another node writes then.
         let mut newest_written: BTreeMap<SeriesId, i64> = BTreeMap::new();
         while !shutdown.is_stopping() {
             // Hold the lease (renewed every tick); pull only while holding it.
