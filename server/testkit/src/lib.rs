@@ -469,19 +469,26 @@ impl PgDb {
 
     /// Creates `millrace_<tag>_<pid>_<n>` on the server of `admin` (a URL of a database there).
     pub fn fresh_on(admin: &str, tag: &str) -> PgDb {
+        PgDb::create(admin, tag).unwrap_or_else(|e| panic!("{e:#} (run scripts/services)"))
+    }
+
+    /// [`PgDb::fresh_on`], saying why not instead of panicking (for the load tools). Blocking.
+    pub fn create(admin: &str, tag: &str) -> anyhow::Result<PgDb> {
+        use anyhow::Context as _;
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("millrace_{tag}_{}_{n}", std::process::id());
-        let admin = admin.to_string();
-        let mut client = postgres::Client::connect(&admin, postgres::NoTls)
-            .unwrap_or_else(|e| panic!("PostgreSQL at {admin} (run scripts/services): {e}"));
-        client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
-        client.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         let url = match admin.rfind('/') {
             Some(i) if admin[..i].contains("://") => format!("{}/{name}", &admin[..i]),
-            _ => panic!("MILLRACE_TEST_PG must be a postgres:// URL ending in /DATABASE"),
+            _ => anyhow::bail!("{admin:?} is not a postgres:// URL ending in /DATABASE"),
         };
-        PgDb { name, url, admin }
+        let mut client = postgres::Client::connect(admin, postgres::NoTls)
+            .with_context(|| format!("cannot connect to PostgreSQL at {admin}"))?;
+        client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .and_then(|()| client.batch_execute(&format!("CREATE DATABASE {name}")))
+            .with_context(|| format!("cannot create the database {name}"))?;
+        Ok(PgDb { name, url, admin: admin.to_string() })
     }
 
     /// The URL of this database.
@@ -585,20 +592,24 @@ impl OwnPostgres {
         self.run("pg_ctl", &["stop", "-w", "-m", mode, "-D", self.data.to_str().unwrap()]);
     }
 
-    fn run(&self, tool: &str, args: &[&str]) {
+    /// `tool` of PostgreSQL's binaries, as the user `postgres` when we are root.
+    fn command(&self, tool: &str) -> Command {
         let exe = self.bin.join(tool);
-        let status = if self.root {
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(&exe)
-                .args(args)
-                .stdout(Stdio::null())
-                .status()
+        let mut c = if self.root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
         } else {
-            Command::new(&exe).args(args).stdout(Stdio::null()).status()
+            Command::new(exe)
         };
-        let status = status.unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
-        assert!(status.success(), "{} {args:?}: {status}", exe.display());
+        c.stdout(Stdio::null());
+        c
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let status = self.command(tool).args(args).status();
+        let status = status.unwrap_or_else(|e| panic!("{tool}: {e}"));
+        assert!(status.success(), "{tool} {args:?}: {status}");
     }
 
     fn run_plain(&self, cmd: &str, args: &[&str]) {
@@ -609,17 +620,9 @@ impl OwnPostgres {
 
 impl Drop for OwnPostgres {
     fn drop(&mut self) {
-        let exe = self.bin.join("pg_ctl");
         let data = self.data.to_str().unwrap_or_default().to_string();
-        let args = ["stop", "-w", "-m", "immediate", "-D", &data];
-        let mut cmd = if self.root {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        let _ = cmd.args(args).stdout(Stdio::null()).status();
+        let _ =
+            self.command("pg_ctl").args(["stop", "-w", "-m", "immediate", "-D", &data]).status();
     }
 }
 

@@ -1,43 +1,5 @@
 //! What more than one of millrace's load tools needs.
 
-use anyhow::{bail, Context as _};
-
-/// A database of one run's own on a PostgreSQL server, created by [`FreshDb::create`] and
-/// dropped (with its connections) when this is dropped. Blocking: create and drop it outside
-/// the async runtime's worker threads (the sync client runs a runtime of its own).
-pub struct FreshDb {
-    admin: String,
-    name: String,
-    /// The URL of the new database.
-    pub url: String,
-}
-
-impl FreshDb {
-    /// Creates `millrace_<tag>_<pid>` on the server of `admin` (a `postgres://` URL of a
-    /// database there, whose user may create databases).
-    pub fn create(admin: &str, tag: &str) -> anyhow::Result<FreshDb> {
-        let name = format!("millrace_{tag}_{}", std::process::id());
-        let url = match admin.rfind('/') {
-            Some(i) if admin[..i].contains("://") => format!("{}/{name}", &admin[..i]),
-            _ => bail!("--pg must be a postgres:// URL ending in /DATABASE, not {admin:?}"),
-        };
-        let mut c = postgres::Client::connect(admin, postgres::NoTls)
-            .with_context(|| format!("cannot connect to PostgreSQL at --pg {admin}"))?;
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .and_then(|()| c.batch_execute(&format!("CREATE DATABASE {name}")))
-            .with_context(|| format!("cannot create the database {name}"))?;
-        Ok(FreshDb { admin: admin.to_string(), name, url })
-    }
-}
-
-impl Drop for FreshDb {
-    fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
-            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
-        }
-    }
-}
-
 /// Deletes the JetStream streams a cluster under `prefix` makes (closed candles, diffs, the
 /// lease bucket), so a run leaves nothing on a shared NATS server.
 pub async fn remove_cluster_streams(nats: &str, prefix: &str) {

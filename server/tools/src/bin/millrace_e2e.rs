@@ -38,8 +38,9 @@ use server::cluster::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, St
 use server::config::{Config, SourceConfig, SourceKind};
 use shared::cluster::TaskKind;
 use sim::{Sim, SimConfig, SimHandle, SymbolSpec};
+use testkit::PgDb;
 use tokio_tungstenite::tungstenite::Message;
-use tools::{wall_ms, FreshDb, KillOnDrop};
+use tools::{wall_ms, KillOnDrop};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Mode {
@@ -296,13 +297,13 @@ async fn cluster(
 ) -> anyhow::Result<serde_json::Value> {
     let db = {
         let pg = args.pg.clone();
-        tokio::task::spawn_blocking(move || FreshDb::create(&pg, "e2e")).await??
+        tokio::task::spawn_blocking(move || PgDb::create(&pg, "e2e")).await??
     };
     let port = free_port()?;
     let prefix = format!("e2e{}", std::process::id());
     let mut config = base_config(sim, dir, port)?;
     config.bus = BusConfig { kind: BusKind::Nats, url: args.nats.clone(), prefix: prefix.clone() };
-    config.store = StoreConfig { kind: StoreKind::Postgres, url: Some(db.url.clone()) };
+    config.store = StoreConfig { kind: StoreKind::Postgres, url: Some(db.url().to_string()) };
     config.cluster = ClusterConfig {
         enabled: true,
         warmup_s: 1,
@@ -327,7 +328,7 @@ async fn cluster(
     .await;
     // leave nothing behind on the shared NATS server and PostgreSQL
     tools::remove_cluster_streams(&args.nats, &prefix).await;
-    tokio::task::spawn_blocking(move || drop(db)).await?;
+    drop(db); // its blocking client steps aside from the runtime (see `PgDb`)
     result
 }
 

@@ -54,7 +54,7 @@ use shared::testkit::Rng;
 use shared::{Price, Volume};
 use sim::SymbolSpec;
 
-use tools::FreshDb;
+use testkit::PgDb;
 
 use crate::common::{emit, raise_nofile_limit, topic_series, wall_us, MAX_TOPICS};
 
@@ -252,7 +252,7 @@ fn publisher_loop(
 }
 
 /// The service's configuration for the load test (see the module docs).
-fn config(opts: &ServeOpts, dir: &std::path::Path, db: Option<&FreshDb>) -> anyhow::Result<Config> {
+fn config(opts: &ServeOpts, dir: &std::path::Path, db: Option<&PgDb>) -> anyhow::Result<Config> {
     let static_dir = dir.join("static");
     std::fs::create_dir_all(&static_dir).context("cannot create the static dir")?;
     std::fs::write(static_dir.join("index.html"), "<!doctype html><title>millrace-fanout</title>")
@@ -270,7 +270,7 @@ fn config(opts: &ServeOpts, dir: &std::path::Path, db: Option<&FreshDb>) -> anyh
     if let (Some(url), Some(db)) = (&opts.gateway, db) {
         let prefix = format!("fanout{}", std::process::id());
         c.bus = BusConfig { kind: BusKind::Nats, url: url.clone(), prefix };
-        c.store = StoreConfig { kind: StoreKind::Postgres, url: Some(db.url.clone()) };
+        c.store = StoreConfig { kind: StoreKind::Postgres, url: Some(db.url().to_string()) };
         c.cluster.enabled = true;
         c.cluster.id = Some("fanout-gateway".into());
         c.cluster.instruments = vec![];
@@ -291,7 +291,7 @@ pub fn main(opts: ServeOpts) -> anyhow::Result<()> {
     let dir: PathBuf = std::env::temp_dir().join(format!("millrace-fanout-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let db = opts.gateway.as_ref().map(|_| FreshDb::create(&opts.pg, "fanout")).transpose()?;
+    let db = opts.gateway.as_ref().map(|_| PgDb::create(&opts.pg, "fanout")).transpose()?;
     let config = config(&opts, &dir, db.as_ref())?;
     let serve_config = ServeConfig::new(config.clone())?;
 
