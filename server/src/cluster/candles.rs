@@ -371,8 +371,15 @@ async fn persist(
     let newest: Vec<(SeriesId, i64)> =
         rows.iter().map(|(s, c)| (s.clone(), c[c.len() - 1].open_time)).collect();
     let derive = Derive::EachSeries { timeframes: derived.to_vec(), written };
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for (series, c) in &rows {
+            let (first, last) = (c[0].open_time, c[c.len() - 1].open_time);
+            tracing::debug!(%series, n = c.len(), first, last, "persister: round");
+        }
+    }
     match writer.write(rows, derive, move |b| store.write(b)).await {
         Ok(_) => {
+            tracing::debug!(n, messages = msgs.len(), "persister: round committed");
             stats.candles.fetch_add(n as u64, Relaxed);
             stats.batches.fetch_add(1, Relaxed);
             for (series, t) in newest {

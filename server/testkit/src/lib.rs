@@ -433,8 +433,20 @@ impl ChildRole {
 }
 
 impl Drop for ChildRole {
+    /// Kills the role; in a failing test, first shows the end of its log (CI keeps no files).
     fn drop(&mut self) {
         self.kill9();
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(80)..];
+            eprintln!(
+                "----- {} (its last {} log lines) -----\n{}",
+                self.name,
+                tail.len(),
+                tail.join("\n")
+            );
+        }
     }
 }
 
