@@ -107,7 +107,7 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
         stats.batches.load(Relaxed),
         stats.write_failures.load(Relaxed),
     );
-    let _ = js.delete_stream(subjects.candle_stream()).await;
+    server::cluster::remove_streams(&js, &subjects).await;
     tokio::task::block_in_place(move || {
         store.close();
         drop(store);

@@ -260,7 +260,11 @@ impl App {
         let books = BookRegistry::new(bus.clone());
         let role = match &gateway {
             Some(g) => DepthRole::Gateway(
-                ClusterBooks::new(g.client.clone(), g.subjects.clone()),
+                ClusterBooks::new(
+                    g.client.clone(),
+                    g.subjects.clone(),
+                    config.cluster.depth_stream_mb,
+                ),
                 g.demand.clone(),
             ),
             None => DepthRole::Alone,

@@ -96,6 +96,10 @@ pub struct ClusterConfig {
     pub dedup_window_s: u64,
     /// How long closed candles wait in JetStream for a persister before they expire.
     pub queue_max_age_s: u64,
+    /// The size of the depth diff stream (memory storage, diffs kept 60 s), in MiB. JetStream
+    /// reserves it in the NATS server's memory when the stream is made, for as long as the
+    /// stream exists.
+    pub depth_stream_mb: u64,
 }
 
 impl Default for ClusterConfig {
@@ -116,6 +120,7 @@ impl Default for ClusterConfig {
             lease_s: 10,
             dedup_window_s: 600,
             queue_max_age_s: 7 * 86_400,
+            depth_stream_mb: 512,
         }
     }
 }
@@ -247,6 +252,7 @@ pub fn validate(
     range("cluster.lease_s", c.lease_s, 1, 3600)?;
     range("cluster.dedup_window_s", c.dedup_window_s, 1, 86_400)?;
     range("cluster.queue_max_age_s", c.queue_max_age_s, 60, 365 * 86_400)?;
+    range("cluster.depth_stream_mb", c.depth_stream_mb, 1, 1 << 20)?;
     if c.dedup_window_s > c.queue_max_age_s {
         return Err(invalid("cluster.dedup_window_s", "must not exceed cluster.queue_max_age_s"));
     }

@@ -56,19 +56,20 @@ pub fn snapshot_subject(subjects: &Subjects, instrument: &InstrumentId) -> Strin
     format!("{}.booksnap.{}", subjects.prefix, token(&instrument.to_string()))
 }
 
-/// Creates (or finds) the diff stream of `subjects`.
+/// Creates (or finds) the diff stream of `subjects`, of `size_mb` MiB (`cluster.depth_stream_mb`).
 pub async fn ensure_stream(
     js: &jetstream::Context,
     subjects: &Subjects,
+    size_mb: u64,
 ) -> Result<stream::Stream, async_nats::Error> {
     Ok(js
         .get_or_create_stream(stream::Config {
-            name: format!("{}_depth", subjects.prefix),
+            name: subjects.depth_stream(),
             subjects: vec![format!("{}.diffs.>", subjects.prefix)],
             storage: stream::StorageType::Memory,
             max_age: Duration::from_secs(60),
             duplicate_window: Duration::from_secs(30),
-            max_bytes: 512 * 1024 * 1024,
+            max_bytes: i64::try_from(size_mb << 20).unwrap_or(i64::MAX),
             discard: stream::DiscardPolicy::Old,
             ..Default::default()
         })
@@ -157,12 +158,14 @@ pub struct ClusterBooks {
     pub client: async_nats::Client,
     pub subjects: Subjects,
     js: jetstream::Context,
+    /// `cluster.depth_stream_mb`, should this gateway be the first to make the stream.
+    stream_mb: u64,
 }
 
 impl ClusterBooks {
-    pub fn new(client: async_nats::Client, subjects: Subjects) -> Arc<Self> {
+    pub fn new(client: async_nats::Client, subjects: Subjects, stream_mb: u64) -> Arc<Self> {
         let js = jetstream::new(client.clone());
-        Arc::new(ClusterBooks { client, subjects, js })
+        Arc::new(ClusterBooks { client, subjects, js, stream_mb })
     }
 
     /// Opens the diff feed of `instrument` from now on; `stall` without a diff ends it.
@@ -176,7 +179,8 @@ impl ClusterBooks {
             url: url.clone(),
             reason: e.to_string(),
         };
-        let stream = ensure_stream(&self.js, &self.subjects).await.map_err(|e| fail(&e))?;
+        let stream =
+            ensure_stream(&self.js, &self.subjects, self.stream_mb).await.map_err(|e| fail(&e))?;
         let consumer = stream
             .create_consumer(push::OrderedConfig {
                 deliver_subject: self.client.new_inbox(),

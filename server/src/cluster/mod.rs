@@ -66,6 +66,24 @@ impl Subjects {
     pub fn lease_bucket(&self) -> String {
         format!("{}_cluster", self.prefix)
     }
+    /// The JetStream stream of depth diffs.
+    pub fn depth_stream(&self) -> String {
+        format!("{}_depth", self.prefix)
+    }
+    /// Every JetStream stream a cluster under this prefix makes (closed candles, diffs, the
+    /// lease bucket's).
+    pub fn streams(&self) -> [String; 3] {
+        [self.candle_stream(), self.depth_stream(), format!("KV_{}", self.lease_bucket())]
+    }
+}
+
+/// Deletes the JetStream streams of the cluster under `subjects`' prefix (a test run or a
+/// load tool that is done): the diff stream holds a memory reservation in the NATS server for
+/// as long as it exists.
+pub async fn remove_streams(js: &async_nats::jetstream::Context, subjects: &Subjects) {
+    for name in subjects.streams() {
+        let _ = js.delete_stream(name).await;
+    }
 }
 
 /// Why a role could not reach NATS at start.

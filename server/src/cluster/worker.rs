@@ -136,7 +136,9 @@ pub async fn run(
     let runner = KlineRunner::new(&config, sources.clone(), writer);
     // Depth sessions sync their books as on one process (the book stays here, for snapshot
     // requests) and forward every diff.
-    super::depth::ensure_stream(&js, &subjects).await.map_err(WorkerError::JetStream)?;
+    super::depth::ensure_stream(&js, &subjects, config.cluster.depth_stream_mb)
+        .await
+        .map_err(WorkerError::JetStream)?;
     let tap = super::depth::DepthTap::new(client.clone(), subjects.clone(), &shutdown);
     let local = BookRegistry::new(local);
     let depth = DepthRunner::new(&config, sources.clone(), local, DepthRole::Worker(tap));

@@ -649,3 +649,85 @@ fn running_as_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// A subject prefix of this test process's own for `tag` (`t{pid}_{tag}`), so runs never
+/// collide on a shared NATS server and [`ClusterStreams`] can tell a dead run's streams.
+pub fn test_prefix(tag: &str) -> String {
+    format!("t{}_{tag}", std::process::id())
+}
+
+/// The JetStream streams of a test cluster's prefix, deleted when this is dropped, however the
+/// test ends: the diff stream holds a memory reservation in the NATS server for as long as it
+/// exists, and a shared server's reservations add up over runs until workers cannot start
+/// ("insufficient memory resources"). Made, it first deletes what runs that are gone left
+/// behind (streams of a test or bench prefix whose process no longer exists).
+pub struct ClusterStreams {
+    url: String,
+    prefix: String,
+}
+
+impl ClusterStreams {
+    pub fn new(url: &str, prefix: &str) -> Self {
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| on_own_runtime(sweep_dead_runs(url.to_string())));
+        ClusterStreams { url: url.to_string(), prefix: prefix.to_string() }
+    }
+}
+
+impl Drop for ClusterStreams {
+    fn drop(&mut self) {
+        let (url, prefix) = (self.url.clone(), self.prefix.clone());
+        on_own_runtime(async move {
+            if let Ok(client) = async_nats::connect(&url).await {
+                let js = async_nats::jetstream::new(client);
+                server::cluster::remove_streams(&js, &server::cluster::Subjects::new(&prefix))
+                    .await;
+            }
+        });
+    }
+}
+
+/// Runs `work` to its end on a runtime of its own, on a thread of its own (callable from sync
+/// code inside or outside a runtime, e.g. a `Drop`).
+fn on_own_runtime(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        if let Ok(rt) = rt {
+            rt.block_on(work);
+        }
+    })
+    .join();
+}
+
+/// Deletes the streams of test and bench prefixes whose process is gone: `t{pid}_…` (this
+/// harness), `bench{pid}_…` (the persister bench), and `t{tag}{pid}_…` of the cluster tests'
+/// tags before they used [`test_prefix`] — each with its `KV_` bucket. Nothing else: a shared
+/// NATS server may carry other clusters' streams.
+async fn sweep_dead_runs(url: String) {
+    const OLD_TAGS: [&str; 6] =
+        ["clusterrestart", "clusterthree", "clusterbook", "clusterlead", "clusterfill", "cluster"];
+    let Ok(client) = async_nats::connect(&url).await else { return };
+    let js = async_nats::jetstream::new(client);
+    let mut names = js.stream_names();
+    let mut dead = Vec::new();
+    while let Some(Ok(name)) = names.next().await {
+        let bare = name.strip_prefix("KV_").unwrap_or(&name);
+        let rest = if let Some(r) = bare.strip_prefix("bench") {
+            r
+        } else if let Some(r) = bare.strip_prefix('t') {
+            OLD_TAGS.iter().find_map(|tag| r.strip_prefix(tag)).unwrap_or(r)
+        } else {
+            continue;
+        };
+        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if pid.is_empty() || !rest[pid.len()..].starts_with('_') {
+            continue;
+        }
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            dead.push(name);
+        }
+    }
+    for name in dead {
+        let _ = js.delete_stream(&name).await;
+    }
+}

@@ -160,6 +160,7 @@ fn start_supervisor(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assigns_reassigns_a_dead_worker_and_fails_over_without_restarts() {
     let subjects = Subjects::new(&prefix("sup"));
+    let _streams = testkit::ClusterStreams::new(&nats_url(), &subjects.prefix);
     let cluster = cluster_config();
     let tasks = cluster.pinned_tasks();
     assert_eq!(tasks.len(), 8);

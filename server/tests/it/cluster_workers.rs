@@ -63,6 +63,7 @@ fn cluster_config(sim: &SimHandle, pg: &PgDb, prefix: &str, redundancy: u32) -> 
         task_timeout_s: 10,
         redundancy,
         lease_s: 2,
+        depth_stream_mb: 16,
         instruments: [BTC, ETH].iter().map(|s| s.parse().unwrap()).collect(),
         kinds: vec![TaskKind::Kline],
         ..ClusterConfig::default()
@@ -78,6 +79,8 @@ struct TestCluster {
     gateway: TestServer,
     roles: BTreeMap<String, ChildRole>,
     dir: std::path::PathBuf,
+    /// Deletes the run's JetStream streams, however it ends (after the roles are gone).
+    _streams: ClusterStreams,
 }
 
 impl TestCluster {
@@ -97,11 +100,19 @@ impl TestCluster {
     ) -> Self {
         let sim = start_sim(speed, seed).await;
         let pg = tokio::task::block_in_place(|| PgDb::fresh_on(admin, tag));
-        let prefix = format!("t{tag}{}", std::process::id());
+        let prefix = test_prefix(tag);
         let mut config = cluster_config(&sim, &pg, &prefix, 2);
         configure(&mut config);
+        let streams = ClusterStreams::new(&config.bus.url, &prefix);
         let gateway = TestServer::start(config).await;
-        TestCluster { sim, pg, gateway, roles: BTreeMap::new(), dir: temp_dir(tag) }
+        TestCluster {
+            sim,
+            pg,
+            gateway,
+            roles: BTreeMap::new(),
+            dir: temp_dir(tag),
+            _streams: streams,
+        }
     }
 
     /// Starts `millrace supervisor --id id`.
@@ -612,7 +623,7 @@ async fn one_gateway_at_a_time_backfills_and_the_next_resumes_where_it_stopped()
         }];
     })
     .await;
-    let TestCluster { sim, pg, gateway: g1, roles, dir: _ } = c;
+    let TestCluster { sim, pg, gateway: g1, roles, dir: _, _streams } = c;
     let task = |b: &serde_json::Value| b["tasks"][0].clone();
     // The first gateway holds the persister lease, so it backfills.
     eventually("g1 backfilling", || async {

@@ -5,10 +5,7 @@
 pub async fn remove_cluster_streams(nats: &str, prefix: &str) {
     let Ok(client) = async_nats::connect(nats).await else { return };
     let js = async_nats::jetstream::new(client);
-    let subjects = server::cluster::Subjects::new(prefix);
-    let _ = js.delete_stream(subjects.candle_stream()).await;
-    let _ = js.delete_stream(format!("{prefix}_depth")).await;
-    let _ = js.delete_stream(format!("KV_{}", subjects.lease_bucket())).await;
+    server::cluster::remove_streams(&js, &server::cluster::Subjects::new(prefix)).await;
 }
 
 /// Milliseconds since the Unix epoch, by the wall clock (what exchanges stamp events with).
