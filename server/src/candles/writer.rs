@@ -2,7 +2,7 @@
 //! ingest (the pipeline) and for backfill alike.
 //!
 //! - **Derived = merge of stored minutes.** A derived candle is written as the merge of every 1m
-//!   candle of its bucket that is stored or in the same write ([`merge_buckets`]), whoever
+//!   candle of its bucket that is stored or in the same write (`merge_from`), whoever
 //!   stored the minutes (live ingest, a gap fill, backfill), so a derived series never disagrees
 //!   with its 1m series.
 //! - **One transaction.** The 1m candles and every derived candle they change are committed
@@ -39,13 +39,22 @@ pub enum Derive {
     /// Backfill: the derived candle of every bucket of `timeframes` that the 1m range
     /// `[lo, hi]` touches and that has ended by the minute `newest`.
     Buckets { timeframes: Vec<Timeframe>, lo: i64, hi: i64, newest: i64 },
-    /// The cluster's persister, writing many instruments' closed minutes at once: for every 1m
-    /// series of the write, `Buckets` over its own minutes (`lo`, `hi` = `newest` = its first
-    /// and last), widened to the newest minute of that series written before (`written`, or
-    /// else the newest stored): a bucket that ended in between (its last minute never came) is
-    /// written, and a late minute (a gap filled after a reconnect) rewrites the ended bucket it
+    /// The cluster's persister, writing many instruments' closed minutes at once. A 1m series
+    /// in `aggregated` comes with the derived candles the persister's aggregator closed (rows
+    /// of the same instrument after it; its minutes followed those it wrote before): those
+    /// built from fewer minutes than their timeframe has are completed from the store, as
+    /// `CompletePartial` does. Every other 1m series (the first write of a series by this
+    /// holder of the lease, or one with a late minute) gets `Buckets` over its own minutes
+    /// (`lo`, `hi` = `newest` = its first and last), widened to the newest minute of that
+    /// series written before (`written`, or else the newest stored): a bucket that ended in
+    /// between (its last minute never came) is written, and a late minute (a gap filled after
+    /// a reconnect, a round written again after a failure) rewrites the ended bucket it
     /// belongs to.
-    EachSeries { timeframes: Vec<Timeframe>, written: BTreeMap<SeriesId, i64> },
+    EachSeries {
+        timeframes: Vec<Timeframe>,
+        written: BTreeMap<SeriesId, i64>,
+        aggregated: BTreeSet<SeriesId>,
+    },
 }
 
 /// Rows of one write: the 1m series first, then derived series.
@@ -171,13 +180,20 @@ impl Drop for SeriesHold<'_> {
 
 /// Applies `derive` to `rows` (blocking: reads the store).
 fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result<(), StoreError> {
-    if let Derive::EachSeries { timeframes, written } = derive {
+    if let Derive::EachSeries { timeframes, written, aggregated } = derive {
         let m1: Vec<(SeriesId, Vec<Candle>)> = rows
             .iter()
             .filter(|(s, c)| s.timeframe == Timeframe::M1 && !c.is_empty())
             .cloned()
             .collect();
         for (series_1m, minutes) in m1 {
+            if aggregated.contains(&series_1m) {
+                let derived = rows.iter_mut().filter(|(s, _)| {
+                    s.instrument == series_1m.instrument && s.timeframe != Timeframe::M1
+                });
+                complete_partial(store, &series_1m, &minutes, derived)?;
+                continue;
+            }
             let (first, last) = (minutes[0].open_time, minutes[minutes.len() - 1].open_time);
             // The newest minute written before: known to this writer, or else the store's.
             let before = match written.get(&series_1m) {
@@ -200,29 +216,40 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
     };
     match derive {
         Derive::CompletePartial => {
-            for (series, candles) in rows.iter_mut().skip(1) {
-                let tf = series.timeframe;
-                let partial: Vec<i64> = candles
-                    .iter()
-                    .filter(|c| c.minutes < tf.minutes())
-                    .map(|c| c.open_time)
-                    .collect();
-                if partial.is_empty() {
-                    continue;
-                }
-                let merged = merge_buckets(store, &series_1m, &minutes, tf, &partial)?;
-                for c in candles.iter_mut() {
-                    if let Some(m) = merged.iter().find(|m| m.open_time == c.open_time) {
-                        *c = *m;
-                    }
-                }
-            }
+            complete_partial(store, &series_1m, &minutes, rows.iter_mut().skip(1))?;
         }
         Derive::Buckets { timeframes, lo, hi, newest } => {
             let span = Span { lo: *lo, hi: *hi, newest: *newest };
             ended_buckets(store, &series_1m, &minutes, timeframes, span, rows)?;
         }
         Derive::EachSeries { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+/// Replaces every candle of `derived` (rows of `series_1m`'s instrument) built from fewer
+/// minutes than its timeframe has by the merge of its bucket's stored minutes and `minutes`.
+/// One store read for all of them; none when every candle is complete.
+fn complete_partial<'a>(
+    store: &dyn CandleStore,
+    series_1m: &SeriesId,
+    minutes: &[Candle],
+    derived: impl Iterator<Item = &'a mut (SeriesId, Vec<Candle>)>,
+) -> Result<(), StoreError> {
+    let mut partial: Vec<(Timeframe, &mut Candle)> = derived
+        .flat_map(|(s, candles)| {
+            let tf = s.timeframe;
+            candles.iter_mut().filter(move |c| c.minutes < tf.minutes()).map(move |c| (tf, c))
+        })
+        .collect();
+    let first = partial.iter().map(|(_, c)| c.open_time).min();
+    let end = partial.iter().map(|(tf, c)| c.open_time + tf.duration_ms() - MINUTE_MS).max();
+    let (Some(first), Some(end)) = (first, end) else { return Ok(()) };
+    let all = minutes_between(store, series_1m, minutes, first, end)?;
+    for (tf, c) in &mut partial {
+        if let Some(m) = merge_from(&all, *tf, &[c.open_time]).pop() {
+            **c = m;
+        }
     }
     Ok(())
 }
@@ -276,22 +303,6 @@ fn ended_buckets(
     Ok(())
 }
 
-/// The `tf` candles of the buckets opening at `opens` (ascending), each the merge of every 1m
-/// candle of its bucket in the store or in `minutes` (which win). A bucket without any minute
-/// has no candle. Blocking; one store read for all buckets.
-pub fn merge_buckets(
-    store: &dyn CandleStore,
-    series_1m: &SeriesId,
-    minutes: &[Candle],
-    tf: Timeframe,
-    opens: &[i64],
-) -> Result<Vec<Candle>, StoreError> {
-    let (Some(&first), Some(&last)) = (opens.first(), opens.last()) else { return Ok(Vec::new()) };
-    let all =
-        minutes_between(store, series_1m, minutes, first, last + tf.duration_ms() - MINUTE_MS)?;
-    Ok(merge_from(&all, tf, opens))
-}
-
 /// The 1m candles of `series_1m` with open time in `[first, end]`: stored, overlaid by
 /// `minutes`. One store read.
 fn minutes_between(
@@ -316,8 +327,8 @@ fn minutes_between(
     Ok(all)
 }
 
-/// The `tf` candles of the buckets opening at `opens`, merged from `all` (see
-/// [`merge_buckets`]).
+/// The `tf` candles of the buckets opening at `opens` (ascending), each the merge of every 1m
+/// candle of its bucket in `all`. A bucket without any minute has no candle.
 fn merge_from(all: &BTreeMap<i64, Candle>, tf: Timeframe, opens: &[i64]) -> Vec<Candle> {
     opens
         .iter()
@@ -460,6 +471,7 @@ mod tests {
         let each = |written: &[(SeriesId, i64)]| Derive::EachSeries {
             timeframes: vec![Timeframe::M5],
             written: written.iter().cloned().collect(),
+            aggregated: BTreeSet::new(),
         };
         let m5_of = |rows: &Rows| rows.iter().find(|(s, _)| *s == m5).map(|(_, c)| c.clone());
         // Minutes 0-2 written; 3 is late and 4 never comes; the next write starts at 5.

@@ -11,9 +11,10 @@
 //!   `persister`, shared by every persister; only the holder of the `persister` lease pulls, so
 //!   one process writes at a time (a derived candle is the merge of its bucket's stored minutes,
 //!   which two concurrent writers of a series could each read incomplete). It pulls rounds of
-//!   up to `BATCH_MAX` messages, writes a round's minutes of every series and the derived
-//!   candles they complete in one transaction through the one [`CandleWriter`] (which publishes
-//!   them after the commit) while the next round is pulled, and acknowledges the round's
+//!   up to `BATCH_MAX` messages (parsed as they arrive), writes a round's minutes of every
+//!   series and the derived candles they complete (from each series' aggregator, `Derivers`)
+//!   in one transaction through the one [`CandleWriter`] (which publishes them after the
+//!   commit) while the next round is pulled and parsed, and acknowledges the round's
 //!   messages only after the commit (while the next round is written). A round is what is
 //!   waiting, fetched at once; only when nothing is waiting does a pull request wait (at most
 //!   `PULL_WAIT`) — a request that expired while the server was still sending a full round
@@ -22,7 +23,7 @@
 //!   redelivered to the next lease holder after `ack_wait`. Writes are idempotent upserts, and
 //!   the bus's kline de-dup drops a redelivered batch's second publication.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +32,7 @@ use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, stream, A
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt as _;
-use shared::candle::{Candle, Timeframe};
+use shared::candle::{Candle, DerivedAggregator, Timeframe, MINUTE_MS};
 use shared::cluster::payload::ClosedCandle;
 use shared::protocol::SeriesId;
 
@@ -219,12 +220,11 @@ impl Persister {
         let mut next_keep = tokio::time::Instant::now();
         // The round being written, the next one (pulled meanwhile), and the last one written
         // (acknowledged meanwhile).
-        let (mut current, mut ahead, mut written): (Vec<Msg>, Vec<Msg>, Vec<Msg>) =
-            (Vec::new(), Vec::new(), Vec::new());
-        // The newest minute written of each series while holding the lease (see
-        // `Derive::EachSeries`; without it the store's newest is read); forgotten when the
-        // lease is, as another node writes then.
-        let mut newest_written: BTreeMap<SeriesId, i64> = BTreeMap::new();
+        let (mut current, mut ahead, mut written) =
+            (Pulled::default(), Pulled::default(), Vec::new());
+        // Each series' derived candles as of the minutes written while holding the lease
+        // (see `Derivers`); forgotten when the lease is, as another node writes then.
+        let mut derivers = Derivers::new(&derived);
         while !shutdown.is_stopping() {
             // Hold the lease (renewed every tick); pull only while holding it.
             if tokio::time::Instant::now() >= next_keep {
@@ -240,10 +240,8 @@ impl Persister {
                 // What was written is acknowledged; what was pulled goes back at once, for the
                 // new holder.
                 ack_all(std::mem::take(&mut written)).await;
-                newest_written.clear();
-                for m in current.drain(..) {
-                    let _ = m.ack_with(AckKind::Nak(None)).await;
-                }
+                derivers.clear();
+                current.send_back().await;
                 tokio::select! {
                     () = tokio::time::sleep_until(next_keep) => {}
                     () = shutdown.stopping() => break,
@@ -252,7 +250,7 @@ impl Persister {
             }
             if current.is_empty() {
                 let (pulled, ()) = tokio::join!(
-                    pull(&consumer, &mut current),
+                    pull(&consumer, &mut current, &stats),
                     ack_all(std::mem::take(&mut written))
                 );
                 if let Err(e) = pulled {
@@ -262,8 +260,8 @@ impl Persister {
             }
             // Write this round while the next one is pulled and the last one acknowledged.
             let (done, pulled, ()) = tokio::join!(
-                persist(&mut current, &derived, &writer, &mut newest_written, &stats, retry),
-                pull(&consumer, &mut ahead),
+                persist(&mut current, &mut derivers, &writer, &stats, retry),
+                pull(&consumer, &mut ahead, &stats),
                 ack_all(std::mem::take(&mut written))
             );
             written = done;
@@ -273,34 +271,74 @@ impl Persister {
             std::mem::swap(&mut current, &mut ahead);
         }
         ack_all(written).await;
-        for m in current.drain(..) {
-            let _ = m.ack_with(AckKind::Nak(None)).await;
-        }
+        current.send_back().await;
         leading.send_replace(false);
         lease.release().await;
         Ok(())
     }
 }
 
-/// Pulls one round into `batch`.
+/// A pulled round: its closed candles by series (parsed while the round before is written)
+/// and their messages, to be acknowledged once they are committed.
+#[derive(Default)]
+struct Pulled {
+    msgs: Vec<Msg>,
+    by_series: BTreeMap<SeriesId, BTreeMap<i64, Candle>>,
+}
+
+impl Pulled {
+    fn is_empty(&self) -> bool {
+        self.msgs.is_empty()
+    }
+
+    /// Takes a message: its closed candle joins the round; anything else is counted and
+    /// terminated (never redelivered).
+    async fn take(&mut self, m: Msg, stats: &PersisterStats) {
+        if m.info().is_ok_and(|i| i.delivered > 1) {
+            stats.redelivered.fetch_add(1, Relaxed);
+        }
+        match serde_json::from_slice::<ClosedCandle>(&m.payload) {
+            Ok(c) if c.series.timeframe == Timeframe::M1 && is_closed_minute(&c.candle) => {
+                self.by_series.entry(c.series).or_default().insert(c.candle.open_time, c.candle);
+                self.msgs.push(m);
+            }
+            _ => {
+                stats.malformed.fetch_add(1, Relaxed);
+                tracing::warn!(subject = %m.subject, "persister: not a closed 1m candle, dropped");
+                let _ = m.ack_with(AckKind::Term).await;
+            }
+        }
+    }
+
+    /// Sends the round back at once, for the next holder of the lease.
+    async fn send_back(&mut self) {
+        self.by_series.clear();
+        for m in self.msgs.drain(..) {
+            let _ = m.ack_with(AckKind::Nak(None)).await;
+        }
+    }
+}
+
+/// Pulls one round into `round`.
 async fn pull(
     consumer: &jetstream::consumer::Consumer<pull::Config>,
-    batch: &mut Vec<Msg>,
+    round: &mut Pulled,
+    stats: &PersisterStats,
 ) -> Result<(), async_nats::Error> {
     // What is waiting, at once (no expiry: a request that expires while the server is still
     // sending a full round can leave the client waiting seconds for its end).
     let mut messages = consumer.fetch().max_messages(BATCH_MAX).messages().await?;
     while let Some(m) = messages.next().await {
-        batch.push(m?);
+        round.take(m?, stats).await;
     }
-    if !batch.is_empty() {
+    if !round.is_empty() {
         return Ok(());
     }
     // Nothing waiting: wait for the next messages, at most `PULL_WAIT`.
     let mut messages =
         consumer.batch().max_messages(BATCH_MAX).expires(PULL_WAIT).messages().await?;
     while let Some(m) = messages.next().await {
-        batch.push(m?);
+        round.take(m?, stats).await;
     }
     Ok(())
 }
@@ -329,63 +367,113 @@ async fn ack_all(msgs: Vec<Msg>) {
     }
 }
 
+/// The persister's derived candles: one [`DerivedAggregator`] per 1m series, fed the minutes
+/// this lease holder wrote. A round whose minutes of a series follow those (the usual case)
+/// takes that series' derived candles from its aggregator: a bucket it saw every minute of is
+/// final as it is (a closed minute never changes), and only one built from fewer minutes (the
+/// first after taking the lease, a bucket that lost a minute) is completed from the store. A
+/// series' first round, or a round with a late minute, has its derived candles merged from the
+/// store (`Derive::EachSeries`). So at steady state a round reads nothing: re-reading every
+/// bucket's stored minutes was half the round's work with the default 11 timeframes, and at the
+/// day's last minute a whole day of minutes per series.
+struct Derivers {
+    timeframes: Vec<Timeframe>,
+    aggs: BTreeMap<SeriesId, DerivedAggregator>,
+}
+
+/// One round's rows and how they were derived, with each series' aggregator as it will be
+/// once the round has committed.
+struct Round {
+    rows: Vec<(SeriesId, Vec<Candle>)>,
+    derive: Derive,
+    next: Vec<(SeriesId, DerivedAggregator)>,
+}
+
+impl Derivers {
+    fn new(timeframes: &[Timeframe]) -> Self {
+        Derivers { timeframes: timeframes.to_vec(), aggs: BTreeMap::new() }
+    }
+
+    fn clear(&mut self) {
+        self.aggs.clear();
+    }
+
+    /// The rows of a round of 1m candles (each series' minutes ascending, distinct).
+    fn round(&self, by_series: BTreeMap<SeriesId, Vec<Candle>>) -> Round {
+        let mut rows = Vec::with_capacity(by_series.len() * (1 + self.timeframes.len()));
+        let (mut written, mut aggregated) = (BTreeMap::new(), BTreeSet::new());
+        let mut next = Vec::with_capacity(by_series.len());
+        let mut closed = Vec::new();
+        for (series, minutes) in by_series {
+            let old = self.aggs.get(&series);
+            let last = old.and_then(DerivedAggregator::last_minute);
+            let mut agg = old.cloned().unwrap_or_else(|| DerivedAggregator::new(&self.timeframes));
+            // what follows the minutes it has seen (a late one is written, not fed)
+            let from = last.map_or(0, |last| minutes.partition_point(|c| c.open_time <= last));
+            closed.clear();
+            let fed = agg.push_closed_1m_batch(&minutes[from..], &mut closed).is_ok();
+            let follows = last.is_some() && from == 0;
+            rows.push((series.clone(), minutes));
+            if fed && follows {
+                aggregated.insert(series.clone());
+                let mut by_tf: BTreeMap<Timeframe, Vec<Candle>> = BTreeMap::new();
+                for (tf, c) in &closed {
+                    by_tf.entry(*tf).or_default().push(*c);
+                }
+                for (tf, candles) in by_tf {
+                    let id = SeriesId { instrument: series.instrument.clone(), timeframe: tf };
+                    rows.push((id, candles));
+                }
+            } else if let Some(last) = last {
+                written.insert(series.clone(), last);
+            }
+            if fed {
+                next.push((series, agg));
+            }
+        }
+        let derive =
+            Derive::EachSeries { timeframes: self.timeframes.clone(), written, aggregated };
+        Round { rows, derive, next }
+    }
+
+    /// The round committed: its series' aggregators move on.
+    fn committed(&mut self, next: Vec<(SeriesId, DerivedAggregator)>) {
+        self.aggs.extend(next);
+    }
+}
+
 /// Writes one round — every series' minutes and the derived candles they complete, in one
 /// transaction — and returns its messages once it committed, to be acknowledged (while the next
 /// round is written); a failed write sends them back after `retry` (written again then: upserts
 /// are idempotent).
 async fn persist(
-    batch: &mut Vec<Msg>,
-    derived: &[Timeframe],
+    round: &mut Pulled,
+    derivers: &mut Derivers,
     writer: &CandleWriter,
-    newest_written: &mut BTreeMap<SeriesId, i64>,
     stats: &PersisterStats,
     retry: Duration,
 ) -> Vec<Msg> {
-    let mut by_series: BTreeMap<SeriesId, BTreeMap<i64, Candle>> = BTreeMap::new();
-    let mut msgs = Vec::with_capacity(batch.len());
-    for m in batch.drain(..) {
-        if m.info().is_ok_and(|i| i.delivered > 1) {
-            stats.redelivered.fetch_add(1, Relaxed);
-        }
-        match serde_json::from_slice::<ClosedCandle>(&m.payload) {
-            Ok(c) if c.series.timeframe == Timeframe::M1 && c.candle.check().is_ok() => {
-                by_series.entry(c.series).or_default().insert(c.candle.open_time, c.candle);
-                msgs.push(m);
-            }
-            _ => {
-                stats.malformed.fetch_add(1, Relaxed);
-                tracing::warn!(subject = %m.subject, "persister: not a closed 1m candle, dropped");
-                let _ = m.ack_with(AckKind::Term).await;
-            }
-        }
-    }
+    let (msgs, by_series) = (std::mem::take(&mut round.msgs), std::mem::take(&mut round.by_series));
     if by_series.is_empty() {
         return Vec::new();
     }
-    let rows: Vec<(SeriesId, Vec<Candle>)> =
+    let by_series: BTreeMap<SeriesId, Vec<Candle>> =
         by_series.into_iter().map(|(s, c)| (s, c.into_values().collect())).collect();
-    let n: usize = rows.iter().map(|(_, c)| c.len()).sum();
-    let store = writer.store().clone();
-    let written: BTreeMap<SeriesId, i64> =
-        rows.iter().filter_map(|(s, _)| newest_written.get(s).map(|&t| (s.clone(), t))).collect();
-    let newest: Vec<(SeriesId, i64)> =
-        rows.iter().map(|(s, c)| (s.clone(), c[c.len() - 1].open_time)).collect();
-    let derive = Derive::EachSeries { timeframes: derived.to_vec(), written };
+    let n: usize = by_series.values().map(Vec::len).sum();
     if tracing::enabled!(tracing::Level::DEBUG) {
-        for (series, c) in &rows {
+        for (series, c) in &by_series {
             let (first, last) = (c[0].open_time, c[c.len() - 1].open_time);
             tracing::debug!(%series, n = c.len(), first, last, "persister: round");
         }
     }
+    let Round { rows, derive, next } = derivers.round(by_series);
+    let store = writer.store().clone();
     match writer.write(rows, derive, move |b| store.write(b)).await {
         Ok(_) => {
             tracing::debug!(n, messages = msgs.len(), "persister: round committed");
             stats.candles.fetch_add(n as u64, Relaxed);
             stats.batches.fetch_add(1, Relaxed);
-            for (series, t) in newest {
-                let e = newest_written.entry(series).or_insert(t);
-                *e = (*e).max(t);
-            }
+            derivers.committed(next);
             msgs
         }
         Err(e) => {
@@ -396,5 +484,104 @@ async fn persist(
             }
             Vec::new()
         }
+    }
+}
+
+/// A closed 1m candle a persister writes: one minute, on a minute boundary, consistent.
+fn is_closed_minute(c: &Candle) -> bool {
+    c.minutes == 1 && c.open_time.rem_euclid(MINUTE_MS) == 0 && c.check().is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::InProcessBus;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::CandleStore;
+    use shared::candle::merge;
+    use shared::fixed::{Price, Volume};
+
+    fn minute(t: i64) -> Candle {
+        let p = 1_000 + (t / MINUTE_MS) % 97;
+        Candle::one_minute(t, Price(p), Price(p + 7), Price(p - 3), Price(p + 2), Volume(5), 2)
+    }
+
+    /// Rounds as a persister gets them after reconnects and failed writes: runs in order, minutes
+    /// that never come, minutes that come late, rounds sent again. After every round each
+    /// derived candle stored equals the merge of its bucket's stored minutes, and every bucket
+    /// that has ended by the newest stored minute is stored.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn derived_candles_from_the_aggregators_equal_the_merge_of_the_stored_minutes() {
+        let dir = std::env::temp_dir().join(format!("millrace-derivers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store: Arc<dyn CandleStore> = Arc::new(SqliteStore::open(&dir.join("t.db")).unwrap());
+        let writer = CandleWriter::new(store.clone(), Arc::new(InProcessBus::new(16)));
+        let tfs = [Timeframe::M3, Timeframe::M5, Timeframe::M15, Timeframe::H1];
+        let mut derivers = Derivers::new(&tfs);
+        let m1: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
+        let t0 = 1_700_000_000_000_i64.div_euclid(3_600_000) * 3_600_000 + 17 * MINUTE_MS;
+        // a small deterministic generator (xorshift)
+        let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let (mut next, mut held_back, mut sent): (i64, Vec<i64>, Vec<i64>) = (0, vec![], vec![]);
+        let mut aggregated_rounds = 0;
+        for round in 0..120 {
+            let mut opens: Vec<i64> = Vec::new();
+            for _ in 0..1 + rnd(12) {
+                match rnd(10) {
+                    0 => held_back.push(next), // comes late
+                    1 => {}                    // never comes
+                    _ => opens.push(next),
+                }
+                next += 1;
+            }
+            if rnd(4) == 0 && !held_back.is_empty() {
+                opens.push(held_back.remove(0));
+            }
+            if rnd(8) == 0 && !sent.is_empty() {
+                opens.push(sent[rnd(sent.len() as u64) as usize]); // a round sent again
+            }
+            opens.sort_unstable();
+            opens.dedup();
+            if opens.is_empty() {
+                continue;
+            }
+            sent.extend(&opens);
+            let minutes: Vec<Candle> = opens.iter().map(|i| minute(t0 + i * MINUTE_MS)).collect();
+            let Round { rows, derive, next: aggs } =
+                derivers.round(BTreeMap::from([(m1.clone(), minutes)]));
+            if let Derive::EachSeries { aggregated, .. } = &derive {
+                aggregated_rounds += usize::from(!aggregated.is_empty());
+            }
+            let s = store.clone();
+            writer.write(rows, derive, move |b| s.write(b)).await.unwrap();
+            derivers.committed(aggs);
+
+            let stored = store.candles(&m1, Some(0), None, 100_000).unwrap();
+            let newest = stored.last().unwrap().open_time;
+            for tf in tfs {
+                let series = SeriesId { instrument: m1.instrument.clone(), timeframe: tf };
+                let derived = store.candles(&series, Some(0), None, 100_000).unwrap();
+                let mut open = tf.bucket_open(stored[0].open_time);
+                while open + tf.duration_ms() - MINUTE_MS <= newest {
+                    let inside: Vec<Candle> = stored
+                        .iter()
+                        .filter(|c| c.open_time >= open && c.open_time < open + tf.duration_ms())
+                        .copied()
+                        .collect();
+                    let want = merge(tf, &inside);
+                    let got = derived.iter().find(|c| c.open_time == open).copied();
+                    assert_eq!(got, want, "round {round}: the {tf} bucket at {open}");
+                    open += tf.duration_ms();
+                }
+            }
+        }
+        assert!(aggregated_rounds > 40, "most rounds followed the last: {aggregated_rounds}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
