@@ -51,6 +51,13 @@ pub enum RecvError {
 pub trait Bus: Send + Sync + 'static {
     /// Publishes `payload` on `topic`; returns how many local subscribers it was queued for.
     fn publish(&self, topic: &str, payload: Bytes) -> usize;
+    /// Publishes `payloads` on `topic`, in order (a bus between processes may carry them in
+    /// fewer messages; subscribers still get one frame each).
+    fn publish_all(&self, topic: &str, payloads: Vec<Bytes>) {
+        for p in payloads {
+            self.publish(topic, p);
+        }
+    }
     /// Subscribes to `topic` (no replay of earlier messages). Dropping the subscription
     /// unsubscribes.
     fn subscribe(&self, topic: &str) -> Subscription;

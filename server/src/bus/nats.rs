@@ -37,6 +37,51 @@ use crate::shutdown::Shutdown;
 /// Frames queued for the NATS connection before publishes are dropped.
 pub const PUBLISH_QUEUE: usize = 65_536;
 
+/// Most bytes of frames [`NatsBus`] packs into one NATS message by `publish_all` (NATS's
+/// default maximum payload is 1 MiB).
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// The first byte of a NATS message holding several frames (a frame is a JSON object: it never
+/// starts with it); then each frame as a 4-byte big-endian length and its bytes.
+const BATCH_MARK: u8 = 0;
+
+/// Packs `frames` into batch messages of at most [`BATCH_BYTES`] (a larger frame alone).
+fn pack(frames: Vec<Bytes>) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut buf = bytes::BytesMut::new();
+    for f in frames {
+        if buf.len() > 1 && buf.len() + 4 + f.len() > BATCH_BYTES {
+            out.push(std::mem::take(&mut buf).freeze());
+        }
+        if buf.is_empty() {
+            buf.extend_from_slice(&[BATCH_MARK]);
+        }
+        buf.extend_from_slice(&u32::try_from(f.len()).unwrap_or(u32::MAX).to_be_bytes());
+        buf.extend_from_slice(&f);
+    }
+    if buf.len() > 1 {
+        out.push(buf.freeze());
+    }
+    out
+}
+
+/// The frames of a NATS message: itself, or those of a batch; `None` for a malformed batch.
+fn unpack(payload: Bytes) -> Option<Vec<Bytes>> {
+    if payload.first() != Some(&BATCH_MARK) {
+        return Some(vec![payload]);
+    }
+    let mut frames = Vec::new();
+    let mut at = 1;
+    while at < payload.len() {
+        let len = payload.get(at..at + 4)?;
+        let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+        let end = (at + 4).checked_add(len).filter(|&e| e <= payload.len())?;
+        frames.push(payload.slice(at + 4..end));
+        at = end;
+    }
+    Some(frames)
+}
+
 /// How often a topic's NATS subscription checks whether it still has local subscribers.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 
@@ -172,15 +217,21 @@ impl NatsBus {
                     m = sub.next() => match m {
                         Some(m) => {
                             stats.received.fetch_add(1, Relaxed);
-                            match dedup.as_mut().map(|d| d.admit(&m.payload)) {
-                                None | Some(Admit::Pass) => {
-                                    fanout.publish(&topic, m.payload);
-                                }
-                                Some(Admit::Duplicate) => {
-                                    stats.duplicates.fetch_add(1, Relaxed);
-                                }
-                                Some(Admit::Malformed) => {
-                                    stats.malformed.fetch_add(1, Relaxed);
+                            let Some(frames) = unpack(m.payload) else {
+                                stats.malformed.fetch_add(1, Relaxed);
+                                continue;
+                            };
+                            for frame in frames {
+                                match dedup.as_mut().map(|d| d.admit(&frame)) {
+                                    None | Some(Admit::Pass) => {
+                                        fanout.publish(&topic, frame);
+                                    }
+                                    Some(Admit::Duplicate) => {
+                                        stats.duplicates.fetch_add(1, Relaxed);
+                                    }
+                                    Some(Admit::Malformed) => {
+                                        stats.malformed.fetch_add(1, Relaxed);
+                                    }
                                 }
                             }
                         }
@@ -228,6 +279,23 @@ impl Bus for NatsBus {
         local
     }
 
+    /// Frames of one topic travel packed into as few NATS messages as fit (a persister's round
+    /// publishes thousands of one series' candles at once).
+    fn publish_all(&self, topic: &str, payloads: Vec<Bytes>) {
+        if is_local(topic) || payloads.len() < 2 {
+            for p in payloads {
+                self.publish(topic, p);
+            }
+            return;
+        }
+        let subject = subject_of(&self.prefix, topic);
+        for batch in pack(payloads) {
+            if self.queue.try_send((subject.clone(), batch)).is_err() {
+                self.stats.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
     fn subscribe(&self, topic: &str) -> Subscription {
         if is_local(topic) {
             return self.fanout.subscribe(topic);
@@ -262,5 +330,27 @@ mod tests {
             "mr.bus.depth@x:spot:A%2EB/C%2A%3E:1%20%25"
         );
         assert_ne!(subject_of("mr", "a.b"), subject_of("mr", "a%2Eb"));
+    }
+
+    #[test]
+    fn frames_packed_into_batches_come_out_as_they_went_in() {
+        let frame = |i: usize, len: usize| Bytes::from(format!("{{\"i\":{i}}}{}", " ".repeat(len)));
+        let frames: Vec<Bytes> = (0..3_000).map(|i| frame(i, i % 300)).collect();
+        let batches = pack(frames.clone());
+        assert!(batches.len() > 1 && batches.len() < 10, "{} batches", batches.len());
+        assert!(batches.iter().all(|b| b.len() <= BATCH_BYTES && b[0] == BATCH_MARK));
+        let out: Vec<Bytes> = batches.into_iter().flat_map(|b| unpack(b).unwrap()).collect();
+        assert_eq!(out, frames);
+        // a frame larger than a batch travels alone
+        let big = vec![frame(1, 10), frame(2, BATCH_BYTES * 2), frame(3, 10)];
+        let batches = pack(big.clone());
+        assert_eq!(batches.len(), 3);
+        assert_eq!(batches.into_iter().flat_map(|b| unpack(b).unwrap()).collect::<Vec<_>>(), big);
+        // a plain message is one frame; a cut or lying batch is refused, not read past its end
+        assert_eq!(unpack(frame(7, 0)), Some(vec![frame(7, 0)]));
+        let whole = pack(vec![frame(1, 0), frame(2, 0)]).pop().unwrap();
+        assert_eq!(unpack(whole.slice(..whole.len() - 1)), None);
+        assert_eq!(unpack(whole.slice(..3)), None);
+        assert_eq!(unpack(Bytes::from_static(&[0, 255, 255, 255, 255, b'{'])), None);
     }
 }

@@ -370,13 +370,12 @@ pub fn kline_frame(series: &SeriesId, candle: &Candle, closed: bool, event_time:
 /// transaction holding them committed: persist, then publish.
 fn publish_closed(bus: &dyn Bus, series: &SeriesId, candles: &[Candle]) {
     let topic = Stream::Kline(series.clone()).to_string();
-    if !bus.has_subscribers(&topic) {
+    if candles.is_empty() || !bus.has_subscribers(&topic) {
         return;
     }
     let d = series.timeframe.duration_ms();
-    for c in candles {
-        bus.publish(&topic, kline_frame(series, c, true, c.open_time + d));
-    }
+    let frames = candles.iter().map(|c| kline_frame(series, c, true, c.open_time + d)).collect();
+    bus.publish_all(&topic, frames);
 }
 
 #[cfg(test)]

@@ -258,12 +258,27 @@ impl Persister {
                 }
                 continue;
             }
-            // Write this round while the next one is pulled and the last one acknowledged.
-            let (done, pulled, ()) = tokio::join!(
+            // Write this round while the next one is pulled (on a task of its own: receiving
+            // and parsing a round is as long as writing one) and the last one acknowledged.
+            let next = {
+                let (consumer, stats, mut round) =
+                    (consumer.clone(), stats.clone(), std::mem::take(&mut ahead));
+                shutdown.spawn(async move {
+                    let r = pull(&consumer, &mut round, &stats).await;
+                    (round, r)
+                })
+            };
+            let (done, ()) = tokio::join!(
                 persist(&mut current, &mut derivers, &writer, &stats, retry),
-                pull(&consumer, &mut ahead, &stats),
                 ack_all(std::mem::take(&mut written))
             );
+            let pulled = match next.await {
+                Ok((round, r)) => {
+                    ahead = round;
+                    r
+                }
+                Err(e) => Err(e.into()),
+            };
             written = done;
             if let Err(e) = pulled {
                 pull_failed(&e, &stats, retry, &shutdown).await;
