@@ -216,6 +216,24 @@ pub trait CandleStore: Send + Sync + 'static {
     /// The newest stored open time of `series`, if any.
     fn last_open_time(&self, series: &SeriesId) -> Result<Option<i64>, StoreError>;
 
+    /// [`CandleStore::last_open_time`] of each of `series`, in order. A store across the
+    /// network answers in one round trip (a persister's round touches thousands of series).
+    fn last_open_times(&self, series: &[SeriesId]) -> Result<Vec<Option<i64>>, StoreError> {
+        series.iter().map(|s| self.last_open_time(s)).collect()
+    }
+
+    /// Every stored candle of each `(series, first, last)` with `first <= open_time <= last`,
+    /// oldest first, in order of `ranges`; one round trip for a store across the network.
+    fn candles_in(&self, ranges: &[(SeriesId, i64, i64)]) -> Result<Vec<Vec<Candle>>, StoreError> {
+        ranges
+            .iter()
+            .map(|(s, first, last)| {
+                let span = usize::try_from((last - first) / 60_000 + 1).unwrap_or(usize::MAX);
+                self.candles(s, Some(*first), Some(*last), span)
+            })
+            .collect()
+    }
+
     /// Every series with at least one candle.
     fn series(&self) -> Result<Vec<SeriesInfo>, StoreError>;
 

@@ -243,33 +243,39 @@ impl PostgresStore {
         result
     }
 
-    /// Ids of `names` (creating the missing series in `tx`); returns the ones created, to be
-    /// cached once the transaction commits.
+    /// Ids of `names` (creating the missing series in `tx`, two statements for all of them);
+    /// returns the ones created, to be cached once the transaction commits.
     fn series_ids(
         &self,
         tx: &mut Transaction<'_>,
         names: &[String],
         out: &mut Vec<i32>,
     ) -> Result<Vec<(String, i32)>, StoreError> {
-        let mut created = Vec::new();
+        let missing: Vec<&String> = {
+            let ids = lock(&self.ids);
+            names.iter().filter(|n| !ids.contains_key(*n)).collect()
+        };
+        let mut created: Vec<(String, i32)> = Vec::new();
+        if !missing.is_empty() {
+            tx.execute(
+                "INSERT INTO series (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
+                &[&missing],
+            )
+            .map_err(db("adding series"))?;
+            created = tx
+                .query("SELECT name, id FROM series WHERE name = ANY($1)", &[&missing])
+                .map_err(db("reading the ids of series"))?
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i32>(1)))
+                .collect();
+        }
+        let ids = lock(&self.ids);
         for name in names {
-            let cached = lock(&self.ids).get(name).copied();
-            let id = match cached {
-                Some(id) => id,
-                None => {
-                    tx.execute(
-                        "INSERT INTO series (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
-                        &[name],
-                    )
-                    .map_err(db(format!("adding series {name}")))?;
-                    let id: i32 = tx
-                        .query_one("SELECT id FROM series WHERE name = $1", &[name])
-                        .map_err(db(format!("reading the id of series {name}")))?
-                        .get(0);
-                    created.push((name.clone(), id));
-                    id
-                }
-            };
+            let id = ids
+                .get(name)
+                .copied()
+                .or_else(|| created.iter().find(|(n, _)| n == name).map(|(_, id)| *id))
+                .ok_or_else(|| StoreError::db(format!("series {name}"), "no id after adding it"))?;
             out.push(id);
         }
         Ok(created)
@@ -321,6 +327,30 @@ impl PostgresStore {
         })?;
         lock(&self.ids).extend(created);
         Ok(written)
+    }
+
+    /// The ids of `series` (those not stored yet: `None`), one query for the ones not cached.
+    fn series_ids_for_read(
+        &self,
+        client: &mut Client,
+        series: &[SeriesId],
+    ) -> Result<Vec<Option<i32>>, StoreError> {
+        let names: Vec<String> = series.iter().map(ToString::to_string).collect();
+        let missing: Vec<&String> = {
+            let ids = lock(&self.ids);
+            names.iter().filter(|n| !ids.contains_key(*n)).collect()
+        };
+        if !missing.is_empty() {
+            let rows = client
+                .query("SELECT name, id FROM series WHERE name = ANY($1)", &[&missing])
+                .map_err(db("reading the ids of series"))?;
+            let mut ids = lock(&self.ids);
+            for r in rows {
+                ids.insert(r.get::<_, String>(0), r.get::<_, i32>(1));
+            }
+        }
+        let ids = lock(&self.ids);
+        Ok(names.iter().map(|n| ids.get(n).copied()).collect())
     }
 
     fn series_id_for_read(
@@ -586,6 +616,57 @@ impl CandleStore for PostgresStore {
                 .map_err(db(format!("reading candles of {series}")))?;
             let out = rows.iter().map(decode_candle).collect::<Result<Vec<_>, _>>()?;
             Ok(q.finish(out))
+        })
+    }
+
+    /// One query: each series' newest row by its index (a lateral `max` per id).
+    fn last_open_times(&self, series: &[SeriesId]) -> Result<Vec<Option<i64>>, StoreError> {
+        self.read(|client| {
+            let ids = self.series_ids_for_read(client, series)?;
+            let known: Vec<i32> = ids.iter().flatten().copied().collect();
+            let rows = client
+                .query(
+                    "SELECT i.id, (SELECT max(open_time) FROM candles c WHERE c.series_id = i.id) \
+                     FROM unnest($1::int4[]) AS i(id)",
+                    &[&known],
+                )
+                .map_err(db("reading the newest candles of series"))?;
+            let newest: BTreeMap<i32, Option<i64>> =
+                rows.iter().map(|r| (r.get::<_, i32>(0), r.get::<_, Option<i64>>(1))).collect();
+            Ok(ids.iter().map(|id| id.and_then(|id| newest.get(&id).copied().flatten())).collect())
+        })
+    }
+
+    /// One query for every range (joined against their array, by the primary key's index).
+    fn candles_in(&self, ranges: &[(SeriesId, i64, i64)]) -> Result<Vec<Vec<Candle>>, StoreError> {
+        self.read(|client| {
+            let series: Vec<SeriesId> = ranges.iter().map(|(s, _, _)| s.clone()).collect();
+            let ids = self.series_ids_for_read(client, &series)?;
+            let (mut ks, mut qs, mut los, mut his) = (vec![], vec![], vec![], vec![]);
+            for (k, (id, (_, lo, hi))) in ids.iter().zip(ranges).enumerate() {
+                if let Some(id) = id {
+                    ks.push(k as i32);
+                    qs.push(*id);
+                    los.push(*lo);
+                    his.push(*hi);
+                }
+            }
+            let sql = format!(
+                "SELECT {CANDLE_COLUMNS}, r.k FROM unnest($1::int4[], $2::int4[], $3::int8[], \
+                 $4::int8[]) AS r(k, id, lo, hi) JOIN candles c ON c.series_id = r.id \
+                 AND c.open_time BETWEEN r.lo AND r.hi ORDER BY r.k, c.open_time"
+            );
+            let rows = client
+                .query(&sql, &[&ks, &qs, &los, &his])
+                .map_err(db("reading candles of series"))?;
+            let mut out = vec![Vec::new(); ranges.len()];
+            for r in &rows {
+                let k: i32 = r.get(8);
+                if let Some(list) = usize::try_from(k).ok().and_then(|k| out.get_mut(k)) {
+                    list.push(decode_candle(r)?);
+                }
+            }
+            Ok(out)
         })
     }
 

@@ -329,6 +329,31 @@ pub(crate) fn newest_and_series(store: &dyn CandleStore) {
     store.write(&[rows(&a, &run(0, 5, 1)), rows(&b, &run(-3_600_000, 2, 1))]).unwrap();
     assert_eq!(store.last_open_time(&a).unwrap(), Some(39 * MIN));
     assert_eq!(store.last_open_time(&b).unwrap(), Some(-3_600_000 + MIN));
+    // Several series at once (one round trip where it matters), in the order asked, an unknown
+    // one included.
+    let none = sid("sim:spot:SOL/USDT:1m");
+    assert_eq!(
+        store.last_open_times(&[b.clone(), none.clone(), a.clone()]).unwrap(),
+        vec![Some(-3_600_000 + MIN), None, Some(39 * MIN)]
+    );
+    assert_eq!(store.last_open_times(&[]).unwrap(), Vec::<Option<i64>>::new());
+    let ranges = [
+        (a.clone(), 2 * MIN, 12 * MIN),
+        (none, 0, MIN),
+        (b.clone(), i64::MIN / 2, 0),
+        (a.clone(), 0, 0),
+    ];
+    let got = store.candles_in(&ranges).unwrap();
+    assert_eq!(got.len(), 4);
+    for ((series, first, last), got) in ranges.iter().zip(&got) {
+        assert_eq!(*got, store.candles(series, Some(*first), Some(*last), 100_000).unwrap());
+    }
+    assert_eq!(
+        got[0].iter().map(|c| c.open_time).collect::<Vec<_>>(),
+        vec![2 * MIN, 3 * MIN, 4 * MIN, 10 * MIN, 11 * MIN, 12 * MIN]
+    );
+    assert!(got[1].is_empty());
+    assert_eq!(got[2].len(), 2);
     assert_eq!(
         store.series().unwrap(),
         vec![
