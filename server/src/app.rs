@@ -190,6 +190,28 @@ pub struct Gateway {
 }
 
 impl App {
+    /// What `/healthz` reports as wrong: in a cluster, NATS away (the client reconnects) or the
+    /// persister's writes failing (its round is written again after a back-off).
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(g) = &self.gateway {
+            if g.client.connection_state() != async_nats::connection::State::Connected {
+                out.push(format!(
+                    "NATS at {} (bus.url) is unreachable; reconnecting",
+                    self.config.bus.url
+                ));
+            }
+            let since = g.persister.failing_since_ms.load(std::sync::atomic::Ordering::Relaxed);
+            if since != 0 {
+                let secs = (crate::clock::wall_clock_ms() - since).max(0) / 1000;
+                out.push(format!(
+                    "the persister cannot write closed candles to the store (store.url) for {secs} s; retrying"
+                ));
+            }
+        }
+        out
+    }
+
     /// Opens the default bus and store and starts the service (see [`App::start_with`]).
     pub async fn start(config: Config) -> Result<App, StartError> {
         let backends = Backends::open(&config).await?;

@@ -18,13 +18,14 @@
 //!   messages only after the commit (while the next round is written). A round is what is
 //!   waiting, fetched at once; only when nothing is waiting does a pull request wait (at most
 //!   `PULL_WAIT`) — a request that expired while the server was still sending a full round
-//!   left the client waiting seconds for its end. A failed write is negatively acknowledged
-//!   with a delay and comes back; a persister killed before acknowledging leaves its messages to be
-//!   redelivered to the next lease holder after `ack_wait`. Writes are idempotent upserts, and
+//!   left the client waiting seconds for its end. A failed write keeps its round and writes it
+//!   again after a back-off (doubling to `RETRY_MAX`; its messages marked in progress meanwhile,
+//!   `/healthz` degraded), before anything newer; a persister killed before acknowledging leaves
+//!   its messages to be redelivered to the next lease holder after `ack_wait`. Writes are idempotent upserts, and
 //!   the bus's kline de-dup drops a redelivered batch's second publication.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, stream, A
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt as _;
+use shared::backoff::Backoff;
 use shared::candle::{Candle, DerivedAggregator, Timeframe, MINUTE_MS};
 use shared::cluster::payload::ClosedCandle;
 use shared::protocol::SeriesId;
@@ -56,6 +58,13 @@ const PULL_WAIT: Duration = Duration::from_millis(250);
 
 /// How long a message may stay unacknowledged before JetStream redelivers it.
 const ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// The longest wait before a failed round is written again.
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// How often the messages of a round kept for a retry are marked in progress (well within
+/// `ACK_WAIT`).
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// Creates (or finds) the candle stream of `subjects`.
 pub async fn ensure_stream(
@@ -148,6 +157,8 @@ pub struct PersisterStats {
     /// Rounds committed (one transaction each).
     pub batches: AtomicU64,
     pub write_failures: AtomicU64,
+    /// Since when (wall clock, ms) writes have been failing; 0 while they succeed.
+    pub failing_since_ms: AtomicI64,
     /// Messages that were not a closed candle (terminated, never redelivered).
     pub malformed: AtomicU64,
     /// Messages delivered more than once (a persister died or failed before acknowledging).
@@ -225,6 +236,11 @@ impl Persister {
         // Each series' derived candles as of the minutes written while holding the lease
         // (see `Derivers`); forgotten when the lease is, as another node writes then.
         let mut derivers = Derivers::new(&derived);
+        // A failed write's back-off (doubling from `retry` to `RETRY_MAX`), when it ends, and
+        // when the held messages are next marked in progress.
+        let mut backoff = Backoff::new(retry, RETRY_MAX).with_jitter(0);
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut progress_at = tokio::time::Instant::now();
         while !shutdown.is_stopping() {
             // Hold the lease (renewed every tick); pull only while holding it.
             if tokio::time::Instant::now() >= next_keep {
@@ -242,13 +258,40 @@ impl Persister {
                 ack_all(std::mem::take(&mut written)).await;
                 derivers.clear();
                 current.send_back().await;
+                ahead.send_back().await;
+                (retry_at, progress_at) = (None, tokio::time::Instant::now());
+                backoff.reset();
                 tokio::select! {
                     () = tokio::time::sleep_until(next_keep) => {}
                     () = shutdown.stopping() => break,
                 }
                 continue;
             }
+            // A round whose write failed is written again after a back-off, before anything
+            // newer: the store takes the minutes in order, and a database that is away is not
+            // asked again and again. Its messages (and the next round's, already pulled) stay
+            // ours meanwhile (in-progress acknowledgements keep JetStream from redelivering
+            // them); the lease renewal goes on.
+            if let Some(at) = retry_at {
+                let now = tokio::time::Instant::now();
+                if now < at {
+                    if now >= progress_at {
+                        progress_at = now + PROGRESS_EVERY;
+                        current.in_progress().await;
+                        ahead.in_progress().await;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at.min(next_keep)) => {}
+                        () = shutdown.stopping() => break,
+                    }
+                    continue;
+                }
+            }
             if current.is_empty() {
+                if !ahead.is_empty() {
+                    std::mem::swap(&mut current, &mut ahead);
+                    continue;
+                }
                 let (pulled, ()) = tokio::join!(
                     pull(&consumer, &mut current, &stats),
                     ack_all(std::mem::take(&mut written))
@@ -260,33 +303,54 @@ impl Persister {
             }
             // Write this round while the next one is pulled (on a task of its own: receiving
             // and parsing a round is as long as writing one) and the last one acknowledged.
-            let next = {
+            let next = ahead.is_empty().then(|| {
                 let (consumer, stats, mut round) =
                     (consumer.clone(), stats.clone(), std::mem::take(&mut ahead));
                 shutdown.spawn(async move {
                     let r = pull(&consumer, &mut round, &stats).await;
                     (round, r)
                 })
-            };
+            });
             let (done, ()) = tokio::join!(
-                persist(&mut current, &mut derivers, &writer, &stats, retry),
+                persist(&mut current, &mut derivers, &writer, &stats),
                 ack_all(std::mem::take(&mut written))
             );
-            let pulled = match next.await {
-                Ok((round, r)) => {
-                    ahead = round;
-                    r
+            if let Some(next) = next {
+                let pulled = match next.await {
+                    Ok((round, r)) => {
+                        ahead = round;
+                        r
+                    }
+                    Err(e) => Err(e.into()),
+                };
+                if let Err(e) = pulled {
+                    pull_failed(&e, &stats, retry, &shutdown).await;
                 }
-                Err(e) => Err(e.into()),
-            };
-            written = done;
-            if let Err(e) = pulled {
-                pull_failed(&e, &stats, retry, &shutdown).await;
             }
-            std::mem::swap(&mut current, &mut ahead);
+            match done {
+                Some(msgs) => {
+                    written = msgs;
+                    backoff.reset();
+                    retry_at = None;
+                    stats.failing_since_ms.store(0, Relaxed);
+                    std::mem::swap(&mut current, &mut ahead);
+                }
+                None => {
+                    let delay = backoff.next_delay(1 << 31);
+                    retry_at = Some(tokio::time::Instant::now() + delay);
+                    let _ = stats.failing_since_ms.compare_exchange(
+                        0,
+                        crate::clock::wall_clock_ms(),
+                        Relaxed,
+                        Relaxed,
+                    );
+                    tracing::warn!(retry_in = ?delay, "persister: the round is kept and written again");
+                }
+            }
         }
         ack_all(written).await;
         current.send_back().await;
+        ahead.send_back().await;
         leading.send_replace(false);
         lease.release().await;
         Ok(())
@@ -322,6 +386,13 @@ impl Pulled {
                 tracing::warn!(subject = %m.subject, "persister: not a closed 1m candle, dropped");
                 let _ = m.ack_with(AckKind::Term).await;
             }
+        }
+    }
+
+    /// Tells JetStream the round is still being worked on (its `ack_wait` starts again).
+    async fn in_progress(&self) {
+        for m in &self.msgs {
+            let _ = m.ack_with(AckKind::Progress).await;
         }
     }
 
@@ -459,21 +530,18 @@ impl Derivers {
 
 /// Writes one round — every series' minutes and the derived candles they complete, in one
 /// transaction — and returns its messages once it committed, to be acknowledged (while the next
-/// round is written); a failed write sends them back after `retry` (written again then: upserts
-/// are idempotent).
+/// round is written); a failed write leaves the round as it was, to be written again.
 async fn persist(
     round: &mut Pulled,
     derivers: &mut Derivers,
     writer: &CandleWriter,
     stats: &PersisterStats,
-    retry: Duration,
-) -> Vec<Msg> {
-    let (msgs, by_series) = (std::mem::take(&mut round.msgs), std::mem::take(&mut round.by_series));
-    if by_series.is_empty() {
-        return Vec::new();
+) -> Option<Vec<Msg>> {
+    if round.by_series.is_empty() {
+        return Some(std::mem::take(&mut round.msgs));
     }
     let by_series: BTreeMap<SeriesId, Vec<Candle>> =
-        by_series.into_iter().map(|(s, c)| (s, c.into_values().collect())).collect();
+        round.by_series.iter().map(|(s, c)| (s.clone(), c.values().copied().collect())).collect();
     let n: usize = by_series.values().map(Vec::len).sum();
     if tracing::enabled!(tracing::Level::DEBUG) {
         for (series, c) in &by_series {
@@ -485,19 +553,17 @@ async fn persist(
     let store = writer.store().clone();
     match writer.write(rows, derive, move |b| store.write(b)).await {
         Ok(_) => {
-            tracing::debug!(n, messages = msgs.len(), "persister: round committed");
+            tracing::debug!(n, messages = round.msgs.len(), "persister: round committed");
             stats.candles.fetch_add(n as u64, Relaxed);
             stats.batches.fetch_add(1, Relaxed);
             derivers.committed(next);
-            msgs
+            round.by_series.clear();
+            Some(std::mem::take(&mut round.msgs))
         }
         Err(e) => {
             stats.write_failures.fetch_add(1, Relaxed);
-            tracing::error!("persister: write failed, will retry: {}", report(&e));
-            for m in msgs {
-                let _ = m.ack_with(AckKind::Nak(Some(retry))).await;
-            }
-            Vec::new()
+            tracing::error!("persister: write failed: {}", report(&e));
+            None
         }
     }
 }

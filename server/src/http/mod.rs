@@ -145,8 +145,15 @@ async fn version() -> Json<VersionInfo> {
     Json(VersionInfo { version: crate::VERSION.to_string() })
 }
 
-async fn healthz() -> Json<Health> {
-    Json(Health { status: HealthStatus::Ok })
+/// `ok` (200), or `degraded` (503) with what is wrong.
+async fn healthz(State(state): State<AppState>) -> axum::response::Response {
+    let problems = state.app.problems();
+    let (code, status) = if problems.is_empty() {
+        (StatusCode::OK, HealthStatus::Ok)
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, HealthStatus::Degraded)
+    };
+    (code, Json(Health { status, problems })).into_response()
 }
 
 /// Releases a connection's slot in the per-IP table.

@@ -37,13 +37,19 @@ pub struct VersionInfo {
 #[serde(deny_unknown_fields)]
 pub struct Health {
     pub status: HealthStatus,
+    /// What is wrong, one sentence each (naming the configuration key where one is at fault);
+    /// empty when `ok`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
-/// How the service is, as `/healthz` says it.
+/// How the service is, as `/healthz` says it (`degraded` answers 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthStatus {
     Ok,
+    /// Serving, but a part it depends on is away (it retries): see `problems`.
+    Degraded,
 }
 
 /// `GET /api/v1/series`: what can be charted.
