@@ -700,7 +700,8 @@ fn on_own_runtime(work: impl std::future::Future<Output = ()> + Send + 'static) 
 }
 
 /// Deletes the streams of test and bench prefixes whose process is gone: `t{pid}_…` (this
-/// harness), `bench{pid}_…` (the persister bench), and `t{tag}{pid}_…` of the cluster tests'
+/// harness), `bench{pid}_…`, `e2e{pid}_…`, `fanout{pid}_…`, `load{pid}_…` (the persister bench
+/// and the load tools, should one have been killed), and `t{tag}{pid}_…` of the cluster tests'
 /// tags before they used [`test_prefix`] — each with its `KV_` bucket. Nothing else: a shared
 /// NATS server may carry other clusters' streams.
 async fn sweep_dead_runs(url: String) {
@@ -712,7 +713,8 @@ async fn sweep_dead_runs(url: String) {
     let mut dead = Vec::new();
     while let Some(Ok(name)) = names.next().await {
         let bare = name.strip_prefix("KV_").unwrap_or(&name);
-        let rest = if let Some(r) = bare.strip_prefix("bench") {
+        let tool = ["bench", "e2e", "fanout", "load"].iter().find_map(|p| bare.strip_prefix(p));
+        let rest = if let Some(r) = tool {
             r
         } else if let Some(r) = bare.strip_prefix('t') {
             OLD_TAGS.iter().find_map(|tag| r.strip_prefix(tag)).unwrap_or(r)

@@ -315,6 +315,7 @@ async fn cluster(
             .map(|s| s.parse())
             .collect::<Result<_, _>>()?,
         kinds: vec![TaskKind::Kline],
+        depth_stream_mb: 16, // kline tasks only: the diff stream stays empty
         ..ClusterConfig::default()
     };
     let result = async {
