@@ -6,7 +6,7 @@
 //! store), then the sources' background work and the embedded simulators, then the store — so a
 //! graceful shutdown loses nothing and leaves no task or thread behind.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shared::protocol::ops::{JobKind, SourceKind};
@@ -29,6 +29,7 @@ use crate::config::{Config, SourceConfig};
 use crate::jobs::supervisor::JobRunner;
 use crate::jobs::{Lease, SubscribeError, Supervisor};
 use crate::l3::L3Books;
+use crate::lock::lock;
 use crate::metrics::{Column, Exposition, Metrics};
 use crate::shutdown::Shutdown;
 use crate::sources::{Endpoint, Sources};
@@ -187,6 +188,8 @@ pub struct Gateway {
     pub persister: Arc<PersisterStats>,
     /// Whether this gateway holds the persister lease (and so runs backfill).
     pub lead: tokio::sync::watch::Receiver<bool>,
+    /// Why the store did not answer its last check (every `tick_ms`), if it did not.
+    pub store_down: Arc<Mutex<Option<String>>>,
 }
 
 impl App {
@@ -200,6 +203,9 @@ impl App {
                     "NATS at {} (bus.url) is unreachable; reconnecting",
                     self.config.bus.url
                 ));
+            }
+            if let Some(why) = lock(&g.store_down).as_ref() {
+                out.push(format!("the store (store.url) does not answer: {why}; retrying"));
             }
             let since = g.persister.failing_since_ms.load(std::sync::atomic::Ordering::Relaxed);
             if since != 0 {
@@ -232,7 +238,9 @@ impl App {
         let writer = CandleWriter::new(store.clone(), bus.clone());
         let gateway = match (config.cluster.enabled, nats) {
             (false, _) => None,
-            (true, Some(client)) => Some(start_gateway(&config, client, writer.clone(), &shutdown)),
+            (true, Some(client)) => {
+                Some(start_gateway(&config, client, writer.clone(), store.clone(), &shutdown))
+            }
             (true, None) => return Err(StartError::NotOnNats),
         };
         let runner: Arc<dyn JobRunner> = match &gateway {
@@ -656,6 +664,7 @@ fn start_gateway(
     config: &Config,
     client: async_nats::Client,
     writer: CandleWriter,
+    store: Arc<dyn CandleStore>,
     shutdown: &Shutdown,
 ) -> Gateway {
     let id = config.cluster.id.clone().unwrap_or_else(|| {
@@ -689,8 +698,49 @@ fn start_gateway(
             tracing::error!("the persister stopped: {}", crate::error::report(&e));
         }
     });
+    let store_down = Arc::new(Mutex::new(None));
+    shutdown.spawn_until_stopped(check_store(
+        store,
+        store_down.clone(),
+        Duration::from_millis(config.cluster.tick_ms),
+    ));
     tracing::info!(%id, prefix = %subjects.prefix, "gateway of the cluster");
-    Gateway { id, client, subjects, demand, persister, lead }
+    Gateway { id, client, subjects, demand, persister, lead, store_down }
+}
+
+/// Checks the store every `every`, keeping why it did not answer (a check that takes longer
+/// than `every` + 2 s counts as no answer; the next starts only once it has ended); logs the
+/// changes.
+async fn check_store(
+    store: Arc<dyn CandleStore>,
+    down: Arc<Mutex<Option<String>>>,
+    every: Duration,
+) {
+    let limit = every + Duration::from_secs(2);
+    let set = |why: Option<String>| {
+        let mut was = lock(&down);
+        match (&*was, &why) {
+            (None, Some(w)) => tracing::warn!(error = %w, "the store does not answer"),
+            (Some(_), None) => tracing::info!("the store answers again"),
+            _ => {}
+        }
+        *was = why;
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let s = store.clone();
+        let mut check = std::pin::pin!(crate::store::blocking(move || s.check()));
+        let done = tokio::select! {
+            r = &mut check => r,
+            () = tokio::time::sleep(limit) => {
+                set(Some(format!("no answer within {limit:?}")));
+                check.await
+            }
+        };
+        set(done.err().map(|e| crate::error::report(&e).to_string()));
+    }
 }
 
 async fn start_simulators(

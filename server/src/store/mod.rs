@@ -237,6 +237,11 @@ pub trait CandleStore: Send + Sync + 'static {
     /// Every series with at least one candle.
     fn series(&self) -> Result<Vec<SeriesInfo>, StoreError>;
 
+    /// Whether the store answers (a store across the network: one trivial query). Cheap.
+    fn check(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Finishes background work (a final checkpoint) before the service exits; reads and writes
     /// still work afterwards.
     fn close(&self) {}

@@ -670,6 +670,13 @@ impl CandleStore for PostgresStore {
         })
     }
 
+    fn check(&self) -> Result<(), StoreError> {
+        self.read(|client| {
+            client.simple_query("SELECT 1").map_err(db("asking PostgreSQL for SELECT 1"))?;
+            Ok(())
+        })
+    }
+
     fn last_open_time(&self, series: &SeriesId) -> Result<Option<i64>, StoreError> {
         self.read(|client| {
             let Some(id) = self.series_id_for_read(client, series)? else {
