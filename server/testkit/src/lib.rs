@@ -677,14 +677,16 @@ impl ClusterStreams {
 impl Drop for ClusterStreams {
     fn drop(&mut self) {
         let (url, prefix) = (self.url.clone(), self.prefix.clone());
-        on_own_runtime(async move {
-            if let Ok(client) = async_nats::connect(&url).await {
-                let js = async_nats::jetstream::new(client);
-                server::cluster::remove_streams(&js, &server::cluster::Subjects::new(&prefix))
-                    .await;
-            }
-        });
+        on_own_runtime(async move { remove_cluster_streams(&url, &prefix).await });
     }
+}
+
+/// Deletes the JetStream streams a cluster under `prefix` makes on the NATS server at `url`
+/// (closed candles, diffs, the lease bucket), so a run leaves nothing on a shared server.
+pub async fn remove_cluster_streams(url: &str, prefix: &str) {
+    let Ok(client) = async_nats::connect(url).await else { return };
+    let js = async_nats::jetstream::new(client);
+    server::cluster::remove_streams(&js, &server::cluster::Subjects::new(prefix)).await;
 }
 
 /// Runs `work` to its end on a runtime of its own, on a thread of its own (callable from sync

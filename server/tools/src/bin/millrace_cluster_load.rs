@@ -100,7 +100,7 @@ async fn worker(
                 let grew = t.wanted().len() as i64 - before;
                 if grew > 0 {
                     applied.replicas.fetch_add(grew as u64, Relaxed);
-                    applied.last_growth_ms.store(tools::wall_ms() as u64, Relaxed);
+                    applied.last_growth_ms.store(server::clock::wall_clock_ms() as u64, Relaxed);
                 } else if grew < 0 {
                     applied.replicas.fetch_sub((-grew) as u64, Relaxed);
                 }

@@ -34,13 +34,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use futures_util::{SinkExt as _, StreamExt as _};
+use server::clock::wall_clock_ms;
 use server::cluster::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
 use server::config::{Config, SourceConfig, SourceKind};
 use shared::cluster::TaskKind;
 use sim::{Sim, SimConfig, SimHandle, SymbolSpec};
 use testkit::PgDb;
 use tokio_tungstenite::tungstenite::Message;
-use tools::{wall_ms, KillOnDrop};
+use tools::KillOnDrop;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Mode {
@@ -170,7 +171,7 @@ async fn client(
             Ok(Some(m)) => m?,
         };
         let Message::Text(text) = msg else { continue };
-        let now = wall_ms();
+        let now = wall_clock_ms();
         let v: serde_json::Value = match serde_json::from_str(text.as_str()) {
             Ok(v) => v,
             Err(_) => {
@@ -328,7 +329,7 @@ async fn cluster(
     }
     .await;
     // leave nothing behind on the shared NATS server and PostgreSQL
-    tools::remove_cluster_streams(&args.nats, &prefix).await;
+    testkit::remove_cluster_streams(&args.nats, &prefix).await;
     drop(db); // its blocking client steps aside from the runtime (see `PgDb`)
     result
 }

@@ -437,7 +437,7 @@ async fn run(
     emit("STOPPED", state.stats(&fanout, gateway.as_deref(), &topics));
     tools.stop();
     if let Some(url) = &opts.gateway {
-        tools::remove_cluster_streams(url, &config.bus.prefix).await;
+        testkit::remove_cluster_streams(url, &config.bus.prefix).await;
     }
     Ok(served?)
 }
