@@ -16,7 +16,7 @@
 pub mod postgres;
 pub mod sqlite;
 
-use shared::candle::Candle;
+use shared::candle::{Candle, MINUTE_MS};
 use shared::protocol::ops::BackfillState;
 use shared::protocol::SeriesId;
 
@@ -228,7 +228,7 @@ pub trait CandleStore: Send + Sync + 'static {
         ranges
             .iter()
             .map(|(s, first, last)| {
-                let span = usize::try_from((last - first) / 60_000 + 1).unwrap_or(usize::MAX);
+                let span = usize::try_from((last - first) / MINUTE_MS + 1).unwrap_or(usize::MAX);
                 self.candles(s, Some(*first), Some(*last), span)
             })
             .collect()

@@ -269,13 +269,13 @@ impl PostgresStore {
                 .map(|r| (r.get::<_, String>(0), r.get::<_, i32>(1)))
                 .collect();
         }
+        let new: HashMap<&str, i32> = created.iter().map(|(n, id)| (n.as_str(), *id)).collect();
         let ids = lock(&self.ids);
         for name in names {
-            let id = ids
-                .get(name)
-                .copied()
-                .or_else(|| created.iter().find(|(n, _)| n == name).map(|(_, id)| *id))
-                .ok_or_else(|| StoreError::db(format!("series {name}"), "no id after adding it"))?;
+            let id =
+                ids.get(name).or_else(|| new.get(name.as_str())).copied().ok_or_else(|| {
+                    StoreError::db(format!("series {name}"), "no id after adding it")
+                })?;
             out.push(id);
         }
         Ok(created)
@@ -358,18 +358,8 @@ impl PostgresStore {
         client: &mut Client,
         series: &SeriesId,
     ) -> Result<Option<i32>, StoreError> {
-        let name = series.to_string();
-        if let Some(id) = lock(&self.ids).get(&name) {
-            return Ok(Some(*id));
-        }
-        let row = client
-            .query_opt("SELECT id FROM series WHERE name = $1", &[&name])
-            .map_err(db(format!("reading the id of series {name}")))?;
-        let id = row.map(|r| r.get::<_, i32>(0));
-        if let Some(id) = id {
-            lock(&self.ids).insert(name, id);
-        }
-        Ok(id)
+        let ids = self.series_ids_for_read(client, std::slice::from_ref(series))?;
+        Ok(ids.into_iter().next().flatten())
     }
 }
 
