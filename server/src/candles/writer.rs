@@ -23,7 +23,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use shared::candle::{merge, Candle, Timeframe, MINUTE_MS};
-use shared::protocol::{KlineEvent, KlinePayload, Push, SeriesId, Stream};
+use shared::protocol::{InstrumentId, KlineEvent, KlinePayload, Push, SeriesId, Stream};
 
 use crate::bus::Bus;
 use crate::lock::lock;
@@ -197,10 +197,19 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
                 .collect();
             let stored_newest: BTreeMap<SeriesId, Option<i64>> =
                 unknown.iter().cloned().zip(store.last_open_times(&unknown)?).collect();
+            // each instrument's derived rows, found in one pass (a round has thousands)
+            let mut derived_of: BTreeMap<&InstrumentId, Vec<usize>> = BTreeMap::new();
+            for (r, (s, _)) in rows.iter().enumerate() {
+                if s.timeframe != Timeframe::M1 {
+                    derived_of.entry(&s.instrument).or_default().push(r);
+                }
+            }
             m1.into_iter()
                 .map(|(series_1m, minutes)| {
                     if aggregated.contains(&series_1m) {
-                        return Plan::partial(rows, series_1m, minutes);
+                        let derived = derived_of.get(&series_1m.instrument);
+                        let derived = derived.map_or(&[][..], Vec::as_slice);
+                        return Plan::partial(rows, derived, series_1m, minutes);
                     }
                     let (first, last) =
                         (minutes[0].open_time, minutes[minutes.len() - 1].open_time);
@@ -227,7 +236,15 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
                     let span = Span { lo: *lo, hi: *hi, newest: *newest };
                     vec![Plan::ended(series_1m, minutes, timeframes, span)]
                 }
-                _ => vec![Plan::partial(rows, series_1m, minutes)],
+                _ => {
+                    let derived: Vec<usize> = (1..rows.len())
+                        .filter(|&r| {
+                            rows[r].0.instrument == series_1m.instrument
+                                && rows[r].0.timeframe != Timeframe::M1
+                        })
+                        .collect();
+                    vec![Plan::partial(rows, &derived, series_1m, minutes)]
+                }
             }
         }
     };
@@ -320,13 +337,12 @@ impl Plan {
 
     /// The candles of `series_1m`'s instrument in `rows` (but its 1m) built from fewer minutes
     /// than their timeframe has.
-    fn partial(rows: &Rows, series_1m: SeriesId, minutes: Vec<Candle>) -> Plan {
+    /// `derived`: the indices in `rows` of the instrument's derived rows.
+    fn partial(rows: &Rows, derived: &[usize], series_1m: SeriesId, minutes: Vec<Candle>) -> Plan {
         let mut at = Vec::new();
         let (mut first, mut end) = (i64::MAX, i64::MIN);
-        for (r, (s, candles)) in rows.iter().enumerate() {
-            if s.instrument != series_1m.instrument || s.timeframe == Timeframe::M1 {
-                continue;
-            }
+        for &r in derived {
+            let (s, candles) = &rows[r];
             let tf = s.timeframe;
             for (i, c) in candles.iter().enumerate().filter(|(_, c)| c.minutes < tf.minutes()) {
                 at.push((r, i));
