@@ -28,6 +28,7 @@ use crate::cluster::Subjects;
 use crate::config::{Config, SourceConfig};
 use crate::jobs::supervisor::JobRunner;
 use crate::jobs::{Lease, SubscribeError, Supervisor};
+use crate::l3::remote::{L3Access, RemoteL3};
 use crate::l3::L3Books;
 use crate::lock::lock;
 use crate::metrics::{Column, Exposition, Metrics};
@@ -115,7 +116,8 @@ impl Backends {
                     &config.bus.prefix,
                     config.limits.bus_capacity,
                     &Shutdown::new(),
-                );
+                )
+                .share_tick_books(config.l3.worker_host().is_some());
                 (Arc::new(bus), Some(client))
             }
         };
@@ -144,7 +146,8 @@ impl WorkerBackends {
         let store = blocking(move || PostgresStore::open(&url)).await.map_err(|source| {
             StartError::Store { path: format!("{shown} (configuration key `store.url`)"), source }
         })?;
-        let bus = NatsBus::new(client, &config.bus.prefix, config.limits.bus_capacity, shutdown);
+        let bus = NatsBus::new(client, &config.bus.prefix, config.limits.bus_capacity, shutdown)
+            .share_tick_books(config.l3.worker_host().is_some());
         Ok(WorkerBackends {
             store: Arc::new(store),
             bus: Arc::new(bus),
@@ -165,8 +168,9 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Every order book millrace publishes (Binance depth jobs, tick-by-tick shards).
     pub books: Arc<BookRegistry>,
-    /// The tick-by-tick books: sharded engine and its feeds.
-    pub l3: Arc<L3Books>,
+    /// The tick-by-tick books: sharded engine and its feeds, here or on a worker
+    /// (`[l3] host`).
+    pub l3: L3Access,
     /// The depth jobs (Binance order books synced into `books`): a supervisor of their own with
     /// the candle jobs' rules (pinned from `[depth]`, on-demand leases, capacity, reaper).
     pub depth: Supervisor,
@@ -206,6 +210,9 @@ impl App {
             }
             if let Some(why) = lock(&g.store_down).as_ref() {
                 out.push(format!("the store (store.url) does not answer: {why}; retrying"));
+            }
+            if let Some(why) = self.l3.remote().and_then(|r| r.problem()) {
+                out.push(why);
             }
             let since = g.persister.failing_since_ms.load(std::sync::atomic::Ordering::Relaxed);
             if since != 0 {
@@ -307,13 +314,31 @@ impl App {
             &shutdown,
         );
         depth.start(&config.pinned_depth_instruments());
-        let l3 = L3Books::start(
-            &config.l3,
-            books.clone(),
-            &tick_sources(&config, &sources),
-            &shutdown.child(),
-        )
-        .map_err(StartError::TickBooks)?;
+        let l3 = match (&gateway, config.l3.worker_host()) {
+            (Some(g), Some(_)) => {
+                let mut names: Vec<String> =
+                    tick_sources(&config, &sources).into_iter().map(|(name, _)| name).collect();
+                names.extend(config.l3.replay.iter().map(|r| r.name.clone()));
+                L3Access::Remote(RemoteL3::start(
+                    g.client.clone(),
+                    &g.subjects.prefix,
+                    &config.l3.host,
+                    names,
+                    books.clone(),
+                    Duration::from_millis(config.cluster.tick_ms.max(500)),
+                    &shutdown,
+                ))
+            }
+            _ => L3Access::Here(
+                L3Books::start(
+                    &config.l3,
+                    books.clone(),
+                    &tick_sources(&config, &sources),
+                    &shutdown.child(),
+                )
+                .map_err(StartError::TickBooks)?,
+            ),
+        };
         Ok(App {
             config,
             store,
@@ -466,7 +491,8 @@ impl App {
         e.table(&per_book, &books, |b| {
             vec![("instrument", b.instrument.to_string()), ("source", b.source.clone())]
         });
-        let l3 = self.l3.handle.stats();
+        // A remote host's as last reported (none before it first answers).
+        let Some(l3) = self.l3.engine() else { return };
         e.single(
             "millrace_l3_auto_balance",
             "gauge",
@@ -784,7 +810,7 @@ async fn start_simulators(
 
 /// `(source name, simulator base URL)` of every simulator whose tick-by-tick feed the books
 /// follow: each `sim` source once per simulator (a spot and a futures source may share one).
-fn tick_sources(config: &Config, sources: &Sources) -> Vec<(String, String)> {
+pub(crate) fn tick_sources(config: &Config, sources: &Sources) -> Vec<(String, String)> {
     if !config.l3.sim_feeds {
         return Vec::new();
     }

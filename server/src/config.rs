@@ -285,6 +285,9 @@ impl Default for DepthConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct L3Config {
+    /// The process that runs the books: `gateway` (every `serve`, as on one machine) or, in a
+    /// cluster, `worker:ID` — that worker alone runs them and gateways forward to it over NATS.
+    pub host: String,
     /// Rebuild the books of every `sim` source's tick-by-tick feed (`/tbt/ws`).
     pub sim_feeds: bool,
     /// The sharded engine: shards, publish interval, auto-balance and its thresholds.
@@ -326,8 +329,23 @@ impl Default for ReplaySourceConfig {
 }
 
 impl L3Config {
+    /// The worker that runs the books (`host = "worker:ID"`), if not the gateways.
+    pub fn worker_host(&self) -> Option<&str> {
+        self.host.strip_prefix("worker:")
+    }
+
     /// Names the first bad value.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let id_ok = |id: &str| {
+            (1..=64).contains(&id.len())
+                && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        };
+        if self.host != "gateway" && !self.worker_host().is_some_and(id_ok) {
+            return Err(invalid(format!(
+                "configuration key `l3.host`: {:?} must be \"gateway\" or \"worker:ID\" with a worker's --id",
+                self.host
+            )));
+        }
         self.engine
             .validate()
             .map_err(|e| invalid(format!("configuration key `l3.engine`: {e}")))?;
@@ -364,6 +382,7 @@ impl L3Config {
 impl Default for L3Config {
     fn default() -> Self {
         Self {
+            host: "gateway".into(),
             sim_feeds: true,
             engine: EngineConfig { auto_balance: true, ..EngineConfig::default() },
             queue_batches: 4096,
@@ -584,6 +603,12 @@ impl Config {
         range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
         self.l3.validate()?;
+        if self.l3.worker_host().is_some() && !self.cluster.enabled {
+            return Err(invalid(format!(
+                "configuration key `l3.host`: {:?} names a cluster worker, but [cluster] enabled = false",
+                self.l3.host
+            )));
+        }
         crate::cluster::config::validate(&self.bus, &self.store, &self.cluster)?;
         range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
         range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;

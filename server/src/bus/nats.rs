@@ -9,7 +9,9 @@
 //! which bus they are on.
 //!
 //! Book and heartbeat topics ([`is_local`]) never leave the process: each process's books carry
-//! its own update ids.
+//! its own update ids. The exception is a cluster whose tick-by-tick books run on one worker
+//! (`[l3] host = "worker:ID"`, [`NatsBus::share_tick_books`]): their topics travel, and every
+//! gateway passes the host's deltas (with the host's ids) to its clients.
 //!
 //! Kline topics are de-duplicated on the way in ([`KlineDedup`]): in a cluster every replica
 //! of a kline task publishes its forming candles, and a persister's redelivered batch publishes
@@ -136,10 +138,23 @@ pub struct NatsBus {
     /// Topics with a NATS subscription (the task forwarding it into the fan-out).
     subscribed: Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>,
     stats: Arc<NatsBusStats>,
+    /// Tick-by-tick book topics travel (see the module docs).
+    tick_books_shared: bool,
     shutdown: Shutdown,
 }
 
 impl NatsBus {
+    /// Makes the tick-by-tick books' topics (`depth_update@{source}:stock:…`) travel between
+    /// processes: they have one producer in the cluster.
+    pub fn share_tick_books(mut self, on: bool) -> Self {
+        self.tick_books_shared = on;
+        self
+    }
+
+    fn local(&self, topic: &str) -> bool {
+        is_local(topic, self.tick_books_shared)
+    }
+
     /// A bus on `client` under `prefix`, delivering locally through a fan-out of `capacity`
     /// messages per topic. Its tasks end with `shutdown`, or when the bus is dropped.
     pub fn new(
@@ -173,6 +188,7 @@ impl NatsBus {
             fanout: Fanout::new(capacity),
             queue,
             subscribed: Arc::new(Mutex::new(HashMap::new())),
+            tick_books_shared: false,
             stats,
             shutdown,
         }
@@ -268,14 +284,21 @@ impl Drop for NatsBus {
 
 /// Topics that stay in their process: every process's books are its own (a gateway's
 /// `BookPublisher` mints its update ids; a browser follows one gateway's ids), and so is its
-/// heartbeat.
-pub fn is_local(topic: &str) -> bool {
-    topic.starts_with("depth_update@") || topic.starts_with("depth@") || topic == "heartbeat"
+/// heartbeat — except tick-by-tick books when `tick_books_shared` (one host publishes them).
+pub fn is_local(topic: &str, tick_books_shared: bool) -> bool {
+    let book = topic.starts_with("depth_update@") || topic.starts_with("depth@");
+    (book && !(tick_books_shared && is_tick_book(topic))) || topic == "heartbeat"
+}
+
+/// A book topic of a stock (`depth_update@sse:stock:600000`, `depth@sim:stock:600000,20`):
+/// only the tick-by-tick engine rebuilds those.
+fn is_tick_book(topic: &str) -> bool {
+    topic.split_once('@').is_some_and(|(_, id)| id.split(':').nth(1) == Some("stock"))
 }
 
 impl Bus for NatsBus {
     fn publish(&self, topic: &str, payload: Bytes) -> usize {
-        if is_local(topic) {
+        if self.local(topic) {
             return self.fanout.publish(topic, payload);
         }
         let local = self.fanout.subscriber_count(topic);
@@ -288,7 +311,7 @@ impl Bus for NatsBus {
     /// Frames of one topic travel packed into as few NATS messages as fit (a persister's round
     /// publishes thousands of one series' candles at once).
     fn publish_all(&self, topic: &str, payloads: Vec<Bytes>) {
-        if is_local(topic) || payloads.len() < 2 {
+        if self.local(topic) || payloads.len() < 2 {
             for p in payloads {
                 self.publish(topic, p);
             }
@@ -303,7 +326,7 @@ impl Bus for NatsBus {
     }
 
     fn subscribe(&self, topic: &str) -> Subscription {
-        if is_local(topic) {
+        if self.local(topic) {
             return self.fanout.subscribe(topic);
         }
         let mut map = lock(&self.subscribed);
@@ -317,7 +340,7 @@ impl Bus for NatsBus {
 
     /// Subscribers of a shared topic may be in any process of the cluster: always true.
     fn has_subscribers(&self, topic: &str) -> bool {
-        !is_local(topic) || self.fanout.subscriber_count(topic) > 0
+        !self.local(topic) || self.fanout.subscriber_count(topic) > 0
     }
 }
 
@@ -336,6 +359,19 @@ mod tests {
             "mr.bus.depth@x:spot:A%2EB/C%2A%3E:1%20%25"
         );
         assert_ne!(subject_of("mr", "a.b"), subject_of("mr", "a%2Eb"));
+    }
+
+    #[test]
+    fn only_tick_by_tick_books_travel_and_only_when_shared() {
+        for shared in [false, true] {
+            assert!(is_local("heartbeat", shared));
+            assert!(is_local("depth_update@sim:spot:BTC/USDT", shared));
+            assert!(is_local("depth@sim:futures:BTC/USDT,20", shared));
+            assert!(!is_local("kline@sim:spot:BTC/USDT:1m", shared));
+            assert!(!is_local("kline@sse:stock:600000:1m", shared));
+            assert_eq!(is_local("depth_update@sse:stock:600000", shared), !shared);
+            assert_eq!(is_local("depth@sim:stock:600000,20", shared), !shared);
+        }
     }
 
     #[test]

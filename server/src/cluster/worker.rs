@@ -9,6 +9,10 @@
 //! keeps what is unchanged). A job is pinned in the worker's own jobs [`Supervisor`], so seed
 //! 000's crash restarts and back-off apply to it as in the single process.
 //!
+//! **Tick-by-tick books.** The worker named by `[l3] host = "worker:ID"` also runs the
+//! tick-by-tick engine and its feeds, and answers the gateways' requests for it
+//! ([`crate::l3::remote`]).
+//!
 //! **Drain.** When asked to leave (SIGTERM), the worker says so in a status at once; the leader
 //! moves its tasks to other workers and ends them here. The worker keeps its sessions until
 //! then (at most `drain_s`), so with redundancy 1 the new holder is connecting while the old one
@@ -33,6 +37,8 @@ use crate::candles::writer::CandleWriter;
 use crate::clock::wall_clock_ms;
 use crate::config::Config;
 use crate::jobs::Supervisor;
+use crate::l3::remote::{request_subject, serve};
+use crate::l3::L3Books;
 use crate::shutdown::Shutdown;
 use crate::sources::Sources;
 use crate::store::blocking;
@@ -77,6 +83,8 @@ pub enum WorkerError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Source(#[from] crate::sources::SourceError),
+    #[error("cannot start the tick-by-tick books this worker hosts (l3.host)")]
+    TickBooks(#[source] crate::l3::L3Error),
 }
 
 /// A worker's sessions: one jobs supervisor per kind it runs.
@@ -131,6 +139,25 @@ pub async fn run(
     let sources =
         Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
             .await?;
+    // The tick-by-tick books, when this worker hosts them (`[l3] host = "worker:{id}"`): they
+    // publish on the bus (their topics travel) and answer the gateways' requests.
+    let l3 = if config.l3.worker_host() == Some(options.id.as_str()) {
+        let registry = BookRegistry::new(bus.clone());
+        let feeds = crate::app::tick_sources(&config, &sources);
+        let books = L3Books::start(&config.l3, registry, &feeds, &shutdown.child())
+            .map_err(WorkerError::TickBooks)?;
+        let subject = request_subject(&subjects.prefix);
+        serve(books.clone(), client.clone(), subject.clone(), &shutdown)
+            .await
+            .map_err(|source| WorkerError::Subscribe { subject, source })?;
+        tracing::info!(
+            books = books.handle.stats().symbols.len(),
+            "hosting the tick-by-tick books"
+        );
+        Some(books)
+    } else {
+        None
+    };
     let forward = Arc::new(JetStreamForward::new(js.clone(), subjects.clone()));
     let writer = CandleWriter::forwarding(store.clone(), bus, forward);
     let runner = KlineRunner::new(&config, sources.clone(), writer);
@@ -224,6 +251,9 @@ pub async fn run(
             () = &mut drain_deadline, if leaving => break,
             () = shutdown.stopping() => break,
         }
+    }
+    if let Some(l3) = &l3 {
+        l3.stop().await;
     }
     // Stop every session (closed candles still buffered go to JetStream), then say so.
     tokio::join!(

@@ -43,7 +43,6 @@
 //! the same the dashboard reads. Errors are `{"code":"<snake_case>","msg":"..."}`
 //! ([`ApiError`]) with a 4xx status, or 5xx for the server's own failures.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -58,14 +57,12 @@ use shared::protocol::ops::{
     AdminResult, ApiErrorCode as Code, AutoBalanceReply, AutoBalanceRequest, BackfillReport,
     BooksReport, Catalog, ClusterReport, HotspotReply, HotspotRequest, InstrumentReply,
     InstrumentRequest, JobsReport, KlineRow, MigrateReply, MigrateRequest, ReportQuery,
-    SeriesReply, SeriesRequest, ShardsReport, SourcesReport, StoredSeries, TickSourceKind,
-    TickSourceStats, REPORT_MAX_TASKS,
+    SeriesReply, SeriesRequest, ShardsReport, SourcesReport, StoredSeries, REPORT_MAX_TASKS,
 };
 use shared::protocol::{InstrumentId, RestDepthResponse, SeriesId};
 
 use super::{ApiError, AppState};
 use crate::candles::backfill::BackfillError;
-use crate::l3::engine::SymbolIdx;
 use crate::store::blocking;
 
 pub fn routes() -> Router<AppState> {
@@ -373,6 +370,23 @@ async fn rest_depth(
     // A book whose job has just started (the seed's client subscribes, then asks at once) is
     // waited for, up to BOOK_START_WAIT, instead of answered "unknown".
     let deadline = tokio::time::Instant::now() + BOOK_START_WAIT;
+    if let Some(remote) = app.l3.remote().filter(|r| r.serves(&instrument)) {
+        // The tick-by-tick host's book, with the ids of the deltas it publishes.
+        let mut found = remote.depth(&instrument, limit as usize).await?;
+        while found.as_ref().is_some_and(|(d, _)| d.id == 0)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            found = remote.depth(&instrument, limit as usize).await?;
+        }
+        let (data, health) = found.ok_or_else(|| {
+            bad(ApiError::not_found(
+                Code::UnknownBook,
+                format!("no tick-by-tick book {instrument} (see GET /api/v1/ops/shards)"),
+            ))
+        })?;
+        return Ok(Json(RestDepthResponse { code: 0, data, health }));
+    }
     let mut found = app.books.rest_depth(&instrument, limit as usize);
     while found.as_ref().is_none_or(|(d, _)| d.id == 0)
         && (app.books.contains(&instrument) || app.depth.health(&instrument).is_some())
@@ -390,81 +404,20 @@ async fn rest_depth(
     Ok(Json(RestDepthResponse { code: 0, data, health }))
 }
 
+/// This process's books, and a remote tick-by-tick host's (when it answers).
 async fn ops_books(State(state): State<AppState>) -> Json<BooksReport> {
-    Json(BooksReport { books: state.app.books.list() })
-}
-
-async fn ops_shards(State(state): State<AppState>) -> Json<ShardsReport> {
-    let l3 = &state.app.l3;
-    let sources = l3
-        .sources
-        .iter()
-        .map(|s| {
-            let c = &s.counters;
-            TickSourceStats {
-                name: s.name.clone(),
-                kind: if s.rest.is_some() { TickSourceKind::Sim } else { TickSourceKind::Replay },
-                events: c.events.load(Relaxed),
-                unknown_symbol: c.unknown_symbol.load(Relaxed),
-                connect_snapshots: c.connect_snapshots.load(Relaxed),
-                recoveries: c.recoveries.load(Relaxed),
-                recovery_failures: c.recovery_failures.load(Relaxed),
-                held_dropped: c.held_dropped.load(Relaxed),
-                replay_done: c.done.load(Relaxed),
-            }
-        })
-        .collect();
-    let mut engine = l3.handle.stats();
-    // Hot spots are the simulator's state: ask it (briefly) and mark its symbols.
-    let mut hot: HashMap<(String, String), bool> = HashMap::new();
-    for s in &l3.sources {
-        let Some(rest) = &s.rest else { continue };
-        match tokio::time::timeout(SIM_STATUS_WAIT, rest.status()).await {
-            Ok(Ok(status)) => hot.extend(
-                status.symbols.into_iter().map(|sym| ((s.name.clone(), sym.symbol), sym.hot)),
-            ),
-            Ok(Err(e)) => tracing::debug!(source = %s.name, "simulator status: {e}"),
-            Err(_) => {
-                tracing::debug!(source = %s.name, "simulator status: no answer in {SIM_STATUS_WAIT:?}")
-            }
+    let mut books = state.app.books.list();
+    if let Some(remote) = state.app.l3.remote() {
+        match remote.books().await {
+            Ok(theirs) => books.extend(theirs),
+            Err(e) => tracing::debug!("tick-by-tick host's books: {e}"),
         }
     }
-    for sym in &mut engine.symbols {
-        let id = &sym.instrument;
-        sym.hot = hot.get(&(id.exchange.clone(), id.symbol.clone())).copied();
-    }
-    Json(ShardsReport { engine, sources })
+    Json(BooksReport { books })
 }
 
-/// How long `GET /api/v1/ops/shards` waits for a simulator's hot-spot state.
-const SIM_STATUS_WAIT: Duration = Duration::from_millis(300);
-
-/// A tick-by-tick book named by instrument id (`sim:stock:600000`) or, when unambiguous, by its
-/// code alone (`600000`).
-fn l3_symbol(state: &AppState, text: &str) -> Result<(InstrumentId, SymbolIdx), ApiError> {
-    let handle = &state.app.l3.handle;
-    let not_found = || {
-        ApiError::not_found(
-            Code::UnknownBook,
-            format!("no tick-by-tick book {text:?} (see GET /api/v1/ops/shards)"),
-        )
-    };
-    if text.contains(':') {
-        let inst: InstrumentId =
-            text.parse().map_err(|e| ApiError::bad(Code::BadStream, format!("{e}")))?;
-        let idx = handle.symbol(&inst).ok_or_else(not_found)?;
-        return Ok((inst, idx));
-    }
-    let matches: Vec<_> =
-        handle.stats().symbols.into_iter().filter(|s| s.instrument.symbol == text).collect();
-    match matches.as_slice() {
-        [one] => Ok((one.instrument.clone(), one.symbol)),
-        [] => Err(not_found()),
-        _ => Err(ApiError::bad(
-            Code::Ambiguous,
-            format!("{text:?} names several books; use the instrument id"),
-        )),
-    }
+async fn ops_shards(State(state): State<AppState>) -> Result<Json<ShardsReport>, ApiError> {
+    Ok(Json(state.app.l3.shards().await?))
 }
 
 async fn admin_migrate(
@@ -473,17 +426,7 @@ async fn admin_migrate(
     raw: String,
 ) -> Result<Json<MigrateReply>, ApiError> {
     let b: MigrateRequest = admin(&state, &headers, &raw)?;
-    let (inst, idx) = l3_symbol(&state, &b.symbol)?;
-    let target = crate::l3::engine::Target::from_api(b.target)
-        .map_err(|e| ApiError::bad(Code::BadTarget, e.to_string()))?;
-    let from = state.app.l3.handle.stats().symbol(idx).map(|s| s.shard);
-    state
-        .app
-        .l3
-        .handle
-        .migrate(idx, target)
-        .map_err(|e| ApiError::bad(Code::MigrateRefused, e.to_string()))?;
-    Ok(Json(MigrateReply { result: AdminResult::Migrating, symbol: inst, from, target: b.target }))
+    Ok(Json(state.app.l3.migrate(b).await?))
 }
 
 async fn admin_auto_balance(
@@ -492,8 +435,7 @@ async fn admin_auto_balance(
     raw: String,
 ) -> Result<Json<AutoBalanceReply>, ApiError> {
     let b: AutoBalanceRequest = admin(&state, &headers, &raw)?;
-    state.app.l3.handle.set_auto_balance(b.on);
-    Ok(Json(AutoBalanceReply { result: AdminResult::Ok, auto_balance: b.on }))
+    Ok(Json(state.app.l3.auto_balance(b).await?))
 }
 
 async fn admin_hotspot(
@@ -502,20 +444,5 @@ async fn admin_hotspot(
     raw: String,
 ) -> Result<Json<HotspotReply>, ApiError> {
     let b: HotspotRequest = admin(&state, &headers, &raw)?;
-    let (inst, _) = l3_symbol(&state, &b.symbol)?;
-    let rest = state.app.l3.sim_rest(&inst).ok_or_else(|| {
-        ApiError::bad(
-            Code::NotSimulated,
-            format!("{inst} does not come from a simulator; hot spots are a simulator control"),
-        )
-    })?;
-    let cmd = tbt::Control::Hotspot { symbol: inst.symbol.clone(), hot: b.hot };
-    rest.control(&cmd).await.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            Code::SimulatorError,
-            format!("the simulator refused: {e}"),
-        )
-    })?;
-    Ok(Json(HotspotReply { result: AdminResult::Ok, symbol: inst, hot: b.hot }))
+    Ok(Json(state.app.l3.hotspot(b).await?))
 }

@@ -51,3 +51,11 @@ impl IntoResponse for ApiError {
         (self.status, Json(ApiErrorBody { code: self.code, msg: self.msg })).into_response()
     }
 }
+
+/// A tick-by-tick request refused here or by the books' host: the same status and error.
+impl From<crate::l3::control::Refusal> for ApiError {
+    fn from(r: crate::l3::control::Refusal) -> Self {
+        let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError::new(status, r.code, r.msg)
+    }
+}

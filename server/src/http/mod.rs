@@ -114,7 +114,9 @@ pub type DepthLeases =
 fn depth_leases(app: &Arc<App>) -> DepthLeases {
     let app = app.clone();
     Arc::new(move |instrument: &InstrumentId| {
-        if app.books.is_always_on(instrument) {
+        if app.books.is_always_on(instrument)
+            || app.l3.remote().is_some_and(|r| r.serves(instrument))
+        {
             return Ok(None);
         }
         app.subscribe_depth(instrument).map(Some)

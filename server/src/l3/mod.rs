@@ -18,8 +18,10 @@
 //!
 //! The simulator's books are always on: they need no subscription lease.
 
+pub mod control;
 pub mod engine;
 mod feed;
+pub mod remote;
 pub mod replay;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -76,6 +78,8 @@ pub struct L3Books {
     /// Taken by [`L3Books::stop`], which joins its threads.
     engine: Mutex<Option<Engine>>,
     pub sources: Vec<L3Source>,
+    /// Where the engine's books are published (and their REST snapshots kept).
+    registry: Arc<BookRegistry>,
     /// The books' part of the shutdown: feeds, feed threads, replays and the engine's threads.
     shutdown: Shutdown,
 }
@@ -137,6 +141,7 @@ impl L3Books {
             handle,
             engine: Mutex::new(Some(engine)),
             sources,
+            registry,
             shutdown: shutdown.clone(),
         }))
     }

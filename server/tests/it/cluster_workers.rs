@@ -733,3 +733,137 @@ async fn one_gateway_at_a_time_backfills_and_the_next_resumes_where_it_stopped()
     sim.shutdown();
     tokio::task::block_in_place(|| drop(pg));
 }
+
+/// `[l3] host = "worker:w1"`: the tick-by-tick engine runs on worker w1 alone; the gateway runs
+/// none, passes w1's book deltas to its browsers and forwards the rest (REST snapshots, the
+/// engine's report, books, admin) over NATS. A seed-002 client on the gateway follows a stock's
+/// book through a migration and a hot spot and ends equal to the simulator's true book; when w1
+/// is killed, health says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tick_by_tick_books_run_on_one_worker_behind_the_gateway() {
+    use crate::l3_service::SeedClient;
+    const TOKEN: &str = "cluster-l3-test-token";
+    let mut c = TestCluster::start("clusterl3", 1.0, 47, |config| {
+        config.l3.host = "worker:w1".into();
+        config.server.admin_token = Some(TOKEN.into());
+        config.cluster.instruments = vec![BTC.parse().unwrap()];
+    })
+    .await;
+    assert!(c.gateway.app.l3.here().is_none(), "the gateway runs no engine");
+    c.supervisor("sup1");
+    c.worker("w1", &[]);
+    c.worker("w2", &[]);
+    let tbt = c.sim.tbt();
+    let symbols = tbt.symbols().len();
+    assert!(symbols >= 40, "{symbols} simulated stocks");
+
+    // The engine's report, asked of w1 through the gateway, lists every stock.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shards = loop {
+        let (status, body) = c.gateway.get("/api/v1/ops/shards").await;
+        if status == 200 {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if v["engine"]["symbols"].as_array().map_or(0, |s| s.len()) == symbols {
+                break v;
+            }
+        }
+        assert!(Instant::now() < deadline, "no engine report through the gateway: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(shards["sources"][0]["name"], "sim", "{}", shards["sources"]);
+
+    let code = "600004";
+    let instrument = format!("sim:stock:{code}");
+    let mut client = SeedClient::start_instrument(&c.gateway, &instrument).await;
+    client.pump(2_000).await;
+
+    // Admin through the gateway, carried out by w1: a migration to a new shard, a hot spot.
+    let admin = |path: &'static str, body: serde_json::Value| {
+        let addr = c.gateway.addr;
+        async move {
+            let auth = format!("Bearer {TOKEN}");
+            let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+            http(addr, "POST", path, &headers, &body.to_string()).await.unwrap()
+        }
+    };
+    let shard_of = |v: &serde_json::Value| {
+        v["engine"]["symbols"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["instrument"] == instrument.as_str())
+            .unwrap()["shard"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = shard_of(&shards);
+    let (status, body) =
+        admin("/api/v1/admin/shards/migrate", serde_json::json!({"symbol": code, "target": -1}))
+            .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) =
+        admin("/api/v1/admin/sim/hotspot", serde_json::json!({"symbol": code, "hot": true})).await;
+    assert_eq!(status, 200, "{body}");
+    // refusals cross as they are
+    let (status, body) =
+        admin("/api/v1/admin/shards/migrate", serde_json::json!({"symbol": "999999", "target": 0}))
+            .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("unknown_book"), "{body}");
+    let (status, _) =
+        http(c.gateway.addr, "POST", "/api/v1/admin/shards/auto_balance", &[], "{\"on\":false}")
+            .await
+            .unwrap();
+    assert_eq!(status, 401, "the gateway checks the token before forwarding");
+    client.pump(3_000).await;
+    let after = c.gateway.get_json("/api/v1/ops/shards").await;
+    assert_ne!(shard_of(&after), before, "migrated on w1");
+    assert_eq!(
+        after["engine"]["symbols"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["instrument"] == instrument.as_str())
+            .unwrap()["hot"],
+        true
+    );
+    admin("/api/v1/admin/sim/hotspot", serde_json::json!({"symbol": code, "hot": false})).await;
+
+    // Quiet: the client's book equals the simulator's true book and the host's snapshot.
+    tbt.pause(true);
+    client.pump(2_000).await;
+    assert!(client.problems.is_empty(), "{:?}", client.problems);
+    assert!(client.sync.is_synced(), "{:?}", client.sync.state());
+    assert!(client.deltas > 20, "only {} deltas", client.deltas);
+    let truth = tbt.book(code, 5000).unwrap();
+    assert_eq!(client.sync.book().top(5000), (truth.bids, truth.asks), "vs the simulator");
+    let path = format!("/fapi/v1/depth?symbol={instrument}&with_id=true&limit=5000");
+    let r: shared::protocol::RestDepthResponse =
+        serde_json::from_value(c.gateway.get_json(&path).await).unwrap();
+    assert_eq!(r.data.id, client.sync.last_update_id(), "the host's ids, unchanged");
+    tbt.pause(false);
+
+    // The host's books are in the gateway's ops, metrics and health.
+    let books = c.gateway.get_json("/api/v1/ops/books").await;
+    let stocks = books["books"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["instrument"].as_str().unwrap().contains(":stock:"))
+        .count();
+    assert_eq!(stocks, symbols, "{books}");
+    let (_, metrics) = c.gateway.get("/metrics").await;
+    assert!(metrics.contains("millrace_l3_shard_symbols"), "engine metrics through the gateway");
+    healthy(&c.gateway).await;
+    let (status, _) = c.gateway.get("/fapi/v1/depth?symbol=sim:stock:999999").await;
+    assert_eq!(status, 404);
+
+    // Without its host, the gateway says so.
+    c.role("w1").kill9();
+    let (status, body) = degraded(&c.gateway).await;
+    assert_eq!(status, 503);
+    assert!(body.contains("l3.host = worker:w1"), "{body}");
+    let (status, body) = c.gateway.get("/api/v1/ops/shards").await;
+    assert_eq!(status, 503, "{body}");
+    c.stop().await;
+}

@@ -1,0 +1,350 @@
+//! The tick-by-tick books on one worker of a cluster (`[l3] host = "worker:ID"`).
+//!
+//! The engine of seed 001 runs in one process. On one machine that is the server; in a cluster
+//! it is either every gateway (`host = "gateway"`, each with its own engine and feeds, as on one
+//! machine) or one worker, which frees the gateways of the engine's cores:
+//! - the host publishes its books on the NATS bus (their topics travel:
+//!   [`crate::bus::NatsBus::share_tick_books`]); a gateway passes the host's deltas, with the
+//!   host's update ids, to its browsers;
+//! - everything else the API asks of the books — a book's REST snapshot (with the same ids), the
+//!   engine's report, migrations, auto-balance, hot spots — is a NATS request to the host on
+//!   `{prefix}.l3.request` ([`L3Request`]), answered by the same code that answers on one machine
+//!   ([`super::control`]);
+//! - a gateway asks for the engine's report every tick ([`RemoteL3`]): it learns the host's books
+//!   (a subscription to one needs no job lease) and serves their metrics, and `/healthz` says
+//!   when the host has not answered for a while.
+//!
+//! Admin requests are authorised by the gateway (its `admin_token`) before they are forwarded;
+//! NATS subjects under the cluster's prefix are trusted, as the supervisor's instructions are.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use shared::protocol::ops::{
+    ApiErrorCode as Code, AutoBalanceReply, AutoBalanceRequest, BookInfo, EngineStats,
+    HotspotReply, HotspotRequest, MigrateReply, MigrateRequest, ShardsReport,
+};
+use shared::protocol::{BookHealth, InstrumentId, Market, RestDepth};
+
+use super::control::Refusal;
+use super::L3Books;
+use crate::books::BookRegistry;
+use crate::clock::wall_clock_ms;
+use crate::lock::lock;
+use crate::shutdown::Shutdown;
+
+/// How long a gateway waits for the host's answer.
+const ASK_WAIT: Duration = Duration::from_secs(2);
+
+/// After this many refresh periods without an answer, `/healthz` reports the host missing.
+const MISSED_REFRESHES: i64 = 3;
+
+/// A request to the tick-by-tick host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", content = "body", rename_all = "snake_case")]
+pub enum L3Request {
+    Shards,
+    Books,
+    Depth { instrument: InstrumentId, limit: usize },
+    Migrate(MigrateRequest),
+    AutoBalance(AutoBalanceRequest),
+    Hotspot(HotspotRequest),
+}
+
+/// The subject of requests to the tick-by-tick host of the cluster under `prefix`.
+pub fn request_subject(prefix: &str) -> String {
+    format!("{prefix}.l3.request")
+}
+
+/// Answers the requests on `subject` with `books` until `shutdown`, each on a task of its own
+/// (a hot-spot request waits for the simulator).
+pub async fn serve(
+    books: Arc<L3Books>,
+    client: async_nats::Client,
+    subject: String,
+    shutdown: &Shutdown,
+) -> Result<(), async_nats::SubscribeError> {
+    let mut sub = client.subscribe(subject).await?;
+    let (spawner, stop) = (shutdown.clone(), shutdown.clone());
+    shutdown.spawn(async move {
+        loop {
+            let m = tokio::select! {
+                m = sub.next() => match m { Some(m) => m, None => break },
+                () = stop.stopping() => break,
+            };
+            let Some(reply) = m.reply else { continue };
+            let (books, client) = (books.clone(), client.clone());
+            spawner.spawn(async move {
+                let body = answer(&books, &m.payload).await;
+                let _ = client.publish(reply, body.into()).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// The host's answer to one request: `{"Ok":…}` or `{"Err":Refusal}`.
+async fn answer(books: &L3Books, payload: &[u8]) -> Vec<u8> {
+    let result: Result<serde_json::Value, Refusal> = match serde_json::from_slice(payload) {
+        Err(e) => Err(Refusal::bad(Code::Malformed, format!("not a tick-by-tick request: {e}"))),
+        Ok(L3Request::Shards) => Ok(value(&books.shards().await)),
+        Ok(L3Request::Books) => Ok(value(&books.books())),
+        Ok(L3Request::Depth { instrument, limit }) => Ok(value(&books.depth(&instrument, limit))),
+        Ok(L3Request::Migrate(r)) => books.migrate(&r).map(|r| value(&r)),
+        Ok(L3Request::AutoBalance(r)) => Ok(value(&books.auto_balance(&r))),
+        Ok(L3Request::Hotspot(r)) => books.hotspot(&r).await.map(|r| value(&r)),
+    };
+    serde_json::to_vec(&result).expect("serialisable")
+}
+
+fn value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).expect("serialisable")
+}
+
+/// What a gateway last learnt from the host.
+#[derive(Default)]
+struct Known {
+    engine: Option<EngineStats>,
+    instruments: HashSet<InstrumentId>,
+    /// When the host last answered, ms (0: never).
+    answered_ms: i64,
+    /// Why the last request failed.
+    error: Option<String>,
+}
+
+/// A gateway's way to the tick-by-tick books on a worker.
+pub struct RemoteL3 {
+    client: async_nats::Client,
+    subject: String,
+    /// `l3.host`, for messages.
+    host: String,
+    /// The tick-by-tick sources' names: a stock of one is the host's before it first answers.
+    sources: Vec<String>,
+    refresh: Duration,
+    started_ms: i64,
+    known: Mutex<Known>,
+}
+
+impl RemoteL3 {
+    /// Starts asking `host` for its report every `refresh`, marking its books always on in
+    /// `registry` (a subscription to one needs no job).
+    pub fn start(
+        client: async_nats::Client,
+        prefix: &str,
+        host: &str,
+        sources: Vec<String>,
+        registry: Arc<BookRegistry>,
+        refresh: Duration,
+        shutdown: &Shutdown,
+    ) -> Arc<Self> {
+        let remote = Arc::new(RemoteL3 {
+            client,
+            subject: request_subject(prefix),
+            host: host.to_string(),
+            sources,
+            refresh,
+            started_ms: wall_clock_ms(),
+            known: Mutex::new(Known::default()),
+        });
+        let (r, stop) = (remote.clone(), shutdown.clone());
+        shutdown.spawn(async move {
+            let mut tick = tokio::time::interval(r.refresh);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = stop.stopping() => break,
+                }
+                if let Ok(report) = r.shards().await {
+                    for s in &report.engine.symbols {
+                        registry.set_always_on(&s.instrument);
+                    }
+                }
+            }
+        });
+        remote
+    }
+
+    /// Asks the host; a timeout, an unreachable NATS or an unreadable answer is a 503.
+    async fn ask<T: DeserializeOwned>(&self, request: &L3Request) -> Result<T, Refusal> {
+        let body = serde_json::to_vec(request).expect("serialisable");
+        let host = &self.host;
+        let asked =
+            tokio::time::timeout(ASK_WAIT, self.client.request(self.subject.clone(), body.into()));
+        let result = match asked.await {
+            Err(_) => Err(format!(
+                "the tick-by-tick host (l3.host = {host}) did not answer within {ASK_WAIT:?}"
+            )),
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => Err(format!(
+                "the tick-by-tick host (l3.host = {host}) is not running: nothing answers on NATS"
+            )),
+            Ok(Err(e)) => Err(format!(
+                "the tick-by-tick host (l3.host = {host}) did not answer: {}",
+                e.kind()
+            )),
+            Ok(Ok(m)) => serde_json::from_slice::<Result<T, Refusal>>(&m.payload).map_err(|e| {
+                format!("the answer of the tick-by-tick host (l3.host = {host}) did not parse: {e}")
+            }),
+        };
+        let mut known = lock(&self.known);
+        match result {
+            Ok(answer) => {
+                known.answered_ms = wall_clock_ms();
+                known.error = None;
+                answer
+            }
+            Err(why) => {
+                known.error = Some(why.clone());
+                Err(Refusal::unavailable(why))
+            }
+        }
+    }
+
+    /// The engine's report (and the host's books and stats kept for later).
+    pub async fn shards(&self) -> Result<ShardsReport, Refusal> {
+        let report: ShardsReport = self.ask(&L3Request::Shards).await?;
+        let mut known = lock(&self.known);
+        known.instruments = report.engine.symbols.iter().map(|s| s.instrument.clone()).collect();
+        known.engine = Some(report.engine.clone());
+        Ok(report)
+    }
+
+    /// Whether `instrument`'s book is the host's: one of its books, or, before it has answered,
+    /// a stock of a tick-by-tick source.
+    pub fn serves(&self, instrument: &InstrumentId) -> bool {
+        let known = lock(&self.known);
+        if known.engine.is_some() {
+            return known.instruments.contains(instrument);
+        }
+        instrument.market == Market::Stock && self.sources.contains(&instrument.exchange)
+    }
+
+    /// The host's published book of `instrument` (`None`: no such book there).
+    pub async fn depth(
+        &self,
+        instrument: &InstrumentId,
+        limit: usize,
+    ) -> Result<Option<(RestDepth, BookHealth)>, Refusal> {
+        self.ask(&L3Request::Depth { instrument: instrument.clone(), limit }).await
+    }
+
+    /// The host's published books.
+    pub async fn books(&self) -> Result<Vec<BookInfo>, Refusal> {
+        self.ask(&L3Request::Books).await
+    }
+
+    /// The engine's stats as last reported.
+    pub fn engine(&self) -> Option<EngineStats> {
+        lock(&self.known).engine.clone()
+    }
+
+    /// What `/healthz` reports while the host has not answered for [`MISSED_REFRESHES`] periods.
+    pub fn problem(&self) -> Option<String> {
+        let known = lock(&self.known);
+        let now = wall_clock_ms();
+        let since = if known.answered_ms > 0 { known.answered_ms } else { self.started_ms };
+        let period = i64::try_from(self.refresh.as_millis()).unwrap_or(i64::MAX);
+        if now - since <= period.saturating_mul(MISSED_REFRESHES) {
+            return None;
+        }
+        let why = known.error.as_deref().unwrap_or("no answer yet");
+        Some(format!(
+            "the tick-by-tick books' host (l3.host = {}) has not answered for {} s: {why}",
+            self.host,
+            (now - since) / 1000
+        ))
+    }
+}
+
+/// The tick-by-tick books as the API reaches them: in this process, or on a worker.
+pub enum L3Access {
+    Here(Arc<L3Books>),
+    Remote(Arc<RemoteL3>),
+}
+
+impl L3Access {
+    /// The books, when this process runs them.
+    pub fn here(&self) -> Option<&Arc<L3Books>> {
+        match self {
+            L3Access::Here(books) => Some(books),
+            L3Access::Remote(_) => None,
+        }
+    }
+
+    /// The host, when another process runs the books.
+    pub fn remote(&self) -> Option<&Arc<RemoteL3>> {
+        match self {
+            L3Access::Here(_) => None,
+            L3Access::Remote(r) => Some(r),
+        }
+    }
+
+    pub async fn shards(&self) -> Result<ShardsReport, Refusal> {
+        match self {
+            L3Access::Here(books) => Ok(books.shards().await),
+            L3Access::Remote(r) => r.shards().await,
+        }
+    }
+
+    pub async fn migrate(&self, req: MigrateRequest) -> Result<MigrateReply, Refusal> {
+        match self {
+            L3Access::Here(books) => books.migrate(&req),
+            L3Access::Remote(r) => r.ask(&L3Request::Migrate(req)).await,
+        }
+    }
+
+    pub async fn auto_balance(&self, req: AutoBalanceRequest) -> Result<AutoBalanceReply, Refusal> {
+        match self {
+            L3Access::Here(books) => Ok(books.auto_balance(&req)),
+            L3Access::Remote(r) => r.ask(&L3Request::AutoBalance(req)).await,
+        }
+    }
+
+    pub async fn hotspot(&self, req: HotspotRequest) -> Result<HotspotReply, Refusal> {
+        match self {
+            L3Access::Here(books) => books.hotspot(&req).await,
+            L3Access::Remote(r) => r.ask(&L3Request::Hotspot(req)).await,
+        }
+    }
+
+    /// The engine's stats, for `/metrics` (a remote host's as last reported).
+    pub fn engine(&self) -> Option<EngineStats> {
+        match self {
+            L3Access::Here(books) => Some(books.handle.stats()),
+            L3Access::Remote(r) => r.engine(),
+        }
+    }
+
+    /// Stops the books if they run here.
+    pub async fn stop(&self) {
+        if let L3Access::Here(books) = self {
+            books.stop().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_keep_their_shape_on_the_wire() {
+        let depth = L3Request::Depth { instrument: "sim:stock:600000".parse().unwrap(), limit: 5 };
+        let text = serde_json::to_string(&depth).unwrap();
+        assert_eq!(text, r#"{"op":"depth","body":{"instrument":"sim:stock:600000","limit":5}}"#);
+        assert_eq!(serde_json::from_str::<L3Request>(&text).unwrap(), depth);
+        let shards = serde_json::to_string(&L3Request::Shards).unwrap();
+        assert_eq!(shards, r#"{"op":"shards"}"#);
+        let migrate = L3Request::Migrate(MigrateRequest { symbol: "600000".into(), target: -1 });
+        let text = serde_json::to_string(&migrate).unwrap();
+        assert_eq!(serde_json::from_str::<L3Request>(&text).unwrap(), migrate);
+        // a refusal crosses as it is
+        let r: Result<u8, Refusal> = Err(Refusal::not_found("no book"));
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Result<u8, Refusal>>(&text).unwrap(), r);
+    }
+}
