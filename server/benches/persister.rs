@@ -2,7 +2,7 @@
 //! PostgreSQL (a load tool, not criterion: one sustained run).
 //!
 //! 1. `forward`: the workers' side — [`JetStreamForward`] hands `series × minutes` closed 1m
-//!    candles to the stream `{prefix}_candles` (one message each, `Nats-Msg-Id`, acknowledged),
+//!    candles to the stream `{prefix}_candles` (a message per aligned block of up to 500 minutes of a series, `Nats-Msg-Id`, acknowledged),
 //!    in the pipeline's 200-candle batches;
 //! 2. `persist`: a [`Persister`] (lease, durable pull consumer, per-series transactions of 1m +
 //!    derived candles, publication on the NATS bus, acknowledgement) drains them into a fresh
@@ -116,6 +116,13 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
 }
 
 fn main() {
+    // `RUST_LOG=server::cluster::candles=debug` shows each round.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let series = setting("series", 20);
     let minutes = setting("minutes", 10_000);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();

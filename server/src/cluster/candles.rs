@@ -1,17 +1,21 @@
 //! Closed candles in a cluster: workers → JetStream → the persister → PostgreSQL → the bus.
 //!
 //! - The stream `{prefix}_candles` (file storage, work-queue retention) takes every closed 1m
-//!   candle a worker's kline task produces, one message per candle on
-//!   `{prefix}.candles.{series}`, with `Nats-Msg-Id` = (series, open time)
-//!   ([`ClosedCandle::msg_id`]): the replicas of a task publish the same candles and the stream
-//!   keeps one of each within `cluster.dedup_window_s`. A worker's pipeline counts a candle as
-//!   accepted when JetStream acknowledged it (stored on disk), like the single process counts
-//!   a commit.
+//!   candle a worker's kline task produces on `{prefix}.candles.{series}`, a series' candles of
+//!   one aligned block of minutes per message ([`ClosedCandles`]: a live minute alone, a gap
+//!   fill in few messages — JetStream's cost is per message, not per candle), with
+//!   `Nats-Msg-Id` naming the series and its minutes ([`ClosedCandles::msg_id`]; a lone
+//!   candle's is (series, open time)): the replicas of a task publish the same messages and the
+//!   stream keeps one of each within `cluster.dedup_window_s`. Replicas that cut a gap fill
+//!   differently send overlapping messages; the persister does not write a minute again that
+//!   it has written ([`MinuteRuns`], counted in [`PersisterStats::repeated`]). A worker's
+//!   pipeline counts a candle as accepted when JetStream acknowledged it (stored on disk), like
+//!   the single process counts a commit.
 //! - The persister ([`Persister`]) consumes it through the durable pull consumer
 //!   `persister`, shared by every persister; only the holder of the `persister` lease pulls, so
 //!   one process writes at a time (a derived candle is the merge of its bucket's stored minutes,
 //!   which two concurrent writers of a series could each read incomplete). It pulls rounds of
-//!   up to `BATCH_MAX` messages (parsed as they arrive), writes a round's minutes of every
+//!   up to `BATCH_MAX` messages and `ROUND_BYTES` (parsed as they arrive), writes a round's minutes of every
 //!   series and the derived candles they complete (from each series' aggregator, `Derivers`)
 //!   in one transaction through the one [`CandleWriter`] (which publishes them after the
 //!   commit) while the next round is pulled and parsed, and acknowledges the round's
@@ -35,7 +39,7 @@ use futures_util::future::BoxFuture;
 use futures_util::StreamExt as _;
 use shared::backoff::Backoff;
 use shared::candle::{Candle, DerivedAggregator, Timeframe, MINUTE_MS};
-use shared::cluster::payload::ClosedCandle;
+use shared::cluster::payload::{ClosedCandle, ClosedCandles, MinuteRuns};
 use shared::protocol::SeriesId;
 
 use super::config::ClusterConfig;
@@ -51,6 +55,10 @@ pub const CONSUMER: &str = "persister";
 
 /// Most messages a persister writes in one round.
 pub const BATCH_MAX: usize = 20_000;
+
+/// Most bytes of messages in one round: some 20,000 closed candles (a message holds one, or up
+/// to `CANDLES_PER_MESSAGE` of a series).
+const ROUND_BYTES: usize = 4 << 20;
 
 /// How long one pull request waits for messages: what a closed candle may wait, at most, before
 /// it is written (when fewer than `BATCH_MAX` are waiting); an idle persister pulls this often.
@@ -88,8 +96,9 @@ pub async fn ensure_stream(
 /// Counters of a worker's forwarding.
 #[derive(Debug, Default)]
 pub struct ForwardStats {
+    /// Closed candles JetStream took.
     pub published: AtomicU64,
-    /// Candles JetStream already had (another replica sent them first).
+    /// Candles JetStream already had (another replica sent the same message first).
     pub duplicates: AtomicU64,
     pub failures: AtomicU64,
 }
@@ -123,10 +132,11 @@ impl ForwardClosed for JetStreamForward {
                     e.to_string(),
                 )
             };
-            // Publish them all, then wait for the acknowledgements (pipelined).
-            let mut acks = Vec::with_capacity(candles.len());
-            for candle in candles {
-                let msg = ClosedCandle { series: series.clone(), candle };
+            // Publish them all (one message per aligned block of minutes), then wait for the
+            // acknowledgements (pipelined).
+            let messages = ClosedCandles::messages(&series, &candles);
+            let mut acks = Vec::with_capacity(messages.len());
+            for msg in messages {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("Nats-Msg-Id", msg.msg_id().as_str());
                 let body = Bytes::from(serde_json::to_vec(&msg).expect("serialisable"));
@@ -134,14 +144,14 @@ impl ForwardClosed for JetStreamForward {
                     .publish_with_headers(subject.clone(), headers, body)
                     .await
                     .map_err(|e| fail(&e))?;
-                acks.push(ack);
+                acks.push((ack, msg.candles.len() as u64));
             }
-            for ack in acks {
+            for (ack, n) in acks {
                 let ack = ack.await.map_err(|e| fail(&e))?;
                 if ack.duplicate {
-                    stats.duplicates.fetch_add(1, Relaxed);
+                    stats.duplicates.fetch_add(n, Relaxed);
                 } else {
-                    stats.published.fetch_add(1, Relaxed);
+                    stats.published.fetch_add(n, Relaxed);
                 }
             }
             Ok(())
@@ -159,8 +169,12 @@ pub struct PersisterStats {
     pub write_failures: AtomicU64,
     /// Since when (wall clock, ms) writes have been failing; 0 while they succeed.
     pub failing_since_ms: AtomicI64,
-    /// Messages that were not a closed candle (terminated, never redelivered).
+    /// Messages that were not closed candles (terminated, never redelivered), and candles in
+    /// messages that were not closed 1m candles (dropped).
     pub malformed: AtomicU64,
+    /// Closed candles not written again: this lease holder had written their minute (a
+    /// replica's message overlapping another's).
+    pub repeated: AtomicU64,
     /// Messages delivered more than once (a persister died or failed before acknowledging).
     pub redelivered: AtomicU64,
     pub lease_errors: AtomicU64,
@@ -363,6 +377,8 @@ impl Persister {
 struct Pulled {
     msgs: Vec<Msg>,
     by_series: BTreeMap<SeriesId, BTreeMap<i64, Candle>>,
+    /// Candles whose minute an earlier message of the round had (overlapping replicas).
+    repeated: usize,
 }
 
 impl Pulled {
@@ -376,14 +392,33 @@ impl Pulled {
         if m.info().is_ok_and(|i| i.delivered > 1) {
             stats.redelivered.fetch_add(1, Relaxed);
         }
-        match serde_json::from_slice::<ClosedCandle>(&m.payload) {
-            Ok(c) if c.series.timeframe == Timeframe::M1 && is_closed_minute(&c.candle) => {
-                self.by_series.entry(c.series).or_default().insert(c.candle.open_time, c.candle);
+        // Closed candles of a series (a single `ClosedCandle` is what earlier workers sent).
+        let parsed = serde_json::from_slice::<ClosedCandles>(&m.payload).or_else(|_| {
+            serde_json::from_slice::<ClosedCandle>(&m.payload)
+                .map(|c| ClosedCandles { series: c.series, candles: vec![c.candle] })
+        });
+        match parsed {
+            Ok(msg) if msg.series.timeframe == Timeframe::M1 && !msg.candles.is_empty() => {
+                let minutes = self.by_series.entry(msg.series).or_default();
+                let mut bad = 0;
+                for c in msg.candles {
+                    if is_closed_minute(&c) {
+                        if minutes.insert(c.open_time, c).is_some() {
+                            self.repeated += 1;
+                        }
+                    } else {
+                        bad += 1;
+                    }
+                }
+                if bad > 0 {
+                    stats.malformed.fetch_add(bad, Relaxed);
+                    tracing::warn!(subject = %m.subject, bad, "persister: candles that are not closed 1m candles, dropped");
+                }
                 self.msgs.push(m);
             }
             _ => {
                 stats.malformed.fetch_add(1, Relaxed);
-                tracing::warn!(subject = %m.subject, "persister: not a closed 1m candle, dropped");
+                tracing::warn!(subject = %m.subject, "persister: not closed 1m candles, dropped");
                 let _ = m.ack_with(AckKind::Term).await;
             }
         }
@@ -399,6 +434,7 @@ impl Pulled {
     /// Sends the round back at once, for the next holder of the lease.
     async fn send_back(&mut self) {
         self.by_series.clear();
+        self.repeated = 0;
         for m in self.msgs.drain(..) {
             let _ = m.ack_with(AckKind::Nak(None)).await;
         }
@@ -413,18 +449,41 @@ async fn pull(
 ) -> Result<(), async_nats::Error> {
     // What is waiting, at once (no expiry: a request that expires while the server is still
     // sending a full round can leave the client waiting seconds for its end).
-    let mut messages = consumer.fetch().max_messages(BATCH_MAX).messages().await?;
-    while let Some(m) = messages.next().await {
-        round.take(m?, stats).await;
-    }
+    let mut messages =
+        consumer.fetch().max_messages(BATCH_MAX).max_bytes(ROUND_BYTES).messages().await?;
+    take_all(&mut messages, round, stats).await?;
     if !round.is_empty() {
         return Ok(());
     }
     // Nothing waiting: wait for the next messages, at most `PULL_WAIT`.
-    let mut messages =
-        consumer.batch().max_messages(BATCH_MAX).expires(PULL_WAIT).messages().await?;
+    let mut messages = consumer
+        .batch()
+        .max_messages(BATCH_MAX)
+        .max_bytes(ROUND_BYTES)
+        .expires(PULL_WAIT)
+        .messages()
+        .await?;
+    take_all(&mut messages, round, stats).await
+}
+
+/// Takes a pull request's messages into `round`. The server ends a request that reached
+/// `ROUND_BYTES` with a status (409) the client reports as an error: after messages, an error
+/// ends the round (what arrived is kept); before any, it is the pull's failure.
+async fn take_all(
+    messages: &mut pull::Batch,
+    round: &mut Pulled,
+    stats: &PersisterStats,
+) -> Result<(), async_nats::Error> {
+    let before = round.msgs.len();
     while let Some(m) = messages.next().await {
-        round.take(m?, stats).await;
+        match m {
+            Ok(m) => round.take(m, stats).await,
+            Err(e) if round.msgs.len() > before => {
+                tracing::debug!(error = %e, messages = round.msgs.len() - before, "persister: pull ended");
+                break;
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -462,9 +521,13 @@ async fn ack_all(msgs: Vec<Msg>) {
 /// store (`Derive::EachSeries`). So at steady state a round reads nothing: re-reading every
 /// bucket's stored minutes was half the round's work with the default 11 timeframes, and at the
 /// day's last minute a whole day of minutes per series.
+///
+/// It also knows which minutes of each series this holder has written ([`MinuteRuns`]): a
+/// minute written already (a replica's message overlapping another's) is not written again.
 struct Derivers {
     timeframes: Vec<Timeframe>,
     aggs: BTreeMap<SeriesId, DerivedAggregator>,
+    written: BTreeMap<SeriesId, MinuteRuns>,
 }
 
 /// One round's rows and how they were derived, with each series' aggregator as it will be
@@ -473,15 +536,25 @@ struct Round {
     rows: Vec<(SeriesId, Vec<Candle>)>,
     derive: Derive,
     next: Vec<(SeriesId, DerivedAggregator)>,
+    /// The open times of the 1m candles to write, by series (those written already are left
+    /// out).
+    minutes: Vec<(SeriesId, Vec<i64>)>,
+    /// How many 1m candles were left out.
+    repeated: usize,
 }
 
 impl Derivers {
     fn new(timeframes: &[Timeframe]) -> Self {
-        Derivers { timeframes: timeframes.to_vec(), aggs: BTreeMap::new() }
+        Derivers {
+            timeframes: timeframes.to_vec(),
+            aggs: BTreeMap::new(),
+            written: BTreeMap::new(),
+        }
     }
 
     fn clear(&mut self) {
         self.aggs.clear();
+        self.written.clear();
     }
 
     /// The rows of a round of 1m candles (each series' minutes ascending, distinct).
@@ -490,7 +563,17 @@ impl Derivers {
         let (mut written, mut aggregated) = (BTreeMap::new(), BTreeSet::new());
         let mut next = Vec::with_capacity(by_series.len());
         let mut closed = Vec::new();
-        for (series, minutes) in by_series {
+        let (mut fresh, mut repeated) = (Vec::with_capacity(by_series.len()), 0);
+        for (series, mut minutes) in by_series {
+            if let Some(runs) = self.written.get(&series) {
+                let before = minutes.len();
+                minutes.retain(|c| !runs.contains(c.open_time));
+                repeated += before - minutes.len();
+                if minutes.is_empty() {
+                    continue;
+                }
+            }
+            fresh.push((series.clone(), minutes.iter().map(|c| c.open_time).collect()));
             let old = self.aggs.get(&series);
             let last = old.and_then(DerivedAggregator::last_minute);
             let mut agg = old.cloned().unwrap_or_else(|| DerivedAggregator::new(&self.timeframes));
@@ -519,12 +602,22 @@ impl Derivers {
         }
         let derive =
             Derive::EachSeries { timeframes: self.timeframes.clone(), written, aggregated };
-        Round { rows, derive, next }
+        Round { rows, derive, next, minutes: fresh, repeated }
     }
 
-    /// The round committed: its series' aggregators move on.
-    fn committed(&mut self, next: Vec<(SeriesId, DerivedAggregator)>) {
+    /// The round committed: its series' aggregators move on, and its minutes are written.
+    fn committed(
+        &mut self,
+        next: Vec<(SeriesId, DerivedAggregator)>,
+        minutes: Vec<(SeriesId, Vec<i64>)>,
+    ) {
         self.aggs.extend(next);
+        for (series, opens) in minutes {
+            let runs = self.written.entry(series).or_default();
+            for t in opens {
+                runs.insert(t);
+            }
+        }
     }
 }
 
@@ -549,14 +642,28 @@ async fn persist(
             tracing::debug!(%series, n = c.len(), first, last, "persister: round");
         }
     }
-    let Round { rows, derive, next } = derivers.round(by_series);
-    let store = writer.store().clone();
-    match writer.write(rows, derive, move |b| store.write(b)).await {
-        Ok(_) => {
-            tracing::debug!(n, messages = round.msgs.len(), "persister: round committed");
-            stats.candles.fetch_add(n as u64, Relaxed);
+    let Round { rows, derive, next, minutes, repeated } = derivers.round(by_series);
+    let fresh: usize = minutes.iter().map(|(_, m)| m.len()).sum();
+    let written = if rows.is_empty() {
+        Ok(()) // every minute was written already
+    } else {
+        let store = writer.store().clone();
+        writer.write(rows, derive, move |b| store.write(b)).await.map(|_| ())
+    };
+    match written {
+        Ok(()) => {
+            tracing::debug!(
+                n,
+                fresh,
+                repeated,
+                messages = round.msgs.len(),
+                "persister: round committed"
+            );
+            stats.candles.fetch_add(fresh as u64, Relaxed);
+            stats.repeated.fetch_add((repeated + round.repeated) as u64, Relaxed);
+            round.repeated = 0;
             stats.batches.fetch_add(1, Relaxed);
-            derivers.committed(next);
+            derivers.committed(next, minutes);
             round.by_series.clear();
             Some(std::mem::take(&mut round.msgs))
         }
@@ -610,7 +717,7 @@ mod tests {
             x % n
         };
         let (mut next, mut held_back, mut sent): (i64, Vec<i64>, Vec<i64>) = (0, vec![], vec![]);
-        let mut aggregated_rounds = 0;
+        let (mut aggregated_rounds, mut repeated_minutes) = (0, 0);
         for round in 0..120 {
             let mut opens: Vec<i64> = Vec::new();
             for _ in 0..1 + rnd(12) {
@@ -634,14 +741,20 @@ mod tests {
             }
             sent.extend(&opens);
             let minutes: Vec<Candle> = opens.iter().map(|i| minute(t0 + i * MINUTE_MS)).collect();
-            let Round { rows, derive, next: aggs } =
+            if rnd(10) == 0 {
+                derivers.clear(); // the lease moved: the next holder knows nothing
+            }
+            let Round { rows, derive, next: aggs, minutes, repeated } =
                 derivers.round(BTreeMap::from([(m1.clone(), minutes)]));
+            repeated_minutes += repeated;
             if let Derive::EachSeries { aggregated, .. } = &derive {
                 aggregated_rounds += usize::from(!aggregated.is_empty());
             }
-            let s = store.clone();
-            writer.write(rows, derive, move |b| s.write(b)).await.unwrap();
-            derivers.committed(aggs);
+            if !rows.is_empty() {
+                let s = store.clone();
+                writer.write(rows, derive, move |b| s.write(b)).await.unwrap();
+            }
+            derivers.committed(aggs, minutes);
 
             let stored = store.candles(&m1, Some(0), None, 100_000).unwrap();
             let newest = stored.last().unwrap().open_time;
@@ -663,6 +776,7 @@ mod tests {
             }
         }
         assert!(aggregated_rounds > 40, "most rounds followed the last: {aggregated_rounds}");
+        assert!(repeated_minutes > 0, "rounds sent again were left out");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -10,7 +10,7 @@
 //! | `{prefix}.cluster.demand` | every gateway, likewise → supervisors | `Demand` |
 //! | `{prefix}.cluster.instr.{worker}` | the leader → one worker | `Instructions` |
 //! | `{prefix}.cluster.report` | request/reply: anyone → the leader | `ClusterReport` |
-//! | `{prefix}.candles.{series}` | workers → JetStream `{prefix}_candles` → the persister | `ClosedCandle` |
+//! | `{prefix}.candles.{series}` | workers → JetStream `{prefix}_candles` → the persister | `ClosedCandles` |
 //! | `{prefix}.bus.{topic}` | workers (forming), the persister (stored) → gateways | push frames |
 //! | `{prefix}.diffs.{instrument}` | workers → JetStream `{prefix}_depth` → gateways | the exchange's diff frames |
 //! | `{prefix}.booksnap.{instrument}` | request/reply: a gateway → the synced holders | `BookSnapshotReply` |

@@ -1,10 +1,14 @@
 //! Payloads between a cluster's processes, each with its natural id, and the de-duplication
 //! that lets every payload reach downstream once although `redundancy` workers produce it.
 //!
-//! - A closed 1m candle travels from the workers to the persister as a [`ClosedCandle`] on
-//!   JetStream, whose `Nats-Msg-Id` is [`ClosedCandle::msg_id`] — (series, open time) — so the
-//!   stream keeps one copy of each within its duplicate window; the store's upsert by the same
-//!   key covers what arrives later (a gap fill after an outage).
+//! - Closed 1m candles travel from the workers to the persister on JetStream as
+//!   [`ClosedCandles`]: a series' candles of one aligned block of [`CANDLES_PER_MESSAGE`]
+//!   minutes per message (a live minute alone; a gap fill in few messages), whose
+//!   `Nats-Msg-Id` names the series and the minutes it holds ([`ClosedCandles::msg_id`]; a
+//!   single candle's is (series, open time)), so the stream keeps one copy of what replicas
+//!   send alike within its duplicate window. Replicas that cut a gap fill differently send
+//!   overlapping messages; the persister drops a minute it has already written
+//!   ([`MinuteRuns`]), and the store's upsert by (series, open time) covers the rest.
 //! - Forming candles travel on core NATS from every replica. Replicas throttle independently,
 //!   so they may send different updates of one minute and in any interleaving: [`KlineDedup`]
 //!   passes each update once and never one older than what already passed (key: series, open
@@ -37,6 +41,95 @@ impl ClosedCandle {
     /// The natural id: `{series}|{open_time}` (JetStream's `Nats-Msg-Id`).
     pub fn msg_id(&self) -> String {
         format!("{}|{}", self.series, self.candle.open_time)
+    }
+}
+
+/// Most closed candles in one [`ClosedCandles`] message (about 60 KiB of JSON).
+pub const CANDLES_PER_MESSAGE: usize = 500;
+
+/// Closed 1m candles of one series, ascending, within one aligned block of
+/// [`CANDLES_PER_MESSAGE`] minutes: one JetStream message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClosedCandles {
+    pub series: SeriesId,
+    pub candles: Vec<Candle>,
+}
+
+impl ClosedCandles {
+    /// `candles` of `series` (ascending) cut into messages, one per aligned block of
+    /// [`CANDLES_PER_MESSAGE`] minutes: replicas sending the same minutes send the same
+    /// messages, whichever way their batches were cut.
+    pub fn messages(series: &SeriesId, candles: &[Candle]) -> Vec<ClosedCandles> {
+        let block = |c: &Candle| {
+            c.open_time.div_euclid(crate::candle::MINUTE_MS * CANDLES_PER_MESSAGE as i64)
+        };
+        candles
+            .chunk_by(|a, b| block(a) == block(b))
+            .map(|run| ClosedCandles { series: series.clone(), candles: run.to_vec() })
+            .collect()
+    }
+
+    /// The natural id: `{series}|{open_time}` for one candle (each minute's own id), else
+    /// `{series}|{first}|{last}|{count}`.
+    pub fn msg_id(&self) -> String {
+        match self.candles.as_slice() {
+            [] => format!("{}|-", self.series),
+            [one] => format!("{}|{}", self.series, one.open_time),
+            [first, .., last] => format!(
+                "{}|{}|{}|{}",
+                self.series,
+                first.open_time,
+                last.open_time,
+                self.candles.len()
+            ),
+        }
+    }
+}
+
+/// The minutes of one series a persister has written, as runs of consecutive minutes (one run
+/// at steady state); the oldest runs are forgotten beyond [`MinuteRuns::MAX_RUNS`] (a minute
+/// forgotten is written again, which the upsert makes harmless).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MinuteRuns {
+    /// First open time -> last open time, both included.
+    runs: BTreeMap<i64, i64>,
+}
+
+impl MinuteRuns {
+    pub const MAX_RUNS: usize = 64;
+
+    /// Whether the minute opening at `open_time` was written.
+    pub fn contains(&self, open_time: i64) -> bool {
+        self.runs.range(..=open_time).next_back().is_some_and(|(_, &last)| open_time <= last)
+    }
+
+    /// Marks the minute opening at `open_time` written.
+    pub fn insert(&mut self, open_time: i64) {
+        if self.contains(open_time) {
+            return;
+        }
+        let step = crate::candle::MINUTE_MS;
+        let mut first = open_time;
+        let mut last = open_time;
+        if let Some((&f, &l)) = self.runs.range(..open_time).next_back() {
+            if l + step == open_time {
+                first = f;
+            }
+        }
+        if let Some(&l) = self.runs.get(&(open_time + step)) {
+            self.runs.remove(&(open_time + step));
+            last = l;
+        }
+        self.runs.insert(first, last);
+        while self.runs.len() > Self::MAX_RUNS {
+            self.runs.pop_first();
+        }
+    }
+
+    /// How many runs are kept.
+    pub fn runs(&self) -> usize {
+        self.runs.len()
     }
 }
 
@@ -217,6 +310,68 @@ mod tests {
     use crate::candle::Timeframe;
     use crate::fixed::{Price, Volume};
     use crate::protocol::{KlinePayload, Stream};
+    use std::collections::BTreeSet;
+
+    fn minute(m: i64) -> Candle {
+        let p = Price(100 + m % 7);
+        Candle::one_minute(m * MINUTE, p, p, p, p, Volume(1), 1)
+    }
+
+    const MINUTE: i64 = crate::candle::MINUTE_MS;
+
+    #[test]
+    fn closed_candles_are_cut_on_aligned_blocks_whatever_the_batches() {
+        let s: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
+        let n = CANDLES_PER_MESSAGE as i64;
+        let all: Vec<Candle> = (n - 30..3 * n + 10).map(minute).collect();
+        let whole = ClosedCandles::messages(&s, &all);
+        assert_eq!(whole.len(), 4);
+        assert!(whole.iter().all(|m| m.candles.len() <= CANDLES_PER_MESSAGE));
+        assert_eq!(whole.iter().flat_map(|m| m.candles.clone()).collect::<Vec<_>>(), all);
+        // another replica's batches cut elsewhere: the full blocks' messages are the same
+        let mut other = Vec::new();
+        for part in all.chunks(137) {
+            other.extend(ClosedCandles::messages(&s, part));
+        }
+        let ids = |ms: &[ClosedCandles]| ms.iter().map(|m| m.msg_id()).collect::<BTreeSet<_>>();
+        let (a, b) = (ids(&whole), ids(&other));
+        assert!(a.intersection(&b).count() >= 2, "{a:?} / {b:?}");
+        // one candle's id is its minute's
+        let one = ClosedCandles { series: s.clone(), candles: vec![minute(7)] };
+        assert_eq!(one.msg_id(), format!("{s}|{}", 7 * MINUTE));
+        assert_ne!(whole[1].msg_id(), whole[2].msg_id());
+        let text = serde_json::to_string(&whole[0]).unwrap();
+        assert_eq!(serde_json::from_str::<ClosedCandles>(&text).unwrap(), whole[0]);
+    }
+
+    #[test]
+    fn minute_runs_know_what_was_written() {
+        let mut runs = MinuteRuns::default();
+        let mut written = BTreeSet::new();
+        // a deterministic shuffle of minutes with holes (120 minutes: never more than 64 runs)
+        let mut x: u64 = 7;
+        for _ in 0..1_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let m = ((x >> 33) % 120) as i64;
+            if m % 11 == 3 {
+                continue; // never written
+            }
+            runs.insert(m * MINUTE);
+            written.insert(m);
+            for probe in 0..130 {
+                assert_eq!(runs.contains(probe * MINUTE), written.contains(&probe), "{probe}");
+            }
+        }
+        assert!(runs.runs() <= 12, "runs merged: {}", runs.runs());
+        // only the newest runs are kept
+        let mut many = MinuteRuns::default();
+        for m in 0..(MinuteRuns::MAX_RUNS as i64 + 10) {
+            many.insert(m * 2 * MINUTE);
+        }
+        assert_eq!(many.runs(), MinuteRuns::MAX_RUNS);
+        assert!(!many.contains(0));
+        assert!(many.contains((MinuteRuns::MAX_RUNS as i64 + 9) * 2 * MINUTE));
+    }
 
     fn frame(open: i64, event: i64, closed: bool) -> Vec<u8> {
         let s: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
