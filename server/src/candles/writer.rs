@@ -111,6 +111,27 @@ impl CandleWriter {
     where
         C: FnOnce(&[SeriesRows<'_>]) -> Result<usize, StoreError> + Send + 'static,
     {
+        let rows = self.commit(rows, derive, commit).await?;
+        if self.forward.is_none() {
+            self.publish(&rows);
+        }
+        Ok(rows)
+    }
+
+    /// Publishes committed rows (the second half of [`CandleWriter::write`], for a caller that
+    /// publishes one write while it commits the next: the cluster's persister).
+    pub fn publish(&self, rows: &Rows) {
+        for (series, candles) in rows {
+            publish_closed(self.bus.as_ref(), series, candles);
+        }
+    }
+
+    /// [`CandleWriter::write`] without the publication: the rows once committed, for
+    /// [`CandleWriter::publish`].
+    pub async fn commit<C>(&self, rows: Rows, derive: Derive, commit: C) -> Result<Rows, StoreError>
+    where
+        C: FnOnce(&[SeriesRows<'_>]) -> Result<usize, StoreError> + Send + 'static,
+    {
         if let Some(forward) = &self.forward {
             // The 1m candles only: the persister derives the rest from what is stored.
             if let Some((series, m1)) = rows.first().filter(|(s, _)| s.timeframe == Timeframe::M1) {
@@ -131,10 +152,7 @@ impl CandleWriter {
             Ok(rows)
         })
         .await?;
-        // Committed: now, and only now, publish.
-        for (series, candles) in &rows {
-            publish_closed(self.bus.as_ref(), series, candles);
-        }
+        // Committed: now, and only now, may they be published.
         Ok(rows)
     }
 }

@@ -17,9 +17,10 @@
 //!   which two concurrent writers of a series could each read incomplete). It pulls rounds of
 //!   up to `BATCH_MAX` messages and `ROUND_BYTES` (parsed as they arrive), writes a round's minutes of every
 //!   series and the derived candles they complete (from each series' aggregator, `Derivers`)
-//!   in one transaction through the one [`CandleWriter`] (which publishes them after the
-//!   commit) while the next round is pulled and parsed, and acknowledges the round's
-//!   messages only after the commit (while the next round is written). A round is what is
+//!   in one transaction through the one [`CandleWriter`] while the next round is pulled and
+//!   parsed; a committed round is published, then its messages acknowledged, on a task of its
+//!   own while the next round is written (publishing tens of thousands of candles took a
+//!   quarter of a round). A round is what is
 //!   waiting, fetched at once; only when nothing is waiting does a pull request wait (at most
 //!   `PULL_WAIT`) — a request that expired while the server was still sending a full round
 //!   left the client waiting seconds for its end. A failed write keeps its round and writes it
@@ -45,7 +46,7 @@ use shared::protocol::SeriesId;
 use super::config::ClusterConfig;
 use super::lease::RoleLease;
 use super::Subjects;
-use crate::candles::writer::{CandleWriter, Derive, ForwardClosed};
+use crate::candles::writer::{CandleWriter, Derive, ForwardClosed, Rows};
 use crate::error::report;
 use crate::shutdown::Shutdown;
 use crate::store::StoreError;
@@ -243,10 +244,20 @@ impl Persister {
         let every = Duration::from_millis(cluster.tick_ms);
         let retry = Duration::from_millis(cluster.tick_ms.max(500));
         let mut next_keep = tokio::time::Instant::now();
-        // The round being written, the next one (pulled meanwhile), and the last one written
-        // (acknowledged meanwhile).
-        let (mut current, mut ahead, mut written) =
-            (Pulled::default(), Pulled::default(), Vec::new());
+        // The round being written and the next one (pulled meanwhile).
+        let (mut current, mut ahead) = (Pulled::default(), Pulled::default());
+        // Committed rounds are published, then acknowledged, in order, on a task of their own
+        // while the next round is written (at most one waits).
+        let (committed, mut to_publish) = tokio::sync::mpsc::channel::<(Rows, Vec<Msg>)>(1);
+        let publisher = {
+            let writer = writer.clone();
+            shutdown.spawn(async move {
+                while let Some((rows, msgs)) = to_publish.recv().await {
+                    writer.publish(&rows);
+                    ack_all(msgs).await;
+                }
+            })
+        };
         // Each series' derived candles as of the minutes written while holding the lease
         // (see `Derivers`); forgotten when the lease is, as another node writes then.
         let mut derivers = Derivers::new(&derived);
@@ -267,9 +278,8 @@ impl Persister {
                     .send_if_modified(|was| std::mem::replace(was, lease.held()) != lease.held());
             }
             if !lease.held() {
-                // What was written is acknowledged; what was pulled goes back at once, for the
-                // new holder.
-                ack_all(std::mem::take(&mut written)).await;
+                // What was written is acknowledged (by the publishing task); what was pulled
+                // goes back at once, for the new holder.
                 derivers.clear();
                 current.send_back().await;
                 ahead.send_back().await;
@@ -306,17 +316,14 @@ impl Persister {
                     std::mem::swap(&mut current, &mut ahead);
                     continue;
                 }
-                let (pulled, ()) = tokio::join!(
-                    pull(&consumer, &mut current, &stats),
-                    ack_all(std::mem::take(&mut written))
-                );
-                if let Err(e) = pulled {
+                if let Err(e) = pull(&consumer, &mut current, &stats).await {
                     pull_failed(&e, &stats, retry, &shutdown).await;
                 }
                 continue;
             }
             // Write this round while the next one is pulled (on a task of its own: receiving
-            // and parsing a round is as long as writing one) and the last one acknowledged.
+            // and parsing a round is as long as writing one) and the last one published and
+            // acknowledged.
             let next = ahead.is_empty().then(|| {
                 let (consumer, stats, mut round) =
                     (consumer.clone(), stats.clone(), std::mem::take(&mut ahead));
@@ -325,10 +332,7 @@ impl Persister {
                     (round, r)
                 })
             });
-            let (done, ()) = tokio::join!(
-                persist(&mut current, &mut derivers, &writer, &stats),
-                ack_all(std::mem::take(&mut written))
-            );
+            let done = persist(&mut current, &mut derivers, &writer, &stats).await;
             if let Some(next) = next {
                 let pulled = match next.await {
                     Ok((round, r)) => {
@@ -342,8 +346,9 @@ impl Persister {
                 }
             }
             match done {
-                Some(msgs) => {
-                    written = msgs;
+                Some(round) => {
+                    // (the publishing task ends only when this sender is dropped)
+                    let _ = committed.send(round).await;
                     backoff.reset();
                     retry_at = None;
                     stats.failing_since_ms.store(0, Relaxed);
@@ -362,7 +367,8 @@ impl Persister {
                 }
             }
         }
-        ack_all(written).await;
+        drop(committed);
+        let _ = publisher.await; // the last rounds published and acknowledged
         current.send_back().await;
         ahead.send_back().await;
         leading.send_replace(false);
@@ -622,16 +628,17 @@ impl Derivers {
 }
 
 /// Writes one round — every series' minutes and the derived candles they complete, in one
-/// transaction — and returns its messages once it committed, to be acknowledged (while the next
-/// round is written); a failed write leaves the round as it was, to be written again.
+/// transaction — and returns its rows and messages once it committed, to be published and
+/// acknowledged (while the next round is written); a failed write leaves the round as it was,
+/// to be written again.
 async fn persist(
     round: &mut Pulled,
     derivers: &mut Derivers,
     writer: &CandleWriter,
     stats: &PersisterStats,
-) -> Option<Vec<Msg>> {
+) -> Option<(Rows, Vec<Msg>)> {
     if round.by_series.is_empty() {
-        return Some(std::mem::take(&mut round.msgs));
+        return Some((Vec::new(), std::mem::take(&mut round.msgs)));
     }
     let by_series: BTreeMap<SeriesId, Vec<Candle>> =
         round.by_series.iter().map(|(s, c)| (s.clone(), c.values().copied().collect())).collect();
@@ -645,13 +652,13 @@ async fn persist(
     let Round { rows, derive, next, minutes, repeated } = derivers.round(by_series);
     let fresh: usize = minutes.iter().map(|(_, m)| m.len()).sum();
     let written = if rows.is_empty() {
-        Ok(()) // every minute was written already
+        Ok(rows) // every minute was written already
     } else {
         let store = writer.store().clone();
-        writer.write(rows, derive, move |b| store.write(b)).await.map(|_| ())
+        writer.commit(rows, derive, move |b| store.write(b)).await
     };
     match written {
-        Ok(()) => {
+        Ok(rows) => {
             tracing::debug!(
                 n,
                 fresh,
@@ -665,7 +672,7 @@ async fn persist(
             stats.batches.fetch_add(1, Relaxed);
             derivers.committed(next, minutes);
             round.by_series.clear();
-            Some(std::mem::take(&mut round.msgs))
+            Some((rows, std::mem::take(&mut round.msgs)))
         }
         Err(e) => {
             stats.write_failures.fetch_add(1, Relaxed);
