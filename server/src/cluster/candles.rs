@@ -654,8 +654,7 @@ async fn persist(
     let written = if rows.is_empty() {
         Ok(rows) // every minute was written already
     } else {
-        let store = writer.store().clone();
-        writer.commit(rows, derive, move |b| store.write(b)).await
+        commit_round(writer, rows, derive).await
     };
     match written {
         Ok(rows) => {
@@ -682,6 +681,50 @@ async fn persist(
     }
 }
 
+/// Rounds of at least this many rows are written as two transactions at once.
+const SPLIT_ROWS: usize = 8_000;
+
+/// Commits a round's rows: a large one as two transactions at once on two connections, each
+/// holding whole instruments (an instrument's minutes and derived candles stay in one
+/// transaction): one transaction's round trips leave PostgreSQL idle, the other's fill it
+/// (measured: 84–93 k candles/s with derived, one transaction; 94–114 k, two). The round has committed
+/// when both have; if one fails, the whole round is written again (upserts: the other half's
+/// rows are written the same again).
+async fn commit_round(
+    writer: &CandleWriter,
+    rows: Rows,
+    derive: Derive,
+) -> Result<Rows, StoreError> {
+    let commit = |rows: Rows, derive: Derive| {
+        let store = writer.store().clone();
+        writer.commit(rows, derive, move |b| store.write(b))
+    };
+    let total: usize = rows.iter().map(|(_, c)| c.len()).sum();
+    if total < SPLIT_ROWS {
+        return commit(rows, derive).await;
+    }
+    // Each instrument's rows (its 1m row, then its derived rows) go to the lighter half.
+    let (mut halves, mut sizes): ([Rows; 2], [usize; 2]) = Default::default();
+    let mut side = 0;
+    let mut last: Option<shared::protocol::InstrumentId> = None;
+    for (series, candles) in rows {
+        if last.as_ref() != Some(&series.instrument) {
+            side = usize::from(sizes[1] < sizes[0]);
+            last = Some(series.instrument.clone());
+        }
+        sizes[side] += candles.len();
+        halves[side].push((series, candles));
+    }
+    let [a, b] = halves;
+    if b.is_empty() {
+        return commit(a, derive).await;
+    }
+    let (ra, rb) = tokio::join!(commit(a, derive.clone()), commit(b, derive));
+    let mut rows = ra?;
+    rows.extend(rb?);
+    Ok(rows)
+}
+
 /// A closed 1m candle a persister writes: one minute, on a minute boundary, consistent.
 fn is_closed_minute(c: &Candle) -> bool {
     c.minutes == 1 && c.open_time.rem_euclid(MINUTE_MS) == 0 && c.check().is_ok()
@@ -699,6 +742,77 @@ mod tests {
     fn minute(t: i64) -> Candle {
         let p = 1_000 + (t / MINUTE_MS) % 97;
         Candle::one_minute(t, Price(p), Price(p + 7), Price(p - 3), Price(p + 2), Volume(5), 2)
+    }
+
+    /// Every derived candle of `m1`'s instrument stored equals the merge of its bucket's stored
+    /// minutes, and every bucket ended by the newest stored minute is stored.
+    fn derived_match(store: &dyn CandleStore, m1: &SeriesId, tfs: &[Timeframe], what: &str) {
+        let stored = store.candles(m1, Some(0), None, 100_000).unwrap();
+        let newest = stored.last().unwrap().open_time;
+        for &tf in tfs {
+            let series = SeriesId { instrument: m1.instrument.clone(), timeframe: tf };
+            let derived = store.candles(&series, Some(0), None, 100_000).unwrap();
+            let mut open = tf.bucket_open(stored[0].open_time);
+            while open + tf.duration_ms() - MINUTE_MS <= newest {
+                let inside: Vec<Candle> = stored
+                    .iter()
+                    .filter(|c| c.open_time >= open && c.open_time < open + tf.duration_ms())
+                    .copied()
+                    .collect();
+                let want = merge(tf, &inside);
+                let got = derived.iter().find(|c| c.open_time == open).copied();
+                assert_eq!(got, want, "{what}: {series}, the bucket at {open}");
+                open += tf.duration_ms();
+            }
+        }
+    }
+
+    /// A round large enough to be written as two transactions: every instrument's rows land
+    /// (in one of them), and its derived candles are right.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_round_is_written_as_two_transactions_of_whole_instruments() {
+        let dir = std::env::temp_dir().join(format!("millrace-split-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store: Arc<dyn CandleStore> = Arc::new(SqliteStore::open(&dir.join("t.db")).unwrap());
+        let writer = CandleWriter::new(store.clone(), Arc::new(InProcessBus::new(16)));
+        let tfs = [Timeframe::M5, Timeframe::H1];
+        let mut derivers = Derivers::new(&tfs);
+        let ids: Vec<SeriesId> =
+            (0..3).map(|i| format!("sim:spot:S{i}/USDT:1m").parse().unwrap()).collect();
+        let t0 = 1_700_000_000_000_i64.div_euclid(3_600_000) * 3_600_000;
+        for round in 0..2_i64 {
+            let by_series: BTreeMap<SeriesId, Vec<Candle>> = ids
+                .iter()
+                .map(|id| {
+                    let minutes = (round * 3_000..(round + 1) * 3_000)
+                        .map(|m| minute(t0 + m * MINUTE_MS))
+                        .collect();
+                    (id.clone(), minutes)
+                })
+                .collect();
+            let Round { rows, derive, next, minutes, .. } = derivers.round(by_series);
+            let shape = |rows: &Rows| {
+                let mut v: Vec<(String, usize)> =
+                    rows.iter().map(|(s, c)| (s.to_string(), c.len())).collect();
+                v.sort();
+                v
+            };
+            let planned = shape(&rows);
+            assert!(planned.iter().map(|(_, n)| n).sum::<usize>() >= SPLIT_ROWS);
+            let written = commit_round(&writer, rows, derive).await.unwrap();
+            // (a series' first round has its derived candles made in the write, from the store)
+            let got = shape(&written);
+            for (series, n) in &planned {
+                assert!(got.iter().any(|(s, m)| s == series && m >= n), "round {round}: {series}");
+            }
+            derivers.committed(next, minutes);
+            for id in &ids {
+                let stored = store.candles(id, Some(0), None, 100_000).unwrap();
+                assert_eq!(stored.len() as i64, (round + 1) * 3_000);
+                derived_match(store.as_ref(), id, &tfs, &format!("round {round}"));
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// Rounds as a persister gets them after reconnects and failed writes: runs in order, minutes
@@ -763,24 +877,7 @@ mod tests {
             }
             derivers.committed(aggs, minutes);
 
-            let stored = store.candles(&m1, Some(0), None, 100_000).unwrap();
-            let newest = stored.last().unwrap().open_time;
-            for tf in tfs {
-                let series = SeriesId { instrument: m1.instrument.clone(), timeframe: tf };
-                let derived = store.candles(&series, Some(0), None, 100_000).unwrap();
-                let mut open = tf.bucket_open(stored[0].open_time);
-                while open + tf.duration_ms() - MINUTE_MS <= newest {
-                    let inside: Vec<Candle> = stored
-                        .iter()
-                        .filter(|c| c.open_time >= open && c.open_time < open + tf.duration_ms())
-                        .copied()
-                        .collect();
-                    let want = merge(tf, &inside);
-                    let got = derived.iter().find(|c| c.open_time == open).copied();
-                    assert_eq!(got, want, "round {round}: the {tf} bucket at {open}");
-                    open += tf.duration_ms();
-                }
-            }
+            derived_match(store.as_ref(), &m1, &tfs, &format!("round {round}"));
         }
         assert!(aggregated_rounds > 40, "most rounds followed the last: {aggregated_rounds}");
         assert!(repeated_minutes > 0, "rounds sent again were left out");

@@ -37,8 +37,9 @@
 //!
 //! # Connections
 //!
-//! One writer connection behind a mutex and a small pool of readers (the trait is blocking: the
-//! service calls it on blocking threads). A connection found broken is dropped and the next call
+//! Small pools of writer and reader connections (the trait is blocking: the service calls it on
+//! blocking threads; the persister writes a large round as two transactions at once, on
+//! disjoint series). A connection found broken is dropped and the next call
 //! opens a new one, so a PostgreSQL restart costs the calls made while it is down an error each
 //! (the callers retry with back-off), never the process.
 
@@ -114,13 +115,15 @@ pub struct PostgresStore {
     /// The URL without its password, for messages.
     display: String,
     method: WriteMethod,
-    writer: Mutex<Option<Client>>,
+    /// Idle writer connections (a write takes one, or opens one, and gives it back).
+    writers: Mutex<Vec<Client>>,
     readers: Mutex<Vec<Client>>,
     /// Series name -> id, for series whose row is committed.
     ids: Mutex<HashMap<String, i32>>,
 }
 
 const READERS_KEPT: usize = 4;
+const WRITERS_KEPT: usize = 2;
 
 fn db(context: impl Into<String>) -> impl FnOnce(postgres::Error) -> StoreError {
     let context = context.into();
@@ -178,13 +181,13 @@ impl PostgresStore {
             config,
             display,
             method,
-            writer: Mutex::new(None),
+            writers: Mutex::new(Vec::new()),
             readers: Mutex::new(Vec::new()),
             ids: Mutex::new(HashMap::new()),
         };
         let mut client = store.connect()?;
         migrate(&mut client, &store.display)?;
-        *lock(&store.writer) = Some(client);
+        lock(&store.writers).push(client);
         Ok(store)
     }
 
@@ -220,25 +223,28 @@ impl PostgresStore {
         out
     }
 
-    /// Runs `f` in one transaction on the writer connection; reconnects first if it broke.
+    /// Runs `f` in one transaction on a writer connection (an idle one, or a new one when
+    /// none is idle or the idle one broke).
     fn write_tx<T>(
         &self,
         f: impl FnOnce(&mut Transaction<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut guard = lock(&self.writer);
-        if guard.as_ref().is_none_or(Client::is_closed) {
-            *guard = None;
-            *guard = Some(self.connect()?);
-        }
-        let client = guard.as_mut().expect("connected above");
+        let idle = lock(&self.writers).pop().filter(|c| !c.is_closed());
+        let mut client = match idle {
+            Some(c) => c,
+            None => self.connect()?,
+        };
         let result = (|| {
             let mut tx = client.transaction().map_err(db("beginning a transaction"))?;
             let out = f(&mut tx)?;
             tx.commit().map_err(db("committing"))?;
             Ok(out)
         })();
-        if client.is_closed() || result.as_ref().is_err_and(connection_suspect) {
-            *guard = None;
+        if !client.is_closed() && !result.as_ref().is_err_and(connection_suspect) {
+            let mut pool = lock(&self.writers);
+            if pool.len() < WRITERS_KEPT {
+                pool.push(client);
+            }
         }
         result
     }
@@ -562,7 +568,7 @@ impl Drop for PostgresStore {
     /// thread of the service's runtime (the last handle is often dropped there): the
     /// connections are closed on a thread of their own then.
     fn drop(&mut self) {
-        let writer = lock(&self.writer).take();
+        let writer = std::mem::take(&mut *lock(&self.writers));
         let readers = std::mem::take(&mut *lock(&self.readers));
         if tokio::runtime::Handle::try_current().is_ok() {
             // joined at once: closing takes a round trip per connection, and nothing is left
