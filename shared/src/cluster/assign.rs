@@ -117,8 +117,33 @@ struct Worker {
     list: u64,
     /// What this supervisor assigned it.
     holds: BTreeMap<TaskId, Hold>,
+    /// Known: `reported` and `holds` have the same tasks (found so by a reconcile, and neither
+    /// changed since). At steady state every status finds so without comparing a task.
+    keys_match: bool,
     /// Sequence number of the next instruction set of this epoch.
     next_seq: u64,
+}
+
+/// What only `a` has and what only `b` has, of two ascending key sequences (one pass).
+fn differences<'a>(
+    a: impl Iterator<Item = &'a TaskId>,
+    b: impl Iterator<Item = &'a TaskId>,
+) -> (Vec<TaskId>, Vec<TaskId>) {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    let (mut only_a, mut only_b) = (Vec::new(), Vec::new());
+    loop {
+        match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(x), Some(y)) if x == y => {
+                a.next();
+                b.next();
+            }
+            (Some(x), Some(y)) if x < y => only_a.extend(a.next().cloned()),
+            (Some(_), Some(_)) | (None, Some(_)) => only_b.extend(b.next().cloned()),
+            (Some(_), None) => only_a.extend(a.next().cloned()),
+        }
+    }
+    (only_a, only_b)
 }
 
 impl Worker {
@@ -257,6 +282,7 @@ impl Assigner {
         }
         for w in self.workers.values_mut() {
             w.holds.clear();
+            w.keys_match = false;
         }
         self.holders.clear();
         self.short.clear();
@@ -299,6 +325,7 @@ impl Assigner {
                 reported: BTreeMap::new(),
                 list: 0,
                 holds: BTreeMap::new(),
+                keys_match: false,
                 next_seq: 1,
             }
         });
@@ -338,12 +365,27 @@ impl Assigner {
             } else {
                 w.reported =
                     status.tasks.iter().map(|r| (r.task.clone(), at(r.data_age_ms))).collect();
+                w.keys_match = false;
             }
             w.list = status.list;
         }
-        for (task, hold) in w.holds.iter_mut() {
-            if let Some(Some(at)) = w.reported.get(task) {
-                hold.last_data_ms = hold.last_data_ms.max(*at);
+        // (both maps are in task order: one pass over the two, not a search per task — at
+        // steady state this runs for every task of every status)
+        if w.keys_match {
+            for (hold, at) in w.holds.values_mut().zip(w.reported.values()) {
+                if let Some(at) = at {
+                    hold.last_data_ms = hold.last_data_ms.max(*at);
+                }
+            }
+        } else {
+            let mut reported = w.reported.iter().peekable();
+            for (task, hold) in w.holds.iter_mut() {
+                while reported.next_if(|(t, _)| *t < task).is_some() {}
+                if let Some((t, Some(at))) = reported.peek() {
+                    if *t == task {
+                        hold.last_data_ms = hold.last_data_ms.max(*at);
+                    }
+                }
             }
         }
         if !self.is_running() {
@@ -372,10 +414,14 @@ impl Assigner {
         if settled {
             // reconcile what it runs with what it was given
             let w = &self.workers[&id];
-            let extra: Vec<TaskId> =
-                w.reported.keys().filter(|t| !w.holds.contains_key(*t)).cloned().collect();
-            let dropped: Vec<TaskId> =
-                w.holds.keys().filter(|t| !w.reported.contains_key(*t)).cloned().collect();
+            let (extra, dropped) = if w.keys_match {
+                (Vec::new(), Vec::new())
+            } else {
+                differences(w.reported.keys(), w.holds.keys())
+            };
+            if extra.is_empty() && dropped.is_empty() {
+                self.workers.get_mut(&id).expect("known worker").keys_match = true;
+            }
             for t in dropped {
                 self.unhold(&id, &t);
                 vacated.push(t);
@@ -579,6 +625,7 @@ impl Assigner {
         let generation = self.next_generation();
         let w = self.workers.get_mut(worker).expect("known worker");
         w.holds.insert(t.clone(), Hold { last_data_ms, generation });
+        w.keys_match = false;
         self.holders.entry(t.clone()).or_default().insert(worker.to_string());
         self.timer.arm(
             last_data_ms + self.cfg.task_timeout_ms,
@@ -589,6 +636,7 @@ impl Assigner {
     fn unhold(&mut self, worker: &str, t: &TaskId) {
         if let Some(w) = self.workers.get_mut(worker) {
             w.holds.remove(t);
+            w.keys_match = false;
         }
         if let Some(h) = self.holders.get_mut(t) {
             h.remove(worker);
@@ -702,6 +750,7 @@ impl Assigner {
         if reset {
             for w in self.workers.values_mut() {
                 w.holds.clear();
+                w.keys_match = false;
             }
             self.holders.clear();
             self.short.clear();
@@ -750,20 +799,21 @@ impl Assigner {
         // 4. weights from spare capacity; 5. quotas
         let eligible: Vec<String> =
             self.workers.iter().filter(|(_, w)| w.eligible()).map(|(i, _)| i.clone()).collect();
-        let mut spare: BTreeMap<String, u32> =
-            eligible.iter().map(|id| (id.clone(), self.workers[id].spare())).collect();
-        let total_spare: u64 = spare.values().map(|&s| u64::from(s)).sum();
+        // (by position in `eligible`, which is in id order: the choice below looks at every
+        // worker for every replica, so no map lookups or clones in it)
+        let mut spare: Vec<u32> = eligible.iter().map(|id| self.workers[id].spare()).collect();
+        let total_spare: u64 = spare.iter().map(|&s| u64::from(s)).sum();
         let n = to_add.len() as u64;
         let mut placement = Placement::default();
-        let mut quota: BTreeMap<String, u32> = BTreeMap::new();
-        for (id, &s) in &spare {
+        let mut quota: Vec<u32> = Vec::with_capacity(eligible.len());
+        for (id, &s) in eligible.iter().zip(&spare) {
             let q = if total_spare == 0 {
                 0
             } else {
                 (n * u64::from(redundancy) * u64::from(s)).div_ceil(total_spare)
             };
             let q = u32::try_from(q).unwrap_or(u32::MAX);
-            quota.insert(id.clone(), q);
+            quota.push(q);
             placement.quotas.insert(id.clone(), (q, 0));
         }
         // 6. take tasks from `add` into "add task" instructions
@@ -772,34 +822,37 @@ impl Assigner {
             let need = redundancy.saturating_sub(self.holder_count(t));
             for _ in 0..need {
                 let holders = self.holders.get(t);
-                let free = |id: &String, avoid_ok: bool| {
-                    spare[id] > 0
-                        && !holders.is_some_and(|h| h.contains(id))
-                        && (avoid_ok || !avoid.contains(&(t.clone(), id.clone())))
+                let free = |i: usize, avoid_ok: bool| {
+                    spare[i] > 0
+                        && !holders.is_some_and(|h| h.contains(&eligible[i]))
+                        && (avoid_ok
+                            || avoid.is_empty()
+                            || !avoid.contains(&(t.clone(), eligible[i].clone())))
                 };
-                let within = eligible.iter().filter(|id| quota[*id] > 0 && free(id, false)).max_by(
-                    |a, b| (quota[*a], spare[*a]).cmp(&(quota[*b], spare[*b])).then(b.cmp(a)),
-                );
+                // the most quota left, then the most spare, then the lowest id
+                let within =
+                    (0..eligible.len()).filter(|&i| quota[i] > 0 && free(i, false)).max_by(
+                        |&a, &b| (quota[a], spare[a]).cmp(&(quota[b], spare[b])).then(b.cmp(&a)),
+                    );
                 let (pick, in_quota) = match within {
-                    Some(id) => (Some(id.clone()), true),
+                    Some(i) => (Some(i), true),
                     None => {
-                        let any = eligible
-                            .iter()
-                            .filter(|id| free(id, false))
-                            .chain(eligible.iter().filter(|id| free(id, true)))
-                            .max_by(|a, b| spare[*a].cmp(&spare[*b]).then(b.cmp(a)))
-                            .cloned();
+                        let any = (0..eligible.len())
+                            .filter(|&i| free(i, false))
+                            .chain((0..eligible.len()).filter(|&i| free(i, true)))
+                            .max_by(|&a, &b| spare[a].cmp(&spare[b]).then(b.cmp(&a)));
                         (any, false)
                     }
                 };
-                let Some(id) = pick else { break };
+                let Some(i) = pick else { break };
+                let id = eligible[i].clone();
                 if in_quota {
-                    *quota.get_mut(&id).expect("eligible") -= 1;
+                    quota[i] -= 1;
                     placement.quotas.get_mut(&id).expect("eligible").1 += 1;
                 } else {
                     placement.beyond_quota += 1;
                 }
-                *spare.get_mut(&id).expect("eligible") -= 1;
+                spare[i] -= 1;
                 self.hold(&id, t, now_ms);
                 sets.get_mut(&id).expect("eligible is active").add.push(t.clone());
                 added += 1;
@@ -921,5 +974,26 @@ impl Assigner {
             unassigned_total: self.short.len(),
             events: self.history.iter().cloned().collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+
+    #[test]
+    fn differences_of_two_sorted_sets_in_one_pass() {
+        let task = |i: u32| -> TaskId { format!("kline:sim:spot:S{i:03}/USDT").parse().unwrap() };
+        let a: BTreeSet<TaskId> = [1, 2, 4, 7, 9].into_iter().map(task).collect();
+        let b: BTreeSet<TaskId> = [0, 2, 3, 7, 10, 11].into_iter().map(task).collect();
+        let (only_a, only_b) = differences(a.iter(), b.iter());
+        assert_eq!(only_a, a.difference(&b).cloned().collect::<Vec<_>>());
+        assert_eq!(only_b, b.difference(&a).cloned().collect::<Vec<_>>());
+        let none = BTreeSet::new();
+        assert_eq!(differences(a.iter(), none.iter()).0.len(), 5);
+        assert_eq!(differences(none.iter(), b.iter()).1.len(), 6);
     }
 }
