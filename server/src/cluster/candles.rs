@@ -744,6 +744,15 @@ mod tests {
         Candle::one_minute(t, Price(p), Price(p + 7), Price(p - 3), Price(p + 2), Volume(5), 2)
     }
 
+    /// A fresh SQLite store in a directory of its own, and a writer on it.
+    fn sqlite_writer(tag: &str) -> (std::path::PathBuf, Arc<dyn CandleStore>, CandleWriter) {
+        let dir = std::env::temp_dir().join(format!("millrace-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store: Arc<dyn CandleStore> = Arc::new(SqliteStore::open(&dir.join("t.db")).unwrap());
+        let writer = CandleWriter::new(store.clone(), Arc::new(InProcessBus::new(16)));
+        (dir, store, writer)
+    }
+
     /// Every derived candle of `m1`'s instrument stored equals the merge of its bucket's stored
     /// minutes, and every bucket ended by the newest stored minute is stored.
     fn derived_match(store: &dyn CandleStore, m1: &SeriesId, tfs: &[Timeframe], what: &str) {
@@ -771,10 +780,7 @@ mod tests {
     /// (in one of them), and its derived candles are right.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_large_round_is_written_as_two_transactions_of_whole_instruments() {
-        let dir = std::env::temp_dir().join(format!("millrace-split-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let store: Arc<dyn CandleStore> = Arc::new(SqliteStore::open(&dir.join("t.db")).unwrap());
-        let writer = CandleWriter::new(store.clone(), Arc::new(InProcessBus::new(16)));
+        let (dir, store, writer) = sqlite_writer("split");
         let tfs = [Timeframe::M5, Timeframe::H1];
         let mut derivers = Derivers::new(&tfs);
         let ids: Vec<SeriesId> =
@@ -821,10 +827,7 @@ mod tests {
     /// that has ended by the newest stored minute is stored.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn derived_candles_from_the_aggregators_equal_the_merge_of_the_stored_minutes() {
-        let dir = std::env::temp_dir().join(format!("millrace-derivers-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let store: Arc<dyn CandleStore> = Arc::new(SqliteStore::open(&dir.join("t.db")).unwrap());
-        let writer = CandleWriter::new(store.clone(), Arc::new(InProcessBus::new(16)));
+        let (dir, store, writer) = sqlite_writer("derivers");
         let tfs = [Timeframe::M3, Timeframe::M5, Timeframe::M15, Timeframe::H1];
         let mut derivers = Derivers::new(&tfs);
         let m1: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
