@@ -5,8 +5,10 @@
 //!
 //! ## Environment overrides
 //! `MILLRACE_<SECTION>__<KEY>` (two underscores between section and key) sets `[section] key`,
-//! e.g. `MILLRACE_INGEST__ONDEMAND_MAX_JOBS=50`. The value is read as a TOML value when it parses
-//! as one (`50`, `true`, `["sim:spot:BTC/USDT"]`), else as a string. The short forms
+//! e.g. `MILLRACE_INGEST__ONDEMAND_MAX_JOBS=50`; nested tables take more parts
+//! (`MILLRACE_L3__ENGINE__SHARDS=4`), and `MILLRACE_SOURCES` / `MILLRACE_BACKFILL` set a whole list
+//! as an inline TOML array. A key that takes a string takes the raw value as it is; any other key
+//! reads it as TOML (`50`, `true`, `["sim:spot:BTC/USDT"]`). The short forms
 //! `MILLRACE_ADDR`, `MILLRACE_DATA_DIR`, `MILLRACE_STATIC_DIR`, `MILLRACE_SIM_SPEED` and
 //! `MILLRACE_ADMIN_TOKEN` are the flags' environment forms.
 //!
@@ -738,42 +740,93 @@ pub fn parse_instrument_or_series(s: &str) -> Result<InstrumentId, NameError> {
 }
 
 /// Applies one environment variable to the raw table, if it is one of ours.
+///
+/// The name is a path: `MILLRACE_<SECTION>__<KEY>`, `MILLRACE_L3__ENGINE__SHARDS` for a nested
+/// table, `MILLRACE_SOURCES` / `MILLRACE_BACKFILL` for a whole list of tables (an inline TOML
+/// array). The value's type comes from the key, not from the value: a key that takes a string
+/// takes the raw value as it is (`MILLRACE_ADMIN_TOKEN=12345678` is the token `12345678`, and
+/// `'"tok"'` keeps its quotes); any other key reads the value as TOML (`50`, `true`, `["a"]`).
 fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> Result<(), ConfigError> {
     let short = match name {
-        "MILLRACE_ADDR" => Some(("server", "addr")),
-        "MILLRACE_DATA_DIR" => Some(("server", "data_dir")),
-        "MILLRACE_STATIC_DIR" => Some(("server", "static_dir")),
-        "MILLRACE_ADMIN_TOKEN" => Some(("server", "admin_token")),
+        "MILLRACE_ADDR" => Some("server__addr"),
+        "MILLRACE_DATA_DIR" => Some("server__data_dir"),
+        "MILLRACE_STATIC_DIR" => Some("server__static_dir"),
+        "MILLRACE_ADMIN_TOKEN" => Some("server__admin_token"),
+        "MILLRACE_SOURCES" => Some("sources"),
+        "MILLRACE_BACKFILL" => Some("backfill"),
         _ => None,
     };
-    let (section, key) = match short {
-        Some((s, k)) => (s.to_string(), k.to_string()),
+    let path: Vec<String> = match short {
+        Some(p) => p.split("__").map(str::to_string).collect(),
         None => {
             let Some(rest) = name.strip_prefix("MILLRACE_") else { return Ok(()) };
-            let Some((s, k)) = rest.split_once("__") else { return Ok(()) };
-            (s.to_ascii_lowercase(), k.to_ascii_lowercase())
+            if !rest.contains("__") {
+                // MILLRACE_CONFIG, MILLRACE_SIM_SPEED (flags' forms) and the tools' own variables.
+                return Ok(());
+            }
+            rest.split("__").map(str::to_ascii_lowercase).collect()
         }
     };
-    if !matches!(section.as_str(), "server" | "limits" | "ingest" | "depth") {
-        return Err(ConfigError::Env {
-            name: name.to_string(),
-            problem: format!(
-                "`{section}` is not a configuration section that can be set from the environment (server, limits, ingest, depth)"
-            ),
-        });
+    let env_error = |problem: String| ConfigError::Env { name: name.to_string(), problem };
+    if path.iter().any(String::is_empty) {
+        return Err(env_error("an empty section or key between `__`".to_string()));
     }
-    let parsed = format!("v = {value}")
-        .parse::<toml::Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    let entry =
-        table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    let toml::Value::Table(t) = entry else {
-        return Err(invalid(format!("configuration key `{section}` must be a table")));
+    let sections = env_sections();
+    if !sections.iter().any(|s| *s == path[0]) {
+        return Err(env_error(format!(
+            "`{}` is not a configuration section ({})",
+            path[0],
+            sections.join(", ")
+        )));
+    }
+    let typed = if takes_string(&path, value) {
+        toml::Value::String(value.to_string())
+    } else {
+        // Not a string key: a TOML value. A value that is not TOML stays a string, so the error
+        // names the key and its expected type.
+        format!("v = {value}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_string()))
     };
-    t.insert(key, parsed);
+    let (key, tables) = path.split_last().expect("the path has a section");
+    let mut at = table;
+    let mut walked = String::new();
+    for part in tables {
+        if !walked.is_empty() {
+            walked.push('.');
+        }
+        walked.push_str(part);
+        let entry =
+            at.entry(part.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(t) = entry else {
+            return Err(env_error(format!("configuration key `{walked}` is not a table")));
+        };
+        at = t;
+    }
+    at.insert(key.clone(), typed);
     Ok(())
+}
+
+/// The top-level keys of the configuration (every section, lists of tables included).
+fn env_sections() -> Vec<String> {
+    match toml::Value::try_from(Config::default()) {
+        Ok(toml::Value::Table(t)) => t.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether the key at `path` takes a string: a configuration holding only that key, set to the
+/// raw value as a string, deserializes.
+fn takes_string(path: &[String], value: &str) -> bool {
+    let mut probe = toml::Value::String(value.to_string());
+    for part in path.iter().rev() {
+        let mut t = toml::Table::new();
+        t.insert(part.clone(), probe);
+        probe = toml::Value::Table(t);
+    }
+    Config::deserialize(probe).is_ok()
 }
 
 #[cfg(test)]
@@ -826,6 +879,53 @@ mod tests {
             .unwrap();
         assert_eq!(c.server.addr.to_string(), "127.0.0.1:7000");
         assert_eq!(c.sources[0].speed, 60.0);
+    }
+
+    #[test]
+    fn environment_values_take_the_type_of_their_key() {
+        // A string key takes the raw value: digits stay a token, quotes stay quotes.
+        let c = load("", &[("MILLRACE_ADMIN_TOKEN", "12345678")]).unwrap();
+        assert_eq!(c.server.admin_token.as_deref(), Some("12345678"));
+        let c = load("", &[("MILLRACE_SERVER__ADMIN_TOKEN", "\"tok-tok-tok\"")]).unwrap();
+        assert_eq!(c.server.admin_token.as_deref(), Some("\"tok-tok-tok\""));
+        let c = load("", &[("MILLRACE_L3__HOST", "true")]).unwrap_err().to_string();
+        assert!(c.contains("l3.host"), "a string key given `true` is validated as the string: {c}");
+        // Other keys read TOML.
+        let c = load("", &[("MILLRACE_INGEST__ONDEMAND_MAX_JOBS", "7")]).unwrap();
+        assert_eq!(c.ingest.ondemand_max_jobs, 7);
+    }
+
+    #[test]
+    fn every_section_is_reachable_from_the_environment() {
+        let c = load(
+            "",
+            &[
+                ("MILLRACE_L3__ENGINE__SHARDS", "3"),
+                ("MILLRACE_L3__ENGINE__AUTO_BALANCE", "false"),
+                ("MILLRACE_L3__SIM_FEEDS", "false"),
+                ("MILLRACE_BUS__URL", "nats://127.0.0.1:4222"),
+                ("MILLRACE_BUS__PREFIX", "envtest"),
+                ("MILLRACE_STORE__KIND", "sqlite"),
+                ("MILLRACE_CLUSTER__TICK_MS", "250"),
+                ("MILLRACE_SOURCES", "[{ name = \"sim\", kind = \"sim\", speed = 5.0 }]"),
+                ("MILLRACE_BACKFILL", "[]"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.l3.engine.shards, 3);
+        assert!(!c.l3.engine.auto_balance);
+        assert!(!c.l3.sim_feeds);
+        assert_eq!(c.bus.url, "nats://127.0.0.1:4222");
+        assert_eq!(c.bus.prefix, "envtest");
+        assert_eq!(c.cluster.tick_ms, 250);
+        assert_eq!((c.sources.len(), c.sources[0].speed), (1, 5.0));
+        assert!(c.backfill.is_empty());
+        for (name, value) in [("MILLRACE_CLUSTER__NOPE", "1"), ("MILLRACE_L3__ENGINE__NOPE", "1")] {
+            let e = load("", &[(name, value)]).unwrap_err().to_string();
+            assert!(e.contains("nope"), "{name}: {e}");
+        }
+        let e = load("", &[("MILLRACE_INGEST____X", "1")]).unwrap_err().to_string();
+        assert!(e.contains("MILLRACE_INGEST____X"), "{e}");
     }
 
     #[test]
