@@ -46,6 +46,8 @@ pub struct ChartWidget {
     /// The status last drawn (`loading`, `live`, `stale`, `disconnected`, or an error).
     status: RefCell<String>,
     error: RefCell<Option<String>>,
+    /// The server refused the stream: its code and message (cleared when it is live again).
+    refused: RefCell<Option<String>>,
     el: RefCell<Option<Element>>,
     slot: FrameSlot,
 }
@@ -63,10 +65,11 @@ impl ChartWidget {
             last_message_ms: Cell::new(0.0),
             status: RefCell::new(String::new()),
             error: RefCell::new(None),
+            refused: RefCell::new(None),
             el: RefCell::new(None),
             slot: FrameSlot::default(),
         });
-        let (on_push, on_live, on_lost) = (w.clone(), w.clone(), w.clone());
+        let (on_push, on_live, on_lost, on_refused) = (w.clone(), w.clone(), w.clone(), w.clone());
         feed.subscribe(
             Stream::Kline(series_id),
             Handlers {
@@ -78,6 +81,7 @@ impl ChartWidget {
                 }),
                 on_live: Box::new(move || {
                     on_live.live.set(true);
+                    *on_live.refused.borrow_mut() = None;
                     // first load, or what was missed while disconnected
                     let from = on_live.series.borrow().last().map(|(c, _)| c.open_time);
                     on_live.load_history(from);
@@ -85,6 +89,11 @@ impl ChartWidget {
                 on_lost: Box::new(move || {
                     on_lost.live.set(false);
                     on_lost.slot.request(&on_lost);
+                }),
+                on_refused: Box::new(move |refusal| {
+                    on_refused.live.set(false);
+                    *on_refused.refused.borrow_mut() = Some(refusal.text());
+                    on_refused.slot.request(&on_refused);
                 }),
             },
         );
@@ -149,6 +158,9 @@ impl ChartWidget {
     }
 
     fn current_status(&self) -> String {
+        if let Some(r) = self.refused.borrow().as_ref() {
+            return format!("refused: {r}");
+        }
         if let Some(e) = self.error.borrow().as_ref() {
             return format!("error: {e}");
         }

@@ -142,6 +142,8 @@ pub struct BookWidget {
     snapshot_stream: RefCell<Option<FeedSubscription>>,
     /// When the last message for this book arrived (`Date.now()`), 0 before the first.
     last_message_ms: Cell<f64>,
+    /// The server refused the book's stream: its code and message (cleared when it is live).
+    refused: RefCell<Option<String>>,
     /// The ladder drawn and its update id.
     shown: RefCell<(DepthLadder, u64)>,
     /// The machine vouched for a new book since the last frame.
@@ -172,6 +174,7 @@ impl BookWidget {
             retry_in: Cell::new(None),
             snapshot_stream: RefCell::new(None),
             last_message_ms: Cell::new(0.0),
+            refused: RefCell::new(None),
             shown: RefCell::new((DepthLadder::default(), 0)),
             book_changed: Cell::new(false),
             badge_seen: Cell::new(BookBadge::default()),
@@ -179,7 +182,8 @@ impl BookWidget {
             slot: FrameSlot::default(),
         });
         if mode == SyncMode::Delta {
-            let (on_push, on_live, on_lost) = (w.clone(), w.clone(), w.clone());
+            let (on_push, on_live, on_lost, on_refused) =
+                (w.clone(), w.clone(), w.clone(), w.clone());
             feed.subscribe(
                 Stream::DepthUpdate(instrument),
                 Handlers {
@@ -195,12 +199,18 @@ impl BookWidget {
                     }),
                     on_live: Box::new(move || {
                         on_live.live.set(true);
+                        on_live.refused.borrow_mut().take();
                         on_live.drain();
                     }),
                     on_lost: Box::new(move || {
                         on_lost.live.set(false);
                         on_lost.sync.borrow_mut().handle_connection_lost(now_ms());
                         on_lost.drain();
+                    }),
+                    on_refused: Box::new(move |refusal| {
+                        on_refused.live.set(false);
+                        *on_refused.refused.borrow_mut() = Some(refusal.text());
+                        on_refused.slot.request(&on_refused);
                     }),
                 },
             );
@@ -282,6 +292,7 @@ impl BookWidget {
             return;
         }
         let (on_push, on_lost) = (Rc::downgrade(self), Rc::downgrade(self));
+        let (on_live, on_refused) = (Rc::downgrade(self), Rc::downgrade(self));
         let sub = self.feed.subscription(
             Stream::Depth { instrument: self.instrument.clone(), levels: LADDER_LEVELS as u16 },
             Handlers {
@@ -296,9 +307,19 @@ impl BookWidget {
                         Err(e) => leptos::logging::warn!("bad depth snapshot: {e}"),
                     }
                 }),
-                on_live: Box::new(|| {}),
+                on_live: Box::new(move || {
+                    if let Some(w) = on_live.upgrade() {
+                        w.refused.borrow_mut().take();
+                    }
+                }),
                 on_lost: Box::new(move || {
                     if let Some(w) = on_lost.upgrade() {
+                        w.slot.request(&w);
+                    }
+                }),
+                on_refused: Box::new(move |refusal| {
+                    if let Some(w) = on_refused.upgrade() {
+                        *w.refused.borrow_mut() = Some(refusal.text());
                         w.slot.request(&w);
                     }
                 }),
@@ -337,6 +358,9 @@ impl BookWidget {
 
     /// Why the book is stale, or `""`.
     fn stale_label(&self) -> String {
+        if let Some(r) = self.refused.borrow().as_ref() {
+            return format!("refused: {r}");
+        }
         let in_snapshot_mode = self.snapshot_stream.borrow().is_some();
         if !in_snapshot_mode
             && !self.live.get()

@@ -4,6 +4,12 @@
 //! server's job refcounts follow the page), re-subscribes everything after a reconnect, and
 //! reconnects with the shared back-off (`shared::backoff::Backoff`, jittered) when the socket
 //! closes. The socket is `gloo-net`'s; a reader and a writer task own its halves.
+//!
+//! Each stream is subscribed in a request of its own, because the server applies a request all
+//! or nothing: a stream the server refuses (`capacity_exhausted`, `unknown_series`, …) never
+//! holds back the page's other streams. The refusal goes to that stream's widgets
+//! ([`Handlers::on_refused`], with the server's code and message); a refusal that can pass
+//! (capacity, lag, an internal error) is retried for that stream alone, 2 s doubling to 60 s.
 //! Everything is cleaned up (socket closed, timer cleared) when the owning component unmounts.
 
 use std::cell::{Cell, RefCell};
@@ -20,13 +26,20 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use send_wrapper::SendWrapper;
 use shared::backoff::Backoff;
-use shared::protocol::{ClientRequest, Heartbeat, Method, ServerFrame, Stream};
+use shared::protocol::{
+    ClientRequest, ErrorBody, ErrorCode, Heartbeat, Method, ServerFrame, Stream,
+};
 
 use crate::ConnStatus;
 
 /// The feed's reconnect delays: 500 ms doubling to 10 s, ±20 % jitter.
 fn reconnect_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(500), Duration::from_secs(10))
+}
+
+/// Waits before a refused stream is asked for again: 2 s doubling to 60 s, ±20 % jitter.
+fn refusal_backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(2), Duration::from_secs(60))
 }
 
 /// What a subscriber is told about its stream.
@@ -37,6 +50,56 @@ pub struct Handlers {
     pub on_live: Box<dyn Fn()>,
     /// The socket closed: nothing arrives until the next `on_live`.
     pub on_lost: Box<dyn Fn()>,
+    /// The server refused the subscription; nothing arrives until the next `on_live`.
+    pub on_refused: Box<dyn Fn(&Refusal)>,
+}
+
+impl Handlers {
+    /// Handlers that only take pushes.
+    pub fn pushes(on_push: impl Fn(&serde_json::Value) + 'static) -> Handlers {
+        Handlers {
+            on_push: Box::new(on_push),
+            on_live: Box::new(|| {}),
+            on_lost: Box::new(|| {}),
+            on_refused: Box::new(|_| {}),
+        }
+    }
+}
+
+/// The server's refusal of one stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    /// The server's message, as it sent it.
+    pub msg: String,
+    /// When the feed asks again (`None`: it does not; the request cannot succeed as it is).
+    pub retry_in: Option<Duration>,
+}
+
+impl Refusal {
+    /// What a widget shows: `capacity_exhausted: <the server's message> (retrying in 4 s)`.
+    pub fn text(&self) -> String {
+        let code = serde_json::to_value(self.code)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        match self.retry_in {
+            Some(d) => format!("{code}: {} (retrying in {} s)", self.msg, d.as_secs().max(1)),
+            None => format!("{code}: {}", self.msg),
+        }
+    }
+}
+
+/// Whether a refusal with `code` can pass if the same request is made later.
+pub fn is_retryable(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::CapacityExhausted
+            | ErrorCode::Lagging
+            | ErrorCode::Internal
+            | ErrorCode::Unavailable
+            | ErrorCode::TooManyConnections
+    )
 }
 
 /// The page's shared feed. Cheap to clone; use it on the browser's thread only.
@@ -64,6 +127,7 @@ impl Feed {
             subs: RefCell::new(Vec::new()),
             next_id: Cell::new(1),
             pending: RefCell::new(HashMap::new()),
+            refused: RefCell::new(HashMap::new()),
         });
         conn.open();
         // Leptos cleanups must be `Send`; this one runs on the browser's only thread.
@@ -149,6 +213,7 @@ pub fn use_heartbeat_feed() -> HeartbeatFeed {
             }),
             on_live: Box::new(|| {}),
             on_lost: Box::new(|| {}),
+            on_refused: Box::new(|_| {}),
         },
     );
     HeartbeatFeed { status: feed.status(), last, received }
@@ -205,6 +270,22 @@ struct Connection {
     next_id: Cell<u64>,
     /// Requests sent on the current socket and not answered yet: the streams they subscribe.
     pending: RefCell<HashMap<u64, Vec<Stream>>>,
+    /// Streams the server refused, with their retry back-off and pending retry timer.
+    refused: RefCell<HashMap<Stream, Retry>>,
+}
+
+/// A refused stream's next attempt.
+struct Retry {
+    backoff: Backoff,
+    timer: Option<TimeoutHandle>,
+}
+
+impl Drop for Retry {
+    fn drop(&mut self) {
+        if let Some(t) = self.timer.take() {
+            t.clear();
+        }
+    }
 }
 
 impl Connection {
@@ -222,6 +303,7 @@ impl Connection {
             self.request(Method::Subscribe, vec![stream]);
         } else if self.status.get_untracked() == ConnStatus::Live
             && !self.pending.borrow().values().any(|streams| streams.contains(&stream))
+            && !self.refused.borrow().contains_key(&stream)
         {
             // already flowing for another subscriber: this one is live once it is set up
             queue_microtask(move || (handlers.on_live)());
@@ -236,7 +318,10 @@ impl Connection {
             subs.remove(at).stream
         };
         if !self.subs.borrow().iter().any(|s| s.stream == stream) {
-            self.request(Method::Unsubscribe, vec![stream]);
+            // a refused stream was never subscribed: drop its retry instead
+            if self.refused.borrow_mut().remove(&stream).is_none() {
+                self.request(Method::Unsubscribe, vec![stream]);
+            }
         }
     }
 
@@ -322,6 +407,12 @@ impl Connection {
             socket.open.set(true);
         }
         self.pending.borrow_mut().clear();
+        // retries wait for nothing now: every stream is asked for again on this socket
+        for retry in self.refused.borrow_mut().values_mut() {
+            if let Some(t) = retry.timer.take() {
+                t.clear();
+            }
+        }
         let mut streams: Vec<Stream> =
             self.subs.borrow().iter().map(|s| s.stream.clone()).collect();
         streams.sort();
@@ -329,22 +420,91 @@ impl Connection {
         if streams.is_empty() {
             self.backoff.borrow_mut().reset();
             self.set_status.set(ConnStatus::Live);
-        } else {
-            self.request(Method::Subscribe, streams);
+        }
+        // one request per stream: the server refuses a request as a whole
+        for stream in streams {
+            self.request(Method::Subscribe, vec![stream]);
         }
     }
 
-    fn on_text(&self, text: &str) {
+    /// The server refused `streams` (subscribed in one request): tell their widgets, and ask
+    /// again later when the refusal can pass.
+    fn on_refused(self: &Rc<Self>, streams: Vec<Stream>, error: &ErrorBody) {
+        for stream in streams {
+            if !self.subs.borrow().iter().any(|s| s.stream == stream) {
+                continue; // its last widget went while the request was out
+            }
+            let retry_in = is_retryable(error.code).then(|| {
+                let random = (js_sys::Math::random() * f64::from(u32::MAX)) as u32;
+                let mut refused = self.refused.borrow_mut();
+                let retry = refused
+                    .entry(stream.clone())
+                    .or_insert_with(|| Retry { backoff: refusal_backoff(), timer: None });
+                let delay = retry.backoff.next_delay(random);
+                let weak = Rc::downgrade(self);
+                let again = stream.clone();
+                retry.timer = set_timeout_with_handle(
+                    move || {
+                        if let Some(c) = weak.upgrade() {
+                            c.retry(again);
+                        }
+                    },
+                    delay,
+                )
+                .ok();
+                delay
+            });
+            if retry_in.is_none() {
+                self.refused
+                    .borrow_mut()
+                    .insert(stream.clone(), Retry { backoff: refusal_backoff(), timer: None });
+            }
+            let refusal = Refusal { code: error.code, msg: error.msg.clone(), retry_in };
+            leptos::logging::warn!("server refused {stream}: {}", refusal.text());
+            let told: Vec<Rc<Handlers>> = self
+                .subs
+                .borrow()
+                .iter()
+                .filter(|s| s.stream == stream)
+                .map(|s| s.handlers.clone())
+                .collect();
+            for h in told {
+                (h.on_refused)(&refusal);
+            }
+        }
+    }
+
+    /// Asks again for a refused stream, if a widget still wants it.
+    fn retry(&self, stream: Stream) {
+        if let Some(retry) = self.refused.borrow_mut().get_mut(&stream) {
+            retry.timer = None;
+        }
+        if self.subs.borrow().iter().any(|s| s.stream == stream) {
+            self.request(Method::Subscribe, vec![stream]);
+        }
+    }
+
+    fn on_text(self: &Rc<Self>, text: &str) {
         match serde_json::from_str::<ServerFrame>(text) {
             Ok(ServerFrame::Reply(reply)) => {
                 let streams = self.pending.borrow_mut().remove(&reply.id);
-                if !reply.is_ok() {
-                    leptos::logging::warn!("server refused request: {reply:?}");
-                    return;
-                }
+                // the server answers: the connection is live, whatever it says of one stream
                 self.backoff.borrow_mut().reset();
                 self.set_status.set(ConnStatus::Live);
+                if let Some(error) = &reply.error {
+                    match streams {
+                        Some(streams) => self.on_refused(streams, error),
+                        None => leptos::logging::warn!("server refused request: {reply:?}"),
+                    }
+                    return;
+                }
                 let Some(streams) = streams else { return };
+                {
+                    let mut refused = self.refused.borrow_mut();
+                    for s in &streams {
+                        refused.remove(s);
+                    }
+                }
                 let live: Vec<Rc<Handlers>> = self
                     .subs
                     .borrow()
@@ -375,6 +535,11 @@ impl Connection {
     fn on_close(self: &Rc<Self>) {
         drop(self.socket.take());
         self.pending.borrow_mut().clear();
+        for retry in self.refused.borrow_mut().values_mut() {
+            if let Some(t) = retry.timer.take() {
+                t.clear();
+            }
+        }
         let all: Vec<Rc<Handlers>> =
             self.subs.borrow().iter().map(|s| s.handlers.clone()).collect();
         for h in all {
@@ -417,6 +582,7 @@ impl Connection {
         if let Some(h) = self.retry.take() {
             h.clear();
         }
+        self.refused.borrow_mut().clear();
         drop(self.socket.take());
     }
 }

@@ -189,6 +189,7 @@ async fn feed_subscribes_while_a_widget_lives_and_unsubscribes_when_it_goes() {
             on_push: Box::new(move |_| b()),
             on_live: Box::new(|| {}),
             on_lost: Box::new(|| {}),
+            on_refused: Box::new(|_| {}),
         },
     );
     let kline: Stream = "kline@sim:spot:BTC/USDT:1m".parse().unwrap();
@@ -200,6 +201,7 @@ async fn feed_subscribes_while_a_widget_lives_and_unsubscribes_when_it_goes() {
                 on_push: Box::new(move |_| k()),
                 on_live: count(&kline_lives),
                 on_lost: Box::new(|| {}),
+                on_refused: Box::new(|_| {}),
             },
         )
     });
@@ -232,5 +234,55 @@ async fn feed_subscribes_while_a_widget_lives_and_unsubscribes_when_it_goes() {
         b0,
         beats.get()
     );
+    page.cleanup();
+}
+
+/// A stream the server refuses reaches its own widget, with the server's code and message, and
+/// holds back none of the page's other streams: both are subscribed before the socket opens, so
+/// they go out together (the server refuses a request as a whole).
+#[wasm_bindgen_test]
+async fn a_refused_stream_reaches_its_widget_and_holds_back_no_other() {
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+
+    use client::depth::sleep_ms;
+    use client::feed::{Feed, Handlers, Refusal};
+    use shared::protocol::{ErrorCode, Stream};
+
+    let Some(url) = option_env!("MILLRACE_TEST_WS") else {
+        panic!("build with MILLRACE_TEST_WS=ws://host:port/ws of a running `millrace serve` (scripts/test does)")
+    };
+    let page = Owner::new();
+    page.set();
+    let feed = Feed::open_url(url);
+    let beats = Rc::new(Cell::new(0u32));
+    let b = beats.clone();
+    feed.subscribe(Stream::Heartbeat, Handlers::pushes(move |_| b.set(b.get() + 1)));
+    let refused: Rc<RefCell<Option<Refusal>>> = Rc::new(RefCell::new(None));
+    let (r, lives) = (refused.clone(), Rc::new(Cell::new(0u32)));
+    let l = lives.clone();
+    let unknown: Stream = "kline@sim:spot:NOPE/USDT:1m".parse().unwrap();
+    feed.subscribe(
+        unknown,
+        Handlers {
+            on_push: Box::new(|_| {}),
+            on_live: Box::new(move || l.set(l.get() + 1)),
+            on_lost: Box::new(|| {}),
+            on_refused: Box::new(move |refusal| *r.borrow_mut() = Some(refusal.clone())),
+        },
+    );
+    let mut waited = 0;
+    while (refused.borrow().is_none() || beats.get() < 1) && waited < 15_000 {
+        sleep_ms(100).await;
+        waited += 100;
+    }
+    let refusal = refused.borrow().clone().expect("the unknown series is refused to its widget");
+    assert_eq!(refusal.code, ErrorCode::UnknownSeries, "{refusal:?}");
+    assert!(!refusal.msg.is_empty(), "the server's message is passed on");
+    assert_eq!(refusal.retry_in, None, "an unknown series is not asked for again");
+    assert!(refusal.text().starts_with("unknown_series: "), "{}", refusal.text());
+    assert!(beats.get() >= 1, "the heartbeat flows beside the refused stream ({waited} ms)");
+    assert_eq!(feed.status().get_untracked(), ConnStatus::Live);
+    assert_eq!(lives.get(), 0);
     page.cleanup();
 }

@@ -6,6 +6,9 @@
 //   the operations view follows;
 // - with 10 books and a chart streaming, every widget crosses into JS at most once per animation
 //   frame and nothing shifts layout (frame rate and first paint are printed; BENCHMARKS.md has the measured figures);
+// - a stream the server refuses (on-demand capacity 1) shows the server's message on its own
+//   chart, holds back no other widget (the pinned book syncs, the connection is live), and is
+//   asked for again until it is served once capacity frees;
 // - screenshots of the market view at 1280x800 and narrow, written to tests/browser/out/.
 //
 // Run alone: MILLRACE_BIN=target/debug/millrace node --test tests/browser/market.test.mjs
@@ -190,4 +193,34 @@ test('10 books and a chart stream with at most one JS crossing per widget per fr
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   assert.ok(overflow <= 0, `no horizontal scrolling in a narrow window (${overflow}px too wide)`);
   await page.screenshot({ path: join(outDir, 'market-narrow.png') });
+});
+
+test('a refused chart shows the server\'s reason and holds back no other widget, and is served once capacity frees', { timeout: 120_000 }, async (t) => {
+  const { base, browser } = await serverAndBrowser(t, [], { MILLRACE_INGEST__ONDEMAND_MAX_JOBS: '1' });
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  const charts = ['sim:spot:SOL/USDT:1m', 'sim:spot:XRP/USDT:1m', 'sim:spot:ADA/USDT:1m'];
+  await page.goto(`${base}/?charts=${charts.map(encodeURIComponent).join(',')}&books=${encodeURIComponent('sim:spot:BTC/USDT')}`);
+
+  // the pinned book syncs and the connection is live, whatever happens to the charts
+  await page.waitForFunction(() => document.querySelector('.book-card[data-instrument="sim:spot:BTC/USDT"]')?.dataset.state === 'synced', null, { timeout: 30_000 });
+  await page.waitForFunction(() => document.querySelector('#conn-status')?.textContent === 'live', null, { timeout: 10_000 });
+
+  // one chart holds the only on-demand job; the other two say why they are empty
+  const statuses = () => page.evaluate((charts) => charts.map((s) => document.querySelector(`.chart-panel[data-series="${s}"]`)?.dataset.status ?? ''), charts);
+  await page.waitForFunction((charts) => {
+    const st = charts.map((s) => document.querySelector(`.chart-panel[data-series="${s}"]`)?.dataset.status ?? '');
+    return st.filter((x) => x === 'live').length === 1 && st.filter((x) => x.startsWith('refused: capacity_exhausted: ')).length === 2;
+  }, charts, { timeout: 30_000 });
+  const seen = await statuses();
+  const text = await page.locator(`.chart-panel[data-series="${charts[seen.findIndex((x) => x !== 'live')]}"] .chart-status`).textContent();
+  assert.match(text, /^refused: capacity_exhausted: .+\(retrying in \d+ s\)$/, 'the panel shows the server\'s code and message');
+
+  // closing the served chart leaves its job idle: a refused chart's retry takes it over
+  const served = charts[seen.indexOf('live')];
+  await page.locator(`.chart-panel[data-series="${served}"] button.close`).click();
+  await page.waitForFunction((charts) => charts.some((s) => document.querySelector(`.chart-panel[data-series="${s}"]`)?.dataset.status === 'live'), charts.filter((s) => s !== served), { timeout: 90_000 });
+  assert.equal(await page.locator('.book-card[data-instrument="sim:spot:BTC/USDT"]').getAttribute('data-state'), 'synced', 'the book stayed synced');
+  assert.deepEqual(errors, [], 'no page errors');
 });
