@@ -14,6 +14,7 @@
 //! - anything else -> a file from the static directory (`index.html` at `/`)
 
 pub mod api;
+mod dashboard;
 mod error;
 mod heartbeat;
 pub mod ws;
@@ -35,6 +36,8 @@ use shared::protocol::ops::{ApiErrorCode, Health, HealthStatus, VersionInfo};
 use shared::protocol::InstrumentId;
 use tokio::net::TcpListener;
 use tower_http::services::ServeDir;
+
+pub use dashboard::Dashboard;
 use tracing::Instrument as _;
 
 pub use error::ApiError;
@@ -54,8 +57,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("--static-dir {}: no index.html; build the dashboard first with `scripts/build-client` (or pass --static-dir / set MILLRACE_STATIC_DIR to a built dist directory)", .0.display())]
-    NoDashboard(PathBuf),
+    #[error(transparent)]
+    NoDashboard(#[from] dashboard::NoDashboard),
     #[error(transparent)]
     Start(#[from] crate::app::StartError),
     #[error("the listener has no local address")]
@@ -73,22 +76,21 @@ pub fn default_static_dir() -> PathBuf {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub config: Config,
-    /// Root of the static files; must exist.
-    pub static_dir: PathBuf,
+    /// Where the dashboard's files come from.
+    pub dashboard: Dashboard,
     /// Interval between heartbeats on the `heartbeat` stream.
     pub heartbeat_every: Duration,
 }
 
 impl ServeConfig {
-    /// Checks a loaded configuration; a missing static directory is an error that says how to
-    /// make it.
+    /// Checks a loaded configuration: a configured static directory without a dashboard is an
+    /// error that says how to make it; with none configured, the workspace's built `dist/`, the
+    /// copy embedded at build time, or none (the API runs; `/` says how to build it).
     pub fn new(config: Config) -> Result<Self, ServeError> {
-        let static_dir = config.server.static_dir.clone().unwrap_or_else(default_static_dir);
-        if !static_dir.join("index.html").is_file() {
-            return Err(ServeError::NoDashboard(static_dir));
-        }
+        let dashboard =
+            Dashboard::choose(config.server.static_dir.as_deref(), &default_static_dir())?;
         let heartbeat_every = Duration::from_millis(config.server.heartbeat_ms);
-        Ok(Self { config, static_dir, heartbeat_every })
+        Ok(Self { config, dashboard, heartbeat_every })
     }
 }
 
@@ -132,15 +134,19 @@ pub struct AppState {
     per_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
 
-/// The router: API, WebSocket and static files.
-fn router(static_dir: &Path, state: AppState) -> Router {
-    Router::new()
+/// The router: API, WebSocket and the dashboard's files.
+fn router(dashboard: &Dashboard, state: AppState) -> Router {
+    let routes = Router::new()
         .route("/api/v1/version", get(version))
         .route("/healthz", get(healthz))
         .route("/ws", get(ws_upgrade))
-        .merge(api::routes())
-        .fallback_service(ServeDir::new(static_dir))
-        .with_state(state)
+        .merge(api::routes());
+    let routes = match dashboard {
+        Dashboard::Dir(dir) => routes.fallback_service(ServeDir::new(dir)),
+        Dashboard::Embedded => routes.fallback(dashboard::serve_embedded),
+        Dashboard::Missing => routes.fallback(dashboard::serve_missing),
+    };
+    routes.with_state(state)
 }
 
 async fn version() -> Json<VersionInfo> {
@@ -260,9 +266,9 @@ pub async fn serve_app(
         shutdown: http.clone(),
     });
     let state = AppState { sessions, app: app.clone(), per_ip: Arc::default() };
-    let router = router(&config.static_dir, state);
+    let router = router(&config.dashboard, state);
     let addr = listener.local_addr().map_err(ServeError::Listener)?;
-    tracing::info!(%addr, static_dir = %config.static_dir.display(), "millrace listening on http://{addr}/");
+    tracing::info!(%addr, dashboard = %config.dashboard.describe(), "millrace listening on http://{addr}/");
 
     let stopping = http.clone();
     let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())

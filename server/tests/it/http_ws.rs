@@ -36,13 +36,17 @@ fn static_dir() -> PathBuf {
 }
 
 async fn spawn_app() -> TestApp {
+    spawn_app_with(server::http::Dashboard::Dir(static_dir())).await
+}
+
+async fn spawn_app_with(dashboard: server::http::Dashboard) -> TestApp {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut base = server::config::Config::default();
     base.server.data_dir = static_dir().join(format!("data-{}", addr.port()));
     base.ingest.pinned = vec![];
     base.backfill = vec![];
-    let config = ServeConfig { config: base, static_dir: static_dir(), heartbeat_every: BEAT };
+    let config = ServeConfig { config: base, dashboard, heartbeat_every: BEAT };
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(async move {
         serve(listener, config, async move {
@@ -105,6 +109,19 @@ async fn index_html_is_served_at_root() {
     let app = spawn_app().await;
     assert_eq!(get(app.addr, "/").await, (200, INDEX_HTML.to_string()));
     assert_eq!(get(app.addr, "/no-such-file.js").await.0, 404);
+}
+
+/// A binary built before the dashboard (and given no static dir) starts, serves the API, and
+/// says on `/` how to build the dashboard.
+#[tokio::test]
+async fn without_a_dashboard_the_api_runs_and_the_root_explains_how_to_build_it() {
+    let app = spawn_app_with(server::http::Dashboard::Missing).await;
+    let (status, body) = get(app.addr, "/").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("scripts/build-client") && body.contains("--static-dir"), "{body}");
+    assert_eq!(get(app.addr, "/healthz").await.0, 200);
+    assert_eq!(get(app.addr, "/api/v1/version").await.0, 200);
+    assert_eq!(get(app.addr, "/client.js").await.0, 404);
 }
 
 #[test]
