@@ -370,7 +370,16 @@ impl App {
     /// A browser's subscription to `depth_update@{instrument}` / `depth@{instrument},N`: a lease
     /// on the instrument's depth job, starting it if needed (capacity rules as for candles).
     pub fn subscribe_depth(&self, instrument: &InstrumentId) -> Result<Lease, SubscribeError> {
-        self.depth.subscribe_instrument(instrument, &format!("depth@{instrument}"))
+        self.depth.subscribe_instrument(instrument, &format!("depth@{instrument}"), None)
+    }
+
+    /// [`App::subscribe_depth`] for a client at `owner` (its fair share and start rate apply).
+    pub fn subscribe_depth_as(
+        &self,
+        instrument: &InstrumentId,
+        owner: std::net::IpAddr,
+    ) -> Result<Lease, SubscribeError> {
+        self.depth.subscribe_instrument(instrument, &format!("depth@{instrument}"), Some(owner))
     }
 
     /// Depth jobs for ops: supervisor view (pinned, refcounts, crashes) plus each job's sync

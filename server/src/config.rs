@@ -188,6 +188,12 @@ pub struct IngestConfig {
     pub pinned: Vec<String>,
     /// Most on-demand jobs at once; 0 = unlimited (seed §4).
     pub ondemand_max_jobs: usize,
+    /// Most on-demand jobs one client address may hold a subscription on when it asks for a new
+    /// one (its fair share); 0 = no per-address limit. Also applies to depth jobs.
+    pub ondemand_max_jobs_per_ip: usize,
+    /// Most job starts a minute asked by clients, on the whole server (a token bucket: bursts
+    /// up to this); 0 = unlimited. Depth jobs have a bucket of their own of the same size.
+    pub max_job_starts_per_min: u32,
     /// On-demand jobs idle (no subscriber) longer than this are stopped (seed §5).
     pub ondemand_idle_ttl_s: u64,
     /// How often the idle reaper runs (seed: every second).
@@ -219,6 +225,8 @@ impl Default for IngestConfig {
         Self {
             pinned: vec!["sim:spot:BTC/USDT".into(), "sim:spot:ETH/USDT".into()],
             ondemand_max_jobs: 20,
+            ondemand_max_jobs_per_ip: 10,
+            max_job_starts_per_min: 120,
             ondemand_idle_ttl_s: 60,
             reaper_interval_ms: 1000,
             forming_min_interval_ms: 250,
@@ -412,6 +420,10 @@ pub struct SourceConfig {
     pub seed: u64,
     /// `sim` only: listen address of the embedded simulator (port 0 = any free port).
     pub sim_addr: SocketAddr,
+    /// Most REST request weight sent to the source in a minute, whatever the clients do (gap
+    /// fills, snapshots, job starts); calls past it wait for the next minute. Default: 80 % of
+    /// Binance's limit (spot 4800 of 6000, futures 1920 of 2400).
+    pub rest_weight_budget_1m: Option<u32>,
 }
 
 impl Default for SourceConfig {
@@ -425,6 +437,7 @@ impl Default for SourceConfig {
             speed: 1.0,
             seed: 42,
             sim_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            rest_weight_budget_1m: None,
         }
     }
 }
@@ -560,6 +573,8 @@ impl Config {
         range("ingest.flush_ms", i.flush_ms, 1, 3_600_000)?;
         range("ingest.forming_min_interval_ms", i.forming_min_interval_ms, 0, 3_600_000)?;
         range("ingest.ondemand_idle_ttl_s", i.ondemand_idle_ttl_s, 0, 30 * 86_400)?;
+        range("ingest.ondemand_max_jobs_per_ip", i.ondemand_max_jobs_per_ip, 0, 100_000)?;
+        range("ingest.max_job_starts_per_min", i.max_job_starts_per_min, 0, 1_000_000)?;
         range("ingest.reaper_interval_ms", i.reaper_interval_ms, 10, 3_600_000)?;
         range("ingest.reconnect_base_ms", i.reconnect_base_ms, 1, 3_600_000)?;
         range("ingest.reconnect_cap_ms", i.reconnect_cap_ms, i.reconnect_base_ms, 3_600_000)?;
@@ -628,6 +643,9 @@ impl Config {
                     "configuration key `{key}.name`: {:?} must be non-empty and free of `:@,/ `",
                     s.name
                 )));
+            }
+            if let Some(b) = s.rest_weight_budget_1m {
+                range(&format!("{key}.rest_weight_budget_1m"), b, 1, 1_000_000)?;
             }
             if !names.insert(s.name.as_str()) {
                 return Err(invalid(format!(

@@ -20,6 +20,8 @@ pub struct Metrics {
     pub ws_dropped_slow_send: AtomicU64,
     pub subscriptions: AtomicI64,
     pub subscriptions_refused_capacity: AtomicU64,
+    /// Subscriptions refused because they would start a job too soon (job-start rates).
+    pub subscriptions_refused_rate: AtomicU64,
     pub http_klines_requests: AtomicU64,
     pub http_bad_requests: AtomicU64,
     pub admin_unauthorized: AtomicU64,
@@ -155,8 +157,14 @@ impl Metrics {
         e.single(
             "millrace_subscriptions_refused_capacity_total",
             "counter",
-            "Subscriptions refused: no ingest capacity.",
+            "Subscriptions refused: no ingest capacity (or the address's share of it).",
             c(&self.subscriptions_refused_capacity),
+        );
+        e.single(
+            "millrace_subscriptions_refused_rate_total",
+            "counter",
+            "Subscriptions refused: too many job starts (per address or in all).",
+            c(&self.subscriptions_refused_rate),
         );
         e.single(
             "millrace_http_klines_requests_total",

@@ -207,7 +207,11 @@ impl Sources {
                 name: sc.name.clone(),
                 market: sc.market,
             })?;
-            let rest = RestClient::new(RestConfig::new(product, endpoint.rest_base.clone()))
+            let mut rest_config = RestConfig::new(product, endpoint.rest_base.clone());
+            if let Some(budget) = sc.rest_weight_budget_1m {
+                rest_config.weight_budget_1m = budget;
+            }
+            let rest = RestClient::new(rest_config)
                 .map_err(|source| SourceError::Rest { name: sc.name.clone(), source })?;
             list.push(Arc::new(Source {
                 config: sc.clone(),
@@ -318,6 +322,8 @@ impl Sources {
                     last_error: st.last_error,
                     loaded_at_ms: st.loaded_at_ms,
                     rest_used_weight_1m: s.rest.used_weight_1m(),
+                    rest_weight_budget_1m: Some(s.rest.weight_ledger().1),
+                    rest_budget_refusals: s.rest.budget_refusals(),
                 }
             })
             .collect()

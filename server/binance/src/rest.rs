@@ -13,6 +13,14 @@
 //! wait. Without a `Retry-After` header the wait is 60 s for 418 and 10 s for 429
 //! ([`retry_after`]).
 //!
+//! ## The weight budget
+//! The client also keeps its own ledger of the weight it sends each minute (each endpoint's
+//! documented weight, and the exchange's header when that says more) and **never sends a call
+//! that would take the minute past its budget** ([`RestConfig::weight_budget_1m`], by default
+//! 80 % of the product's limit: 4,800 of spot's 6,000, 1,920 of futures' 2,400). Such a call fails
+//! at once with [`RestError::WeightBudget`] and the time to the next minute, so no caller's
+//! behaviour (subscription churn, gap fills, snapshots) can take the IP to a 429 and a ban.
+//!
 //! ## Errors
 //! [`RestError`] says whether a failure is worth retrying ([`RestError::is_retryable`]): rate
 //! limits, transport failures (connect, timeout) and 5xx are; Binance's 4xx answers (`-1121
@@ -67,6 +75,10 @@ pub enum RestError {
     /// The call's arguments cannot be sent (a symbol with characters Binance never uses).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Sending the call would take this minute's weight past the client's budget; nothing was
+    /// sent. Retry after `retry_after` (the next minute).
+    #[error("REST weight budget: {used} of {budget} used this minute, the call needs {needed}; retry in {retry_after:?}")]
+    WeightBudget { needed: u32, used: u32, budget: u32, retry_after: Duration },
 }
 
 impl RestError {
@@ -74,11 +86,70 @@ impl RestError {
     /// failures, server errors). Binance's 4xx answers and bad bodies will not.
     pub fn is_retryable(&self) -> bool {
         match self {
-            RestError::RateLimited { .. } | RestError::Transport { .. } => true,
+            RestError::RateLimited { .. }
+            | RestError::WeightBudget { .. }
+            | RestError::Transport { .. } => true,
             RestError::Api { status, .. } => *status >= 500,
             RestError::Decode { .. } | RestError::InvalidArgument(_) => false,
         }
     }
+
+    /// Whether a rate limit refused the call (the exchange's 429/418, or the client's own
+    /// weight budget).
+    pub fn is_rate_limit(&self) -> bool {
+        matches!(self, RestError::RateLimited { .. } | RestError::WeightBudget { .. })
+    }
+
+    /// How long a rate limit asks the caller to wait.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            RestError::RateLimited { retry_after, .. }
+            | RestError::WeightBudget { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+/// The documented request weight of a call (Binance spot `/api/v3`, futures `/fapi/v1`).
+pub fn request_weight(product: Product, endpoint: &str, limit: u16) -> u32 {
+    match (product, endpoint) {
+        (Product::Spot, "klines") => 2,
+        (Product::Futures, "klines") => match limit {
+            0..=99 => 1,
+            100..=499 => 2,
+            500..=1000 => 5,
+            _ => 10,
+        },
+        (Product::Spot, "depth") => match limit {
+            0..=100 => 5,
+            101..=500 => 25,
+            501..=1000 => 50,
+            _ => 250,
+        },
+        (Product::Futures, "depth") => match limit {
+            0..=50 => 2,
+            51..=100 => 5,
+            101..=500 => 10,
+            _ => 20,
+        },
+        (Product::Spot, "exchangeInfo") => 20,
+        _ => 1,
+    }
+}
+
+/// The client's weight ledger for the current minute.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Minutes since the epoch.
+    minute: i64,
+    /// Weight sent (or reported by the exchange, if more) in `minute`.
+    used: u32,
+}
+
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Settings of a [`RestClient`].
@@ -91,6 +162,8 @@ pub struct RestConfig {
     pub base_url: String,
     /// Whole-request timeout.
     pub timeout: Duration,
+    /// Most request weight sent in a minute (see the module's docs); 0 = no budget.
+    pub weight_budget_1m: u32,
 }
 
 impl RestConfig {
@@ -101,7 +174,20 @@ impl RestConfig {
 
     /// `base_url` for `product`, default timeout.
     pub fn new(product: Product, base_url: impl Into<String>) -> Self {
-        RestConfig { product, base_url: base_url.into(), timeout: DEFAULT_TIMEOUT }
+        RestConfig {
+            product,
+            base_url: base_url.into(),
+            timeout: DEFAULT_TIMEOUT,
+            weight_budget_1m: default_weight_budget(product),
+        }
+    }
+}
+
+/// 80 % of the product's weight limit per minute (spot 6,000, futures 2,400).
+pub fn default_weight_budget(product: Product) -> u32 {
+    match product {
+        Product::Spot => 4_800,
+        Product::Futures => 1_920,
     }
 }
 
@@ -159,6 +245,12 @@ pub struct RestClient {
     /// The client-side back-off after a 429/418: until when, and which status caused it. A
     /// std mutex: held only to read or replace the value, never across an await.
     blocked: Mutex<Option<(Instant, u16)>>,
+    /// See [`RestConfig::weight_budget_1m`].
+    budget: u32,
+    /// This minute's weight. A std mutex: held only to read or update it, never across an await.
+    ledger: Mutex<Ledger>,
+    /// Calls refused by the budget.
+    budget_refusals: AtomicU64,
 }
 
 impl RestClient {
@@ -180,6 +272,9 @@ impl RestClient {
             product: config.product,
             used_weight: AtomicU64::new(u64::MAX),
             blocked: Mutex::new(None),
+            budget: config.weight_budget_1m,
+            ledger: Mutex::new(Ledger::default()),
+            budget_refusals: AtomicU64::new(0),
         })
     }
 
@@ -204,6 +299,46 @@ impl RestClient {
             u64::MAX => None,
             w => Some(w.min(u32::MAX as u64) as u32),
         }
+    }
+
+    /// The weight this client counts as used in the current minute, and its budget.
+    pub fn weight_ledger(&self) -> (u32, u32) {
+        let minute = wall_clock_ms().div_euclid(60_000);
+        let ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        (if ledger.minute == minute { ledger.used } else { 0 }, self.budget)
+    }
+
+    /// Calls refused by the weight budget since the start.
+    pub fn budget_refusals(&self) -> u64 {
+        self.budget_refusals.load(Ordering::Relaxed)
+    }
+
+    /// Counts `weight` into this minute's ledger, or refuses if that would pass the budget.
+    fn reserve(&self, weight: u32) -> Result<(), RestError> {
+        self.reserve_at(weight, wall_clock_ms())
+    }
+
+    fn reserve_at(&self, weight: u32, now: i64) -> Result<(), RestError> {
+        if self.budget == 0 {
+            return Ok(());
+        }
+        let minute = now.div_euclid(60_000);
+        let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        if ledger.minute != minute {
+            *ledger = Ledger { minute, used: 0 };
+        }
+        if ledger.used.saturating_add(weight) > self.budget {
+            self.budget_refusals.fetch_add(1, Ordering::Relaxed);
+            let to_next = u64::try_from((minute + 1) * 60_000 - now).unwrap_or(0);
+            return Err(RestError::WeightBudget {
+                needed: weight,
+                used: ledger.used,
+                budget: self.budget,
+                retry_after: Duration::from_millis(to_next),
+            });
+        }
+        ledger.used += weight;
+        Ok(())
     }
 
     /// The time left of the client-side back-off, if one is running.
@@ -234,31 +369,38 @@ impl RestClient {
         limit: u16,
     ) -> Result<Vec<RestKline>, RestError> {
         check_symbol(symbol)?;
-        self.get("klines", &klines_query(symbol, timeframe, start_ms, end_ms, limit)).await
+        let query = klines_query(symbol, timeframe, start_ms, end_ms, limit);
+        self.get("klines", &query, limit).await
     }
 
     /// The order book snapshot of `symbol`, `limit` levels a side: `GET {prefix}/depth`.
     pub async fn depth(&self, symbol: &str, limit: u16) -> Result<DepthSnapshot, RestError> {
         check_symbol(symbol)?;
         let query = format!("symbol={}&limit={limit}", symbol.to_ascii_uppercase());
-        self.get::<DepthBody>("depth", &query).await.map(DepthBody::into_snapshot)
+        self.get::<DepthBody>("depth", &query, limit).await.map(DepthBody::into_snapshot)
     }
 
     /// Symbols, their status and filters, and the rate limits: `GET {prefix}/exchangeInfo`.
     pub async fn exchange_info(&self) -> Result<ExchangeInfo, RestError> {
-        self.get("exchangeInfo", "").await
+        self.get("exchangeInfo", "", 0).await
     }
 
     /// The server's clock, ms since the epoch: `GET {prefix}/time`.
     pub async fn server_time(&self) -> Result<i64, RestError> {
-        self.get::<ServerTime>("time", "").await.map(|t| t.server_time)
+        self.get::<ServerTime>("time", "", 0).await.map(|t| t.server_time)
     }
 
-    /// One GET: back-off check, send, track the weight, map the status, decode.
-    async fn get<T: DeserializeOwned>(&self, endpoint: &str, query: &str) -> Result<T, RestError> {
+    /// One GET: back-off check, weight budget, send, track the weight, map the status, decode.
+    async fn get<T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        query: &str,
+        limit: u16,
+    ) -> Result<T, RestError> {
         if let Some((retry_after, status)) = self.blocked_now() {
             return Err(RestError::RateLimited { status, retry_after });
         }
+        self.reserve(request_weight(self.product, endpoint, limit))?;
         let url = self.url(endpoint, query);
         let transport = |e: reqwest::Error, url: &str| RestError::Transport {
             url: url.to_string(),
@@ -295,6 +437,12 @@ impl RestClient {
             .and_then(|v| v.trim().parse::<u32>().ok())
         {
             self.used_weight.store(w as u64, Ordering::Relaxed);
+            // the exchange counts calls this client did not make (other processes on the IP)
+            let minute = wall_clock_ms().div_euclid(60_000);
+            let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            if ledger.minute == minute {
+                ledger.used = ledger.used.max(w);
+            }
         }
     }
 }
@@ -368,5 +516,33 @@ mod tests {
         assert!(api_error(502, "").is_retryable());
         assert!(!api_error(400, "").is_retryable());
         assert!(RestError::RateLimited { status: 429, retry_after: Duration::ZERO }.is_retryable());
+    }
+
+    #[test]
+    fn request_weights_follow_binance() {
+        assert_eq!(request_weight(Product::Spot, "depth", 1000), 50);
+        assert_eq!(request_weight(Product::Spot, "depth", 5000), 250);
+        assert_eq!(request_weight(Product::Futures, "depth", 1000), 20);
+        assert_eq!(request_weight(Product::Spot, "klines", 1000), 2);
+        assert_eq!(request_weight(Product::Futures, "klines", 1500), 10);
+        assert_eq!(request_weight(Product::Spot, "exchangeInfo", 0), 20);
+    }
+
+    #[test]
+    fn the_budget_refuses_what_would_pass_it_without_sending() {
+        let mut config = RestConfig::new(Product::Spot, "http://127.0.0.1:9");
+        config.weight_budget_1m = 120;
+        let c = RestClient::new(config).unwrap();
+        let t = 1_699_999_990_000; // 10 s into a minute
+        c.reserve_at(50, t).unwrap();
+        c.reserve_at(50, t + 1).unwrap();
+        let e = c.reserve_at(50, t + 2).unwrap_err();
+        assert!(matches!(e, RestError::WeightBudget { needed: 50, used: 100, budget: 120, .. }));
+        assert!(e.is_rate_limit() && e.is_retryable());
+        assert_eq!(e.retry_after(), Some(Duration::from_millis(49_998)));
+        c.reserve_at(20, t + 3).unwrap();
+        assert_eq!(c.budget_refusals(), 1);
+        // the next minute starts a new ledger
+        c.reserve_at(120, t + 50_000).unwrap();
     }
 }

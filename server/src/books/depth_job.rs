@@ -531,7 +531,7 @@ impl<'a> Job<'a> {
             }
             Err(e) => {
                 self.status.snapshot_failures += 1;
-                if matches!(e, RestError::RateLimited { .. }) {
+                if e.is_rate_limit() {
                     self.status.snapshot_rate_limited += 1;
                 }
                 tracing::warn!(symbol = %self.deps.symbol, "depth snapshot failed: {e}");

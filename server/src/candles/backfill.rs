@@ -35,7 +35,6 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use binance::rest::RestError;
 use shared::backoff::Backoff;
 use shared::candle::{Candle, Timeframe, MINUTE_MS};
 use shared::protocol::ops::{BackfillState, BackfillTask};
@@ -470,7 +469,7 @@ impl Run {
                     Err(e) => {
                         failures += 1;
                         self.update(|p| p.last_error = Some(e.to_string()));
-                        if failures >= MAX_FAILURES && !matches!(e, RestError::RateLimited { .. }) {
+                        if failures >= MAX_FAILURES && !e.is_rate_limit() {
                             return Ended::Failed(e.to_string());
                         }
                         let wait =

@@ -220,12 +220,9 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
     pipeline.close(now_ms()).await;
 }
 
-/// How long a rate-limited exchange asked us to wait.
+/// How long a rate limit (the exchange's, or the REST client's weight budget) asks us to wait.
 pub fn retry_wait(e: &RestError) -> Option<Duration> {
-    match e {
-        RestError::RateLimited { retry_after, .. } => Some(*retry_after),
-        _ => None,
-    }
+    e.retry_after()
 }
 
 async fn on_event(

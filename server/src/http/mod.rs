@@ -109,19 +109,19 @@ pub struct Sessions {
 
 /// See [`Sessions::depth_leases`].
 pub type DepthLeases =
-    Arc<dyn Fn(&InstrumentId) -> Result<Option<Lease>, SubscribeError> + Send + Sync>;
+    Arc<dyn Fn(&InstrumentId, IpAddr) -> Result<Option<Lease>, SubscribeError> + Send + Sync>;
 
 /// Depth subscriptions: books of the tick-by-tick engine are always on; others need their depth
 /// job, which the subscription's lease keeps running.
 fn depth_leases(app: &Arc<App>) -> DepthLeases {
     let app = app.clone();
-    Arc::new(move |instrument: &InstrumentId| {
+    Arc::new(move |instrument: &InstrumentId, peer: IpAddr| {
         if app.books.is_always_on(instrument)
             || app.l3.remote().is_some_and(|r| r.serves(instrument))
         {
             return Ok(None);
         }
-        app.subscribe_depth(instrument).map(Some)
+        app.subscribe_depth_as(instrument, peer).map(Some)
     })
 }
 
@@ -228,7 +228,7 @@ async fn ws_upgrade(
                 let _alive = alive;
                 sessions.metrics.ws_connections.fetch_add(1, Relaxed);
                 sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
-                ws::session(socket, sessions.clone()).await;
+                ws::session(socket, sessions.clone(), peer.ip()).await;
                 sessions.metrics.ws_connections.fetch_sub(1, Relaxed);
             }
             .instrument(span)

@@ -14,6 +14,7 @@
 //! `limits.send_timeout_ms` drops the client too.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,8 @@ struct Sub {
 /// The request-handling state of one connection.
 pub struct Session {
     sessions: Arc<Sessions>,
+    /// The client's address: the jobs it starts count against its share and start rate.
+    peer: IpAddr,
     /// `Some` while the client is subscribed to `heartbeat`.
     heartbeat: Option<broadcast::Receiver<Arc<str>>>,
     /// Market-data subscriptions by stream name.
@@ -65,8 +68,8 @@ impl Drop for Session {
 }
 
 impl Session {
-    pub fn new(sessions: Arc<Sessions>) -> Self {
-        Self { sessions, heartbeat: None, subs: BTreeMap::new() }
+    pub fn new(sessions: Arc<Sessions>, peer: IpAddr) -> Self {
+        Self { sessions, peer, heartbeat: None, subs: BTreeMap::new() }
     }
 
     /// Is the client subscribed to `heartbeat`?
@@ -158,10 +161,10 @@ impl Session {
                     let lease = match stream {
                         Stream::Heartbeat => continue,
                         Stream::Kline(series) => {
-                            self.sessions.supervisor.subscribe(series).map(Some)
+                            self.sessions.supervisor.subscribe_as(series, self.peer).map(Some)
                         }
                         Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
-                            (self.sessions.depth_leases)(instrument)
+                            (self.sessions.depth_leases)(instrument, self.peer)
                         }
                     };
                     match lease {
@@ -175,6 +178,20 @@ impl Session {
                                         .subscriptions_refused_capacity
                                         .fetch_add(1, Relaxed);
                                     ErrorCode::CapacityExhausted
+                                }
+                                SubscribeError::FairShare { .. } => {
+                                    self.sessions
+                                        .metrics
+                                        .subscriptions_refused_capacity
+                                        .fetch_add(1, Relaxed);
+                                    ErrorCode::CapacityExhausted
+                                }
+                                SubscribeError::RateLimited { .. } => {
+                                    self.sessions
+                                        .metrics
+                                        .subscriptions_refused_rate
+                                        .fetch_add(1, Relaxed);
+                                    ErrorCode::RateLimited
                                 }
                                 SubscribeError::ShuttingDown => ErrorCode::Internal,
                             };
@@ -288,12 +305,12 @@ fn malformed_msg(e: &serde_json::Error) -> String {
 }
 
 /// Runs one connection until the client leaves, the socket fails, or the server shuts down.
-pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>) {
+pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, peer: IpAddr) {
     use futures_util::SinkExt as _;
     let send_timeout = Duration::from_millis(sessions.limits.send_timeout_ms);
     let metrics = sessions.metrics.clone();
     let shutdown = sessions.shutdown.clone();
-    let mut session = Session::new(sessions);
+    let mut session = Session::new(sessions, peer);
     // Allocated on the first push, so idle connections do not pay for it.
     let mut batch: Vec<bytes::Bytes> = Vec::new();
     tracing::debug!("websocket session started");

@@ -4,6 +4,7 @@
 //! it waits between retries with the one back-off, `shared::backoff::Backoff`, jittered by a
 //! [`crate::jitter::Jitter`].
 
+pub mod admission;
 pub mod supervisor;
 
 use std::sync::Arc;

@@ -13,6 +13,9 @@
 //! - **Capacity** `ondemand_max_jobs`: when full, the on-demand job idle (refcount 0) the longest
 //!   is evicted; if none is idle the subscription is refused with
 //!   [`SubscribeError::CapacityExhausted`] (seed §4: "an orderly no, not a crash").
+//! - **Admission** ([`super::admission`]): a job start asked by a client address is limited by
+//!   its fair share of on-demand capacity and by job-start rates (per address and in all), so
+//!   subscription churn cannot start jobs faster than the upstream allows.
 //! - **Idle reaper**: on-demand jobs idle longer than `ondemand_idle_ttl_s` are stopped (seed §5).
 //! - **Crashes**: a job future that panics or returns while not asked to stop is counted
 //!   (`crashes`, `last_crash_at_ms`, `last_error`) and restarted after the job's back-off
@@ -30,6 +33,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -40,6 +44,7 @@ use shared::protocol::ops::{Capacity, JobKind, JobReport};
 use shared::protocol::{InstrumentId, SeriesId};
 use tracing::Instrument as _;
 
+use super::admission::{Admission, Refused};
 use crate::clock::wall_clock_ms as now_ms;
 use crate::config::IngestConfig;
 use crate::jitter::Jitter;
@@ -138,6 +143,10 @@ pub enum SubscribeError {
         "capacity exhausted: {max} on-demand jobs are running and none is idle; try again later"
     )]
     CapacityExhausted { max: usize },
+    #[error("this address already holds {max_per_ip} on-demand jobs (ingest.ondemand_max_jobs_per_ip), its share of the server's capacity; release one or try again later")]
+    FairShare { max_per_ip: usize },
+    #[error("too many job starts: at most {per_minute} a minute on this server (ingest.max_job_starts_per_min); try again in {} s", retry_after_ms.div_ceil(1000))]
+    RateLimited { per_minute: u32, retry_after_ms: u64 },
     #[error("the server is shutting down")]
     ShuttingDown,
 }
@@ -146,6 +155,8 @@ struct Job {
     pinned: bool,
     /// Live subscriptions per series.
     subs: BTreeMap<String, u32>,
+    /// Live subscriptions per client address (for the addresses' fair share).
+    holders: HashMap<IpAddr, u32>,
     refcount: u32,
     /// When the refcount last became 0 (ms); `None` while referenced. New on-demand jobs start
     /// referenced by the subscription creating them.
@@ -165,6 +176,9 @@ struct State {
     evictions: u64,
     refusals: u64,
     reaped: u64,
+    /// Job starts refused by [`Admission`] (fair share or start rate).
+    rate_limited: u64,
+    admission: Admission,
 }
 
 struct Inner {
@@ -190,12 +204,19 @@ pub struct Lease {
     instrument: InstrumentId,
     series: String,
     generation: u64,
+    /// The client address that holds it (`None`: the service).
+    owner: Option<IpAddr>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.upgrade() {
-            Supervisor { inner }.release(&self.instrument, &self.series, self.generation);
+            Supervisor { inner }.release(
+                &self.instrument,
+                &self.series,
+                self.generation,
+                self.owner,
+            );
         }
     }
 }
@@ -222,6 +243,12 @@ impl Supervisor {
             evictions: 0,
             refusals: 0,
             reaped: 0,
+            rate_limited: 0,
+            admission: Admission::new(
+                config.ondemand_max_jobs_per_ip,
+                config.max_job_starts_per_min,
+                now_ms(),
+            ),
         };
         let inner =
             Inner { kind, config, runner, state: Mutex::new(state), shutdown: shutdown.child() };
@@ -279,7 +306,14 @@ impl Supervisor {
     /// (evicting the longest-idle on-demand job when at capacity).
     pub fn subscribe(&self, series: &SeriesId) -> Result<Lease, SubscribeError> {
         self.inner.runner.validate(series)?;
-        self.acquire(series.instrument.clone(), series.to_string())
+        self.acquire(series.instrument.clone(), series.to_string(), None)
+    }
+
+    /// [`Supervisor::subscribe`] for a client at `owner`: a job it starts counts against the
+    /// address's fair share and start rate ([`super::admission`]).
+    pub fn subscribe_as(&self, series: &SeriesId, owner: IpAddr) -> Result<Lease, SubscribeError> {
+        self.inner.runner.validate(series)?;
+        self.acquire(series.instrument.clone(), series.to_string(), Some(owner))
     }
 
     /// Like [`Supervisor::subscribe`] for jobs subscribed by instrument; `stream` names the
@@ -288,17 +322,36 @@ impl Supervisor {
         &self,
         instrument: &InstrumentId,
         stream: &str,
+        owner: Option<IpAddr>,
     ) -> Result<Lease, SubscribeError> {
         self.inner.runner.validate_instrument(instrument)?;
-        self.acquire(instrument.clone(), stream.to_string())
+        self.acquire(instrument.clone(), stream.to_string(), owner)
     }
 
-    fn acquire(&self, instrument: InstrumentId, name: String) -> Result<Lease, SubscribeError> {
+    fn acquire(
+        &self,
+        instrument: InstrumentId,
+        name: String,
+        owner: Option<IpAddr>,
+    ) -> Result<Lease, SubscribeError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(SubscribeError::ShuttingDown);
         }
         if !st.jobs.contains_key(&instrument) {
+            let held = owner.map_or(0, |ip| {
+                st.jobs.values().filter(|j| !j.pinned && j.holders.contains_key(&ip)).count()
+            });
+            if let Err(refused) = st.admission.admit(owner, held, now_ms()) {
+                st.rate_limited += 1;
+                tracing::info!(instrument = %instrument, kind = self.inner.kind.as_str(), ?owner, ?refused, "job start refused");
+                return Err(match refused {
+                    Refused::FairShare { max_per_ip } => SubscribeError::FairShare { max_per_ip },
+                    Refused::Rate { per_minute, retry_after_ms } => {
+                        SubscribeError::RateLimited { per_minute, retry_after_ms }
+                    }
+                });
+            }
             let max = self.inner.config.ondemand_max_jobs;
             let ondemand = st.jobs.values().filter(|j| !j.pinned).count();
             if max > 0 && ondemand >= max {
@@ -327,22 +380,40 @@ impl Supervisor {
         let job = st.jobs.get_mut(&instrument).expect("inserted above");
         job.refcount += 1;
         *job.subs.entry(name.clone()).or_default() += 1;
+        if let Some(ip) = owner {
+            *job.holders.entry(ip).or_default() += 1;
+        }
         job.last_zero_at_ms = None;
         Ok(Lease {
             inner: Arc::downgrade(&self.inner),
             instrument,
             series: name,
             generation: job.generation,
+            owner,
         })
     }
 
-    fn release(&self, instrument: &InstrumentId, series: &str, generation: u64) {
+    fn release(
+        &self,
+        instrument: &InstrumentId,
+        series: &str,
+        generation: u64,
+        owner: Option<IpAddr>,
+    ) {
         let mut st = self.lock();
         let Some(job) = st.jobs.get_mut(instrument) else { return };
         if job.generation != generation {
             return; // the job this lease referenced was stopped; its successor is not ours
         }
         job.refcount = job.refcount.saturating_sub(1);
+        if let Some(ip) = owner {
+            if let Some(n) = job.holders.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    job.holders.remove(&ip);
+                }
+            }
+        }
         if let Some(n) = job.subs.get_mut(series) {
             *n -= 1;
             if *n == 0 {
@@ -447,6 +518,7 @@ impl Supervisor {
         Job {
             pinned,
             subs: BTreeMap::new(),
+            holders: HashMap::new(),
             refcount: 0,
             last_zero_at_ms: if pinned { None } else { Some(now_ms()) },
             started_at_ms: now_ms(),
@@ -506,6 +578,7 @@ impl Supervisor {
                 evictions: st.evictions,
                 refusals: st.refusals,
                 reaped: st.reaped,
+                start_refusals: st.rate_limited,
             },
             jobs,
         }

@@ -257,6 +257,8 @@ pub enum ErrorCode {
     Unauthorized,
     /// Anything else; the message says what.
     Internal,
+    /// Too many job starts (per address or in all): try again after the time the message gives.
+    RateLimited,
     /// REST: nothing of that name exists (e.g. no job for the instrument).
     NotFound,
     /// REST: no order book of that instrument.

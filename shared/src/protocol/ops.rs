@@ -181,6 +181,10 @@ pub struct Capacity {
     pub refusals: u64,
     /// Idle on-demand jobs stopped by the reaper.
     pub reaped: u64,
+    /// Job starts refused to a client address: its fair share of capacity, or a start rate
+    /// (`rate_limited`).
+    #[serde(default)]
+    pub start_refusals: u64,
 }
 
 /// What a supervisor's jobs do; in a cluster, the kind of a worker's task.
@@ -600,6 +604,12 @@ pub struct SourceStatus {
     pub loaded_at_ms: Option<i64>,
     /// Binance's `X-MBX-USED-WEIGHT-1M` after the last REST request.
     pub rest_used_weight_1m: Option<u32>,
+    /// The REST client's own weight budget per minute (`sources[].rest_weight_budget_1m`).
+    #[serde(default)]
+    pub rest_weight_budget_1m: Option<u32>,
+    /// REST calls not sent because they would have passed the budget.
+    #[serde(default)]
+    pub rest_budget_refusals: u64,
 }
 
 /// What an admin action did.
