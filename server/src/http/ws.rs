@@ -6,7 +6,11 @@
 //! subscription; `depth_update@{instrument}` and `depth@{instrument},{levels}` take a lease on the
 //! instrument's depth job (books of the tick-by-tick engine are always on and need none);
 //! unsubscribing or closing the socket drops both. The async [`session`] loop owns
-//! the socket. A bad frame is answered with an error reply; the socket stays open.
+//! the socket. A bad request is answered with an error reply; the socket stays open. A violation
+//! of the WebSocket protocol itself ends the connection with a close frame saying why
+//! (RFC 6455 7.4.1): 1002 (reserved bits, an unmasked frame, a bad opcode or fragment), 1007
+//! (a text message that is not UTF-8) or 1009 (a frame or message over
+//! [`MAX_TRANSPORT_BYTES`]).
 //!
 //! Slow clients never hold anyone up: the bus keeps `limits.bus_capacity` messages per topic, and
 //! a client that falls further behind is closed with code 4000 and reason `lagging: …` (its
@@ -40,6 +44,34 @@ pub const READ_BUFFER_BYTES: usize = 1024;
 const GOING_AWAY: u16 = 1001;
 /// Close code for a client that fell behind (application range 4000-4999).
 pub const LAGGING: u16 = 4000;
+/// Close codes for a client's protocol violations (RFC 6455 7.4.1).
+pub const PROTOCOL_ERROR: u16 = 1002;
+pub const INVALID_PAYLOAD: u16 = 1007;
+pub const MESSAGE_TOO_BIG: u16 = 1009;
+
+/// The close frame a failed read calls for: a protocol violation by the client gets its code
+/// and a reason; a connection that is simply gone gets none.
+fn violation_close(e: axum::Error) -> Option<CloseFrame> {
+    use tokio_tungstenite::tungstenite::error::ProtocolError;
+    use tokio_tungstenite::tungstenite::Error;
+    let e = e.into_inner().downcast::<Error>().ok()?;
+    let (code, reason) = match *e {
+        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
+        Error::Protocol(p) => (PROTOCOL_ERROR, format!("protocol error: {p}")),
+        Error::Utf8(_) => (INVALID_PAYLOAD, "a text message that is not valid UTF-8".to_string()),
+        Error::Capacity(_) => (
+            MESSAGE_TOO_BIG,
+            format!("frames and messages are at most {MAX_TRANSPORT_BYTES} bytes"),
+        ),
+        _ => return None,
+    };
+    // A close reason is at most 123 bytes.
+    let mut reason = reason;
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    Some(CloseFrame { code, reason: reason.into() })
+}
 
 /// A live stream subscription of this connection.
 struct Sub {
@@ -312,6 +344,10 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>) {
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Err(e)) => {
                     tracing::debug!("websocket read failed: {e}");
+                    if let Some(close) = violation_close(e) {
+                        metrics.ws_protocol_violations.fetch_add(1, Relaxed);
+                        let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
+                    }
                     break;
                 }
             },

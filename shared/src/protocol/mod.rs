@@ -273,6 +273,8 @@ pub enum ErrorCode {
     SimulatorError,
     /// HTTP: this address holds as many connections as it may.
     TooManyConnections,
+    /// HTTP: a web page of this origin may not open the WebSocket (`server.allowed_origins`).
+    OriginNotAllowed,
     /// REST: a part of the cluster the answer needs (the leading supervisor) did not answer.
     Unavailable,
     /// REST: in a cluster, another node does this (backfill runs on the node holding the
