@@ -173,6 +173,11 @@ pub struct LimitsConfig {
     pub header_read_timeout_ms: u64,
     /// A keep-alive connection idle this long (ms) between requests is closed.
     pub idle_timeout_ms: u64,
+    /// Ingest jobs one WebSocket connection may start per minute (subscriptions to a kline or
+    /// depth stream whose job is not running); a request over it is refused whole.
+    pub max_job_starts_per_min_per_connection: u32,
+    /// ... and all connections of one IP address together.
+    pub max_job_starts_per_min_per_ip: u32,
     /// Messages buffered per topic for slow subscribers; one that falls further behind is
     /// dropped with close reason `lagging`.
     pub bus_capacity: usize,
@@ -191,6 +196,8 @@ impl Default for LimitsConfig {
             max_connections: 0,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
+            max_job_starts_per_min_per_connection: 20,
+            max_job_starts_per_min_per_ip: 60,
             bus_capacity: 1024,
             send_timeout_ms: 10_000,
             max_klines_limit: 5000,
@@ -604,6 +611,18 @@ impl Config {
         range("limits.max_connections", l.max_connections, 0, 10_000_000)?;
         range("limits.header_read_timeout_ms", l.header_read_timeout_ms, 10, 3_600_000)?;
         range("limits.idle_timeout_ms", l.idle_timeout_ms, 10, 86_400_000)?;
+        range(
+            "limits.max_job_starts_per_min_per_connection",
+            l.max_job_starts_per_min_per_connection,
+            1,
+            1_000_000,
+        )?;
+        range(
+            "limits.max_job_starts_per_min_per_ip",
+            l.max_job_starts_per_min_per_ip,
+            1,
+            1_000_000,
+        )?;
         range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
         range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
         range("limits.max_klines_limit", l.max_klines_limit, 1, 100_000)?;

@@ -37,6 +37,9 @@ pub struct Metrics {
     pub ws_dropped_slow_send: AtomicU64,
     pub subscriptions: AtomicI64,
     pub subscriptions_refused_capacity: AtomicU64,
+    /// Subscribe requests refused: they would start more jobs than the connection or its IP
+    /// may start now.
+    pub subscriptions_refused_job_starts: AtomicU64,
     pub http_klines_requests: AtomicU64,
     pub http_bad_requests: AtomicU64,
     pub admin_unauthorized: AtomicU64,
@@ -228,6 +231,12 @@ impl Metrics {
             "counter",
             "Subscriptions refused: no ingest capacity.",
             c(&self.subscriptions_refused_capacity),
+        );
+        e.single(
+            "millrace_subscriptions_refused_job_starts_total",
+            "counter",
+            "Subscribe requests refused: more job starts than the connection or its IP may make now.",
+            c(&self.subscriptions_refused_job_starts),
         );
         e.single(
             "millrace_http_klines_requests_total",

@@ -22,6 +22,7 @@ pub mod conn;
 mod error;
 mod heartbeat;
 pub mod origin;
+pub mod starts;
 pub mod ws;
 
 use std::future::Future;
@@ -108,6 +109,29 @@ pub struct Sessions {
     pub depth_leases: DepthLeases,
     /// The sessions' part of the shutdown: stopping it closes every session with 1001.
     pub shutdown: Shutdown,
+    /// Would subscribing to this stream start an ingest job (none running for it)?
+    pub starts_job: StartsJob,
+    /// Job starts left per client IP (`limits.max_job_starts_per_min_per_ip`).
+    pub ip_starts: starts::IpStarts,
+}
+
+/// See [`Sessions::starts_job`].
+pub type StartsJob = Arc<dyn Fn(&shared::protocol::Stream) -> bool + Send + Sync>;
+
+/// Whether a subscription would start a job: a kline stream whose instrument's job is not
+/// running, or a depth stream of a book that needs a depth job which is not running.
+fn starts_job(app: &Arc<App>) -> StartsJob {
+    use shared::protocol::Stream;
+    let app = app.clone();
+    Arc::new(move |stream: &Stream| match stream {
+        Stream::Heartbeat => false,
+        Stream::Kline(series) => app.supervisor.health(&series.instrument).is_none(),
+        Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
+            !(app.books.is_always_on(instrument)
+                || app.l3.remote().is_some_and(|r| r.serves(instrument)))
+                && app.depth.health(instrument).is_none()
+        }
+    })
 }
 
 /// See [`Sessions::depth_leases`].
@@ -233,7 +257,7 @@ async fn ws_upgrade(
                 let _alive = alive;
                 sessions.metrics.ws_connections.fetch_add(1, Relaxed);
                 sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
-                ws::session(socket, sessions.clone()).await;
+                ws::session(socket, sessions.clone(), Some(peer.ip().to_canonical())).await;
                 sessions.metrics.ws_connections.fetch_sub(1, Relaxed);
             }
             .instrument(span)
@@ -269,6 +293,8 @@ pub async fn serve_app(
         metrics: app.metrics.clone(),
         depth_leases: depth_leases(&app),
         shutdown: http.clone(),
+        starts_job: starts_job(&app),
+        ip_starts: starts::IpStarts::new(config.config.limits.max_job_starts_per_min_per_ip),
     });
     let nofile = conn::raise_nofile_limit();
     let limits = conn::ConnLimits::new(&config.config.limits, nofile)?;

@@ -26,6 +26,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use shared::protocol::{ClientRequest, ErrorCode, Method, Reply, Stream};
 use tokio::sync::broadcast;
 
+use super::starts::Bucket;
 use super::Sessions;
 use crate::bus::{RecvError, Subscription};
 use crate::jobs::{Lease, SubscribeError};
@@ -88,6 +89,10 @@ pub struct Session {
     heartbeat: Option<broadcast::Receiver<Arc<str>>>,
     /// Market-data subscriptions by stream name.
     subs: BTreeMap<String, Sub>,
+    /// The client's address, for the per-IP job-start limit.
+    ip: Option<std::net::IpAddr>,
+    /// Job starts left to this connection.
+    starts: Bucket,
 }
 
 impl Drop for Session {
@@ -97,8 +102,10 @@ impl Drop for Session {
 }
 
 impl Session {
-    pub fn new(sessions: Arc<Sessions>) -> Self {
-        Self { sessions, heartbeat: None, subs: BTreeMap::new() }
+    /// A session of a client at `ip` (`None`: not limited per IP).
+    pub fn new(sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) -> Self {
+        let starts = Bucket::full(sessions.limits.max_job_starts_per_min_per_connection);
+        Self { sessions, heartbeat: None, subs: BTreeMap::new(), ip, starts }
     }
 
     /// Is the client subscribed to `heartbeat`?
@@ -183,6 +190,29 @@ impl Session {
                             self.count()
                         ),
                     );
+                }
+                // Streams nobody follows start a job each: within this connection's and this
+                // address's job starts, or not at all.
+                let starting = new.iter().filter(|s| (self.sessions.starts_job)(s)).count();
+                if starting > 0 {
+                    let per_connection = self.sessions.limits.max_job_starts_per_min_per_connection;
+                    let taken = self.sessions.ip_starts.take(
+                        starting,
+                        &mut self.starts,
+                        per_connection,
+                        self.ip,
+                    );
+                    if let Err(e) = taken {
+                        self.sessions
+                            .metrics
+                            .subscriptions_refused_job_starts
+                            .fetch_add(1, Relaxed);
+                        return Reply::error(
+                            request.id,
+                            ErrorCode::TooManyJobStarts,
+                            e.to_string(),
+                        );
+                    }
                 }
                 // Take every lease first, so a refusal leaves nothing half-subscribed.
                 let mut taken = Vec::new();
@@ -320,12 +350,12 @@ fn malformed_msg(e: &serde_json::Error) -> String {
 }
 
 /// Runs one connection until the client leaves, the socket fails, or the server shuts down.
-pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>) {
+pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) {
     use futures_util::SinkExt as _;
     let send_timeout = Duration::from_millis(sessions.limits.send_timeout_ms);
     let metrics = sessions.metrics.clone();
     let shutdown = sessions.shutdown.clone();
-    let mut session = Session::new(sessions);
+    let mut session = Session::new(sessions, ip);
     // Allocated on the first push, so idle connections do not pay for it.
     let mut batch: Vec<bytes::Bytes> = Vec::new();
     tracing::debug!("websocket session started");

@@ -5,6 +5,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use futures_util::{SinkExt, StreamExt};
+use shared::protocol::ErrorCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -495,5 +497,79 @@ async fn connections_over_the_global_cap_are_closed_until_one_ends() {
         .unwrap_or_else(|| panic!("{rest}"));
     assert!(refused >= 1, "{rest}");
     drop(held);
+    server.stop().await;
+}
+
+// ---- 3: job starts per connection and per IP ----
+
+/// A WebSocket to `addr` from the local address `from`.
+async fn ws_from(from: IpAddr, addr: SocketAddr) -> tokio_tungstenite::WebSocketStream<TcpStream> {
+    let tcp = connect_from(from, addr).await;
+    tokio_tungstenite::client_async(format!("ws://{addr}/ws"), tcp).await.unwrap().0
+}
+
+fn kline(base: &str) -> String {
+    format!("kline@sim:spot:{base}/USDT:1m")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_starts_are_limited_per_connection_and_per_ip() {
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    config.ingest.ondemand_max_jobs = 1;
+    config.limits.max_job_starts_per_min_per_connection = 3;
+    config.limits.max_job_starts_per_min_per_ip = 5;
+    let server = TestServer::start(config).await;
+    let mut a = server.ws().await;
+    // Subscribe/unsubscribe churn over several instruments: with room for one on-demand job,
+    // each subscription evicts the last one and starts a job.
+    let bases = ["BTC", "ETH", "SOL", "XRP", "ADA", "DOGE"];
+    let mut served = Vec::new();
+    for (i, base) in bases.iter().cycle().take(60).enumerate() {
+        let id = i as u64 * 2 + 1;
+        let r = request(&mut a, "SUBSCRIBE", &[&kline(base)], id).await;
+        match r.error {
+            None => served.push(*base),
+            Some(e) => {
+                assert_eq!(e.code, ErrorCode::TooManyJobStarts, "{}", e.msg);
+                assert!(e.msg.contains("3 ingest jobs a minute"), "{}", e.msg);
+            }
+        }
+        assert!(request(&mut a, "UNSUBSCRIBE", &[&kline(base)], id + 1).await.is_ok());
+    }
+    // Three starts (BTC, ETH, SOL: the last one still runs, idle), then only SOL, which joins
+    // its running job at no cost.
+    let mut want = vec!["BTC", "ETH"];
+    want.extend(["SOL"; 10]);
+    assert_eq!(served, want);
+    let jobs = server.get_json("/api/v1/ops/jobs").await;
+    assert_eq!(jobs["capacity"]["evictions"], 2, "{}", jobs["capacity"]);
+    assert_eq!(jobs["jobs"][0]["instrument"], "sim:spot:SOL/USDT");
+
+    // A second connection of the same address has its own 3, but the address only 2 left.
+    let mut b = server.ws().await;
+    assert!(request(&mut b, "SUBSCRIBE", &[&kline("BTC")], 1).await.is_ok());
+    assert!(request(&mut b, "UNSUBSCRIBE", &[&kline("BTC")], 2).await.is_ok());
+    let r = request(&mut b, "SUBSCRIBE", &[&kline("ETH"), &kline("SOL")], 3).await;
+    let e = r.error.expect("over the address's starts");
+    assert_eq!(e.code, ErrorCode::TooManyJobStarts);
+    assert!(e.msg.contains("IP address may start 5"), "{}", e.msg);
+    // Another address is not affected.
+    let mut c = ws_from(ip("127.0.0.2"), server.addr).await;
+    c.send(tokio_tungstenite::tungstenite::Message::Text(
+        format!(r#"{{"method":"SUBSCRIBE","params":["{}"],"id":1}}"#, kline("XRP")).into(),
+    ))
+    .await
+    .unwrap();
+    let reply = loop {
+        let msg = tokio::time::timeout(WAIT, c.next()).await.unwrap().unwrap().unwrap();
+        if let tokio_tungstenite::tungstenite::Message::Text(t) = msg {
+            if t.contains(r#""id":1"#) {
+                break t.to_string();
+            }
+        }
+    };
+    assert_eq!(reply, r#"{"id":1,"result":null}"#);
+    let metrics = server.get("/metrics").await.1;
+    assert!(metrics.contains("millrace_subscriptions_refused_job_starts_total 49"), "{metrics}");
     server.stop().await;
 }

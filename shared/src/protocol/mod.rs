@@ -275,6 +275,9 @@ pub enum ErrorCode {
     TooManyConnections,
     /// HTTP: a web page of this origin may not open the WebSocket (`server.allowed_origins`).
     OriginNotAllowed,
+    /// WebSocket: the request would start more ingest jobs than this connection or address may
+    /// start now (`limits.max_job_starts_per_min_per_*`); nothing was subscribed.
+    TooManyJobStarts,
     /// REST: a part of the cluster the answer needs (the leading supervisor) did not answer.
     Unavailable,
     /// REST: in a cluster, another node does this (backfill runs on the node holding the
