@@ -168,8 +168,9 @@ pub struct LimitsConfig {
     /// open-file limit (raised to its hard limit at start), leaving room for the server's own
     /// files and sockets; a value must be below that limit.
     pub max_connections: usize,
-    /// A request head (request line and headers) must arrive whole within this (ms) of the
-    /// connection's start or of its first byte; slower connections are closed.
+    /// A request head (request line and headers) must arrive whole within this (ms): of the
+    /// connection's start for its first request, of the head's first byte for later ones on a
+    /// keep-alive connection. Slower connections are closed.
     pub header_read_timeout_ms: u64,
     /// A keep-alive connection idle this long (ms) between requests is closed.
     pub idle_timeout_ms: u64,

@@ -5,11 +5,12 @@
 //! [`Lease`] on the series' ingest job (so the supervisor's refcount counts this tab) and a bus
 //! subscription; `depth_update@{instrument}` and `depth@{instrument},{levels}` take a lease on the
 //! instrument's depth job (books of the tick-by-tick engine are always on and need none);
-//! unsubscribing or closing the socket drops both. The async [`session`] loop owns
-//! the socket. A bad request is answered with an error reply; the socket stays open. A violation
-//! of the WebSocket protocol itself ends the connection with a close frame saying why
-//! (RFC 6455 7.4.1): 1002 (reserved bits, an unmasked frame, a bad opcode or fragment), 1007
-//! (a text message that is not UTF-8) or 1009 (a frame or message over
+//! unsubscribing or closing the socket drops both. A subscription that would start a job spends
+//! one of the connection's and the address's job starts ([`super::starts`]). The async
+//! [`session`] loop owns the socket. A bad request is answered with an error reply; the socket
+//! stays open. A violation of the WebSocket protocol itself ends the connection with a close
+//! frame saying why (RFC 6455 7.4.1): 1002 (reserved bits, an unmasked frame, a bad opcode or
+//! fragment), 1007 (a text message that is not UTF-8) or 1009 (a frame or message over
 //! [`MAX_TRANSPORT_BYTES`]).
 //!
 //! Slow clients never hold anyone up: the bus keeps `limits.bus_capacity` messages per topic, and
