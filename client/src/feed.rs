@@ -99,7 +99,7 @@ pub fn is_retryable(code: ErrorCode) -> bool {
             | ErrorCode::Internal
             | ErrorCode::Unavailable
             | ErrorCode::TooManyConnections
-            | ErrorCode::RateLimited
+            | ErrorCode::TooManyJobStarts
     )
 }
 

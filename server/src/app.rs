@@ -377,9 +377,9 @@ impl App {
     pub fn subscribe_depth_as(
         &self,
         instrument: &InstrumentId,
-        owner: std::net::IpAddr,
+        owner: Option<std::net::IpAddr>,
     ) -> Result<Lease, SubscribeError> {
-        self.depth.subscribe_instrument(instrument, &format!("depth@{instrument}"), Some(owner))
+        self.depth.subscribe_instrument(instrument, &format!("depth@{instrument}"), owner)
     }
 
     /// Depth jobs for ops: supervisor view (pinned, refcounts, crashes) plus each job's sync

@@ -132,6 +132,11 @@ pub struct ServerConfig {
     pub admin_token: Option<String>,
     /// Milliseconds between heartbeats on the `heartbeat` stream.
     pub heartbeat_ms: u64,
+    /// Web pages (`Origin` header) that may open `/ws`, besides the server's own origin (the
+    /// one whose host and port are the request's `Host`): `scheme://host[:port]`, `:*` for any
+    /// port, `"*"` for any page. A request without `Origin` (not a browser) is always allowed;
+    /// others get 403. Default: localhost, 127.0.0.1 and [::1] on any port.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -142,6 +147,10 @@ impl Default for ServerConfig {
             static_dir: None,
             admin_token: None,
             heartbeat_ms: 1000,
+            allowed_origins: ["localhost", "127.0.0.1", "[::1]"]
+                .iter()
+                .flat_map(|h| [format!("http://{h}:*"), format!("https://{h}:*")])
+                .collect(),
         }
     }
 }
@@ -154,8 +163,24 @@ pub struct LimitsConfig {
     pub max_message_bytes: usize,
     /// Streams one WebSocket connection may hold.
     pub max_subscriptions_per_connection: usize,
-    /// Concurrent WebSocket connections from one IP address.
+    /// Concurrent TCP connections (HTTP or WebSocket) from one IP address, counted at accept;
+    /// further ones are closed at once. At most half of `max_connections` is used.
     pub max_connections_per_ip: usize,
+    /// Concurrent TCP connections in all; further ones are closed at once. 0 = derived from the
+    /// open-file limit (raised to its hard limit at start), leaving room for the server's own
+    /// files and sockets; a value must be below that limit.
+    pub max_connections: usize,
+    /// A request head (request line and headers) must arrive whole within this (ms): of the
+    /// connection's start for its first request, of the head's first byte for later ones on a
+    /// keep-alive connection. Slower connections are closed.
+    pub header_read_timeout_ms: u64,
+    /// A keep-alive connection idle this long (ms) between requests is closed.
+    pub idle_timeout_ms: u64,
+    /// Ingest jobs one WebSocket connection may start per minute (subscriptions to a kline or
+    /// depth stream whose job is not running); a request over it is refused whole.
+    pub max_job_starts_per_min_per_connection: u32,
+    /// ... and all connections of one IP address together.
+    pub max_job_starts_per_min_per_ip: u32,
     /// Messages buffered per topic for slow subscribers; one that falls further behind is
     /// dropped with close reason `lagging`.
     pub bus_capacity: usize,
@@ -171,6 +196,11 @@ impl Default for LimitsConfig {
             max_message_bytes: 64 * 1024,
             max_subscriptions_per_connection: 200,
             max_connections_per_ip: 10_000,
+            max_connections: 0,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            max_job_starts_per_min_per_connection: 20,
+            max_job_starts_per_min_per_ip: 60,
             bus_capacity: 1024,
             send_timeout_ms: 10_000,
             max_klines_limit: 5000,
@@ -596,6 +626,21 @@ impl Config {
             100_000,
         )?;
         range("limits.max_connections_per_ip", l.max_connections_per_ip, 1, 1_000_000)?;
+        range("limits.max_connections", l.max_connections, 0, 10_000_000)?;
+        range("limits.header_read_timeout_ms", l.header_read_timeout_ms, 10, 3_600_000)?;
+        range("limits.idle_timeout_ms", l.idle_timeout_ms, 10, 86_400_000)?;
+        range(
+            "limits.max_job_starts_per_min_per_connection",
+            l.max_job_starts_per_min_per_connection,
+            1,
+            1_000_000,
+        )?;
+        range(
+            "limits.max_job_starts_per_min_per_ip",
+            l.max_job_starts_per_min_per_ip,
+            1,
+            1_000_000,
+        )?;
         range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
         range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
         range("limits.max_klines_limit", l.max_klines_limit, 1, 100_000)?;
@@ -619,6 +664,12 @@ impl Config {
         range("depth.max_used_weight", d.max_used_weight, 1, 1_000_000)?;
         range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
+        for (n, o) in self.server.allowed_origins.iter().enumerate() {
+            crate::http::origin::Pattern::parse(o).map_err(|e| ConfigError::Invalid {
+                key: format!("server.allowed_origins[{n}]"),
+                problem: e.to_string(),
+            })?;
+        }
         self.l3.validate()?;
         if self.l3.worker_host().is_some() && !self.cluster.enabled {
             return Err(invalid(format!(

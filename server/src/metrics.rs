@@ -12,7 +12,24 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 pub struct Metrics {
     pub ws_connections: AtomicI64,
     pub ws_connections_total: AtomicU64,
-    pub ws_refused_per_ip: AtomicU64,
+    /// WebSocket upgrades refused because of their `Origin` header.
+    pub ws_refused_origin: AtomicU64,
+    /// WebSockets closed with 1002, 1007 or 1009 for a client's protocol violation.
+    pub ws_protocol_violations: AtomicU64,
+    /// Open TCP connections (HTTP, and WebSockets after their upgrade).
+    pub connections: AtomicI64,
+    pub connections_total: AtomicU64,
+    /// Connections closed at accept: over `limits.max_connections_per_ip` ...
+    pub connections_refused_per_ip: AtomicU64,
+    /// ... or over `limits.max_connections`.
+    pub connections_refused_global: AtomicU64,
+    /// Connections closed because a request head took longer than
+    /// `limits.header_read_timeout_ms` ...
+    pub connections_header_timeouts: AtomicU64,
+    /// ... or because they sat idle between requests longer than `limits.idle_timeout_ms`.
+    pub connections_idle_timeouts: AtomicU64,
+    /// `accept` failures (e.g. the open-file limit).
+    pub accept_errors: AtomicU64,
     pub ws_messages_sent: AtomicU64,
     pub ws_requests: AtomicU64,
     pub ws_request_errors: AtomicU64,
@@ -20,8 +37,11 @@ pub struct Metrics {
     pub ws_dropped_slow_send: AtomicU64,
     pub subscriptions: AtomicI64,
     pub subscriptions_refused_capacity: AtomicU64,
-    /// Subscriptions refused because they would start a job too soon (job-start rates).
+    /// Subscriptions refused because they would start a job too soon (the server-wide job-start rate).
     pub subscriptions_refused_rate: AtomicU64,
+    /// Subscribe requests refused: they would start more jobs than the connection or its IP
+    /// may start now.
+    pub subscriptions_refused_job_starts: AtomicU64,
     pub http_klines_requests: AtomicU64,
     pub http_bad_requests: AtomicU64,
     pub admin_unauthorized: AtomicU64,
@@ -113,10 +133,64 @@ impl Metrics {
             c(&self.ws_connections_total),
         );
         e.single(
-            "millrace_ws_refused_per_ip_total",
+            "millrace_ws_refused_origin_total",
             "counter",
-            "WebSocket connections refused by the per-IP limit.",
-            c(&self.ws_refused_per_ip),
+            "WebSocket upgrades refused (403) because their Origin is not allowed.",
+            c(&self.ws_refused_origin),
+        );
+        e.single(
+            "millrace_ws_protocol_violations_total",
+            "counter",
+            "WebSockets closed with 1002, 1007 or 1009 for a client's protocol violation.",
+            c(&self.ws_protocol_violations),
+        );
+        e.single(
+            "millrace_connections",
+            "gauge",
+            "Open TCP connections (HTTP, and WebSockets after their upgrade).",
+            self.connections.load(Relaxed),
+        );
+        e.single(
+            "millrace_connections_total",
+            "counter",
+            "TCP connections accepted and served.",
+            c(&self.connections_total),
+        );
+        e.family(
+            "millrace_connections_refused_total",
+            "counter",
+            "TCP connections closed at accept: over the per-IP or the global connection cap.",
+        );
+        e.sample(
+            "millrace_connections_refused_total",
+            &[("reason", "per_ip")],
+            c(&self.connections_refused_per_ip),
+        );
+        e.sample(
+            "millrace_connections_refused_total",
+            &[("reason", "global")],
+            c(&self.connections_refused_global),
+        );
+        e.family(
+            "millrace_connections_timed_out_total",
+            "counter",
+            "Connections closed while waiting for a request: its head too slow, or idle too long.",
+        );
+        e.sample(
+            "millrace_connections_timed_out_total",
+            &[("phase", "header")],
+            c(&self.connections_header_timeouts),
+        );
+        e.sample(
+            "millrace_connections_timed_out_total",
+            &[("phase", "idle")],
+            c(&self.connections_idle_timeouts),
+        );
+        e.single(
+            "millrace_accept_errors_total",
+            "counter",
+            "Failed accepts (e.g. the open-file limit reached).",
+            c(&self.accept_errors),
         );
         e.single(
             "millrace_ws_messages_sent_total",
@@ -163,8 +237,14 @@ impl Metrics {
         e.single(
             "millrace_subscriptions_refused_rate_total",
             "counter",
-            "Subscriptions refused: too many job starts (per address or in all).",
+            "Subscriptions refused: the server-wide job-start rate (ingest.max_job_starts_per_min).",
             c(&self.subscriptions_refused_rate),
+        );
+        e.single(
+            "millrace_subscriptions_refused_job_starts_total",
+            "counter",
+            "Subscribe requests refused: more job starts than the connection or its IP may make now.",
+            c(&self.subscriptions_refused_job_starts),
         );
         e.single(
             "millrace_http_klines_requests_total",

@@ -5,6 +5,10 @@
 //! started. On shutdown, WebSocket sessions close with 1001, open connections drain (at most
 //! [`DRAIN_TIMEOUT`]), then the service stops in order, flushing buffered candles.
 //!
+//! Connections are accepted by the server's own loop ([`conn`]): capped per client IP and in
+//! total at accept, and closed when a request head is too slow or a keep-alive connection idles
+//! too long. `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]).
+//!
 //! Routes (see [`api`] for the REST details):
 //! - `GET /ws` -> WebSocket speaking [`shared::protocol`] (see [`ws`])
 //! - `GET /api/v1/version`, `GET /healthz`, `GET /metrics`
@@ -14,22 +18,25 @@
 //! - anything else -> a file from the static directory (`index.html` at `/`)
 
 pub mod api;
+pub mod conn;
 mod dashboard;
 mod error;
 mod heartbeat;
+pub mod origin;
+pub mod starts;
 pub mod ws;
 
-use std::collections::HashMap;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State, WebSocketUpgrade};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use shared::protocol::ops::{ApiErrorCode, Health, HealthStatus, VersionInfo};
@@ -47,7 +54,6 @@ use crate::app::App;
 use crate::bus::Bus;
 use crate::config::{Config, LimitsConfig};
 use crate::jobs::{Lease, SubscribeError, Supervisor};
-use crate::lock::lock;
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 
@@ -63,8 +69,8 @@ pub enum ServeError {
     Start(#[from] crate::app::StartError),
     #[error("the listener has no local address")]
     Listener(#[source] std::io::Error),
-    #[error("the HTTP server failed")]
-    Server(#[source] std::io::Error),
+    #[error(transparent)]
+    ConnectionCap(#[from] conn::CapOverFileLimit),
 }
 
 /// The workspace's `dist` directory, where `scripts/build-client` writes the dashboard.
@@ -105,17 +111,41 @@ pub struct Sessions {
     pub depth_leases: DepthLeases,
     /// The sessions' part of the shutdown: stopping it closes every session with 1001.
     pub shutdown: Shutdown,
+    /// Would subscribing to this stream start an ingest job (none running for it)?
+    pub starts_job: StartsJob,
+    /// Job starts left per client IP (`limits.max_job_starts_per_min_per_ip`).
+    pub ip_starts: starts::IpStarts,
+}
+
+/// See [`Sessions::starts_job`].
+pub type StartsJob = Arc<dyn Fn(&shared::protocol::Stream) -> bool + Send + Sync>;
+
+/// Whether a subscription would start a job: a kline stream whose instrument's job is not
+/// running, or a depth stream of a book that needs a depth job which is not running.
+fn starts_job(app: &Arc<App>) -> StartsJob {
+    use shared::protocol::Stream;
+    let app = app.clone();
+    Arc::new(move |stream: &Stream| match stream {
+        Stream::Heartbeat => false,
+        Stream::Kline(series) => app.supervisor.health(&series.instrument).is_none(),
+        Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
+            !(app.books.is_always_on(instrument)
+                || app.l3.remote().is_some_and(|r| r.serves(instrument)))
+                && app.depth.health(instrument).is_none()
+        }
+    })
 }
 
 /// See [`Sessions::depth_leases`].
-pub type DepthLeases =
-    Arc<dyn Fn(&InstrumentId, IpAddr) -> Result<Option<Lease>, SubscribeError> + Send + Sync>;
+pub type DepthLeases = Arc<
+    dyn Fn(&InstrumentId, Option<IpAddr>) -> Result<Option<Lease>, SubscribeError> + Send + Sync,
+>;
 
 /// Depth subscriptions: books of the tick-by-tick engine are always on; others need their depth
 /// job, which the subscription's lease keeps running.
 fn depth_leases(app: &Arc<App>) -> DepthLeases {
     let app = app.clone();
-    Arc::new(move |instrument: &InstrumentId, peer: IpAddr| {
+    Arc::new(move |instrument: &InstrumentId, peer: Option<IpAddr>| {
         if app.books.is_always_on(instrument)
             || app.l3.remote().is_some_and(|r| r.serves(instrument))
         {
@@ -130,8 +160,10 @@ fn depth_leases(app: &Arc<App>) -> DepthLeases {
 pub struct AppState {
     pub sessions: Arc<Sessions>,
     pub app: Arc<App>,
-    /// Open WebSocket connections per client IP.
-    per_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    /// The dashboard's files, when they come from a directory.
+    static_files: Option<ServeDir>,
+    /// Web pages that may open `/ws` (`server.allowed_origins`).
+    origins: Arc<origin::AllowedOrigins>,
 }
 
 /// The router: API, WebSocket and the dashboard's files.
@@ -142,11 +174,37 @@ fn router(dashboard: &Dashboard, state: AppState) -> Router {
         .route("/ws", get(ws_upgrade))
         .merge(api::routes());
     let routes = match dashboard {
-        Dashboard::Dir(dir) => routes.fallback_service(ServeDir::new(dir)),
+        Dashboard::Dir(_) => routes.fallback(static_file),
         Dashboard::Embedded => routes.fallback(dashboard::serve_embedded),
         Dashboard::Missing => routes.fallback(dashboard::serve_missing),
     };
     routes.with_state(state)
+}
+
+/// A file of the static directory (`index.html` at `/`). A path that cannot name a file (too
+/// long, a NUL byte, a loop, a file used as a directory) is 404 like a missing one; only the
+/// server's own failures (e.g. out of file descriptors) are 500.
+async fn static_file(State(state): State<AppState>, request: Request) -> Response {
+    let Some(mut files) = state.static_files.clone() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match files.try_call(request).await {
+        Ok(response) => response.map(Body::new),
+        Err(e) => {
+            use std::io::ErrorKind::*;
+            let errno = rustix::io::Errno::from_io_error(&e);
+            let impossible_name = matches!(e.kind(), InvalidFilename | InvalidInput)
+                || errno.is_some_and(|n| n == rustix::io::Errno::LOOP);
+            if impossible_name {
+                state.app.metrics.http_bad_requests.fetch_add(1, Relaxed);
+            }
+            if impossible_name || matches!(e.kind(), NotFound | NotADirectory | IsADirectory) {
+                return StatusCode::NOT_FOUND.into_response();
+            }
+            tracing::error!("cannot serve a static file: {e}");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }
 
 async fn version() -> Json<VersionInfo> {
@@ -164,49 +222,30 @@ async fn healthz(State(state): State<AppState>) -> axum::response::Response {
     (code, Json(Health { status, problems })).into_response()
 }
 
-/// Releases a connection's slot in the per-IP table.
-struct IpSlot {
-    table: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    ip: IpAddr,
-}
-
-impl Drop for IpSlot {
-    fn drop(&mut self) {
-        let mut t = lock(&self.table);
-        if let Some(n) = t.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                t.remove(&self.ip);
-            }
-        }
-    }
-}
-
 /// Session ids for the `session` span: unique per process.
 static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// `GET /ws`. Connections per IP are counted (and capped) at accept, before the upgrade
+/// ([`conn`]); a web page of an origin not allowed gets 403 before the upgrade.
 async fn ws_upgrade(
     upgrade: WebSocketUpgrade,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     State(state): State<AppState>,
+    headers: HeaderMap,
 ) -> axum::response::Response {
-    let limit = state.sessions.limits.max_connections_per_ip;
-    let slot = {
-        let mut t = lock(&state.per_ip);
-        let n = t.entry(peer.ip()).or_default();
-        if *n >= limit {
-            state.sessions.metrics.ws_refused_per_ip.fetch_add(1, Relaxed);
-            let msg = format!("at most {limit} WebSocket connections per IP address");
-            return ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                ApiErrorCode::TooManyConnections,
-                msg,
-            )
-            .into_response();
-        }
-        *n += 1;
-        IpSlot { table: state.per_ip.clone(), ip: peer.ip() }
-    };
+    let text = |name| headers.get(name).and_then(|v: &header::HeaderValue| v.to_str().ok());
+    let origin = headers.get(header::ORIGIN).map(|v| v.to_str().unwrap_or("<not text>"));
+    if !state.origins.allows(origin, text(header::HOST)) {
+        state.sessions.metrics.ws_refused_origin.fetch_add(1, Relaxed);
+        let origin = origin.unwrap_or_default().chars().take(200).collect::<String>();
+        tracing::debug!(%peer, %origin, "WebSocket refused: origin not allowed");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            ApiErrorCode::OriginNotAllowed,
+            format!("pages of origin {origin:?} may not open this server's WebSocket; add it to server.allowed_origins"),
+        )
+        .into_response();
+    }
     let sessions = state.sessions.clone();
     let id = NEXT_SESSION.fetch_add(1, Relaxed);
     let span = tracing::info_span!("session", id, peer = %peer);
@@ -224,11 +263,10 @@ async fn ws_upgrade(
         .read_buffer_size(ws::READ_BUFFER_BYTES)
         .on_upgrade(move |socket| {
             async move {
-                let _slot = slot;
                 let _alive = alive;
                 sessions.metrics.ws_connections.fetch_add(1, Relaxed);
                 sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
-                ws::session(socket, sessions.clone(), peer.ip()).await;
+                ws::session(socket, sessions.clone(), Some(peer.ip().to_canonical())).await;
                 sessions.metrics.ws_connections.fetch_sub(1, Relaxed);
             }
             .instrument(span)
@@ -264,39 +302,47 @@ pub async fn serve_app(
         metrics: app.metrics.clone(),
         depth_leases: depth_leases(&app),
         shutdown: http.clone(),
+        starts_job: starts_job(&app),
+        ip_starts: starts::IpStarts::new(config.config.limits.max_job_starts_per_min_per_ip),
     });
-    let state = AppState { sessions, app: app.clone(), per_ip: Arc::default() };
+    let nofile = conn::raise_nofile_limit();
+    let limits = conn::ConnLimits::new(&config.config.limits, nofile)?;
+    let connections = conn::Connections::new(limits, app.metrics.clone());
+    let static_files = match &config.dashboard {
+        Dashboard::Dir(dir) => Some(ServeDir::new(dir)),
+        Dashboard::Embedded | Dashboard::Missing => None,
+    };
+    let state = AppState {
+        sessions,
+        app: app.clone(),
+        static_files,
+        origins: Arc::new(origin::AllowedOrigins::new(&config.config.server.allowed_origins)),
+    };
     let router = router(&config.dashboard, state);
     let addr = listener.local_addr().map_err(ServeError::Listener)?;
     tracing::info!(%addr, dashboard = %config.dashboard.describe(), "millrace listening on http://{addr}/");
+    tracing::info!(
+        open_file_limit = nofile,
+        max_connections = limits.max_connections,
+        max_connections_per_ip = limits.max_per_ip,
+        "connection caps"
+    );
 
-    let stopping = http.clone();
-    let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down");
-            // Sessions close with 1001 (axum's graceful shutdown does not track upgraded
-            // connections: they watch this part's token).
-            stopping.stop();
-        });
-    let server = server.into_future();
-    tokio::pin!(server);
-    let result = tokio::select! {
-        res = &mut server => res.map_err(ServeError::Server),
-        () = async {
-            http.stopping().await;
-            tokio::time::sleep(DRAIN_TIMEOUT).await;
-        } => {
-            tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; stopping anyway");
-            Ok(())
-        }
-    };
+    tokio::pin!(shutdown);
+    tokio::select! {
+        // Ends when the service is stopped from elsewhere.
+        () = conn::accept_loop(listener, router, connections, http.clone()) => {}
+        () = &mut shutdown => tracing::info!("shutting down"),
+    }
+    // No new connections (the listener is gone); sessions close with 1001, idle connections
+    // close and requests in progress finish.
+    http.stop();
     if !http.stopped(DRAIN_TIMEOUT).await {
-        tracing::warn!("some WebSocket sessions did not close in {DRAIN_TIMEOUT:?}");
+        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; stopping anyway");
     }
     if !app.stop().await {
         tracing::warn!("some tasks did not stop in time");
     }
     tracing::info!("stopped");
-    result
+    Ok(())
 }

@@ -5,8 +5,13 @@
 //! [`Lease`] on the series' ingest job (so the supervisor's refcount counts this tab) and a bus
 //! subscription; `depth_update@{instrument}` and `depth@{instrument},{levels}` take a lease on the
 //! instrument's depth job (books of the tick-by-tick engine are always on and need none);
-//! unsubscribing or closing the socket drops both. The async [`session`] loop owns
-//! the socket. A bad frame is answered with an error reply; the socket stays open.
+//! unsubscribing or closing the socket drops both. A subscription that would start a job spends
+//! one of the connection's and the address's job starts ([`super::starts`]). The async
+//! [`session`] loop owns the socket. A bad request is answered with an error reply; the socket
+//! stays open. A violation of the WebSocket protocol itself ends the connection with a close
+//! frame saying why (RFC 6455 7.4.1): 1002 (reserved bits, an unmasked frame, a bad opcode or
+//! fragment), 1007 (a text message that is not UTF-8) or 1009 (a frame or message over
+//! [`MAX_TRANSPORT_BYTES`]).
 //!
 //! Slow clients never hold anyone up: the bus keeps `limits.bus_capacity` messages per topic, and
 //! a client that falls further behind is closed with code 4000 and reason `lagging: …` (its
@@ -14,7 +19,6 @@
 //! `limits.send_timeout_ms` drops the client too.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +27,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use shared::protocol::{ClientRequest, ErrorCode, Method, Reply, Stream};
 use tokio::sync::broadcast;
 
+use super::starts::Bucket;
 use super::Sessions;
 use crate::bus::{RecvError, Subscription};
 use crate::jobs::{Lease, SubscribeError};
@@ -41,6 +46,34 @@ pub const READ_BUFFER_BYTES: usize = 1024;
 const GOING_AWAY: u16 = 1001;
 /// Close code for a client that fell behind (application range 4000-4999).
 pub const LAGGING: u16 = 4000;
+/// Close codes for a client's protocol violations (RFC 6455 7.4.1).
+pub const PROTOCOL_ERROR: u16 = 1002;
+pub const INVALID_PAYLOAD: u16 = 1007;
+pub const MESSAGE_TOO_BIG: u16 = 1009;
+
+/// The close frame a failed read calls for: a protocol violation by the client gets its code
+/// and a reason; a connection that is simply gone gets none.
+fn violation_close(e: axum::Error) -> Option<CloseFrame> {
+    use tokio_tungstenite::tungstenite::error::ProtocolError;
+    use tokio_tungstenite::tungstenite::Error;
+    let e = e.into_inner().downcast::<Error>().ok()?;
+    let (code, reason) = match *e {
+        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
+        Error::Protocol(p) => (PROTOCOL_ERROR, format!("protocol error: {p}")),
+        Error::Utf8(_) => (INVALID_PAYLOAD, "a text message that is not valid UTF-8".to_string()),
+        Error::Capacity(_) => (
+            MESSAGE_TOO_BIG,
+            format!("frames and messages are at most {MAX_TRANSPORT_BYTES} bytes"),
+        ),
+        _ => return None,
+    };
+    // A close reason is at most 123 bytes.
+    let mut reason = reason;
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    Some(CloseFrame { code, reason: reason.into() })
+}
 
 /// A live stream subscription of this connection.
 struct Sub {
@@ -53,12 +86,14 @@ struct Sub {
 /// The request-handling state of one connection.
 pub struct Session {
     sessions: Arc<Sessions>,
-    /// The client's address: the jobs it starts count against its share and start rate.
-    peer: IpAddr,
     /// `Some` while the client is subscribed to `heartbeat`.
     heartbeat: Option<broadcast::Receiver<Arc<str>>>,
     /// Market-data subscriptions by stream name.
     subs: BTreeMap<String, Sub>,
+    /// The client's address, for the per-IP job-start limit.
+    ip: Option<std::net::IpAddr>,
+    /// Job starts left to this connection.
+    starts: Bucket,
 }
 
 impl Drop for Session {
@@ -68,8 +103,10 @@ impl Drop for Session {
 }
 
 impl Session {
-    pub fn new(sessions: Arc<Sessions>, peer: IpAddr) -> Self {
-        Self { sessions, peer, heartbeat: None, subs: BTreeMap::new() }
+    /// A session of a client at `ip` (`None`: not limited per IP).
+    pub fn new(sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) -> Self {
+        let starts = Bucket::full(sessions.limits.max_job_starts_per_min_per_connection);
+        Self { sessions, heartbeat: None, subs: BTreeMap::new(), ip, starts }
     }
 
     /// Is the client subscribed to `heartbeat`?
@@ -155,16 +192,39 @@ impl Session {
                         ),
                     );
                 }
+                // Streams nobody follows start a job each: within this connection's and this
+                // address's job starts, or not at all.
+                let starting = new.iter().filter(|s| (self.sessions.starts_job)(s)).count();
+                if starting > 0 {
+                    let per_connection = self.sessions.limits.max_job_starts_per_min_per_connection;
+                    let taken = self.sessions.ip_starts.take(
+                        starting,
+                        &mut self.starts,
+                        per_connection,
+                        self.ip,
+                    );
+                    if let Err(e) = taken {
+                        self.sessions
+                            .metrics
+                            .subscriptions_refused_job_starts
+                            .fetch_add(1, Relaxed);
+                        return Reply::error(
+                            request.id,
+                            ErrorCode::TooManyJobStarts,
+                            e.to_string(),
+                        );
+                    }
+                }
                 // Take every lease first, so a refusal leaves nothing half-subscribed.
                 let mut taken = Vec::new();
                 for stream in &new {
                     let lease = match stream {
                         Stream::Heartbeat => continue,
                         Stream::Kline(series) => {
-                            self.sessions.supervisor.subscribe_as(series, self.peer).map(Some)
+                            self.sessions.supervisor.subscribe_as(series, self.ip).map(Some)
                         }
                         Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
-                            (self.sessions.depth_leases)(instrument, self.peer)
+                            (self.sessions.depth_leases)(instrument, self.ip)
                         }
                     };
                     match lease {
@@ -191,7 +251,7 @@ impl Session {
                                         .metrics
                                         .subscriptions_refused_rate
                                         .fetch_add(1, Relaxed);
-                                    ErrorCode::RateLimited
+                                    ErrorCode::TooManyJobStarts
                                 }
                                 SubscribeError::ShuttingDown => ErrorCode::Internal,
                             };
@@ -305,12 +365,12 @@ fn malformed_msg(e: &serde_json::Error) -> String {
 }
 
 /// Runs one connection until the client leaves, the socket fails, or the server shuts down.
-pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, peer: IpAddr) {
+pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) {
     use futures_util::SinkExt as _;
     let send_timeout = Duration::from_millis(sessions.limits.send_timeout_ms);
     let metrics = sessions.metrics.clone();
     let shutdown = sessions.shutdown.clone();
-    let mut session = Session::new(sessions, peer);
+    let mut session = Session::new(sessions, ip);
     // Allocated on the first push, so idle connections do not pay for it.
     let mut batch: Vec<bytes::Bytes> = Vec::new();
     tracing::debug!("websocket session started");
@@ -329,6 +389,10 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, peer: IpAdd
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Err(e)) => {
                     tracing::debug!("websocket read failed: {e}");
+                    if let Some(close) = violation_close(e) {
+                        metrics.ws_protocol_violations.fetch_add(1, Relaxed);
+                        let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
+                    }
                     break;
                 }
             },

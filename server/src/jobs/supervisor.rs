@@ -311,9 +311,13 @@ impl Supervisor {
 
     /// [`Supervisor::subscribe`] for a client at `owner`: a job it starts counts against the
     /// address's fair share and start rate ([`super::admission`]).
-    pub fn subscribe_as(&self, series: &SeriesId, owner: IpAddr) -> Result<Lease, SubscribeError> {
+    pub fn subscribe_as(
+        &self,
+        series: &SeriesId,
+        owner: Option<IpAddr>,
+    ) -> Result<Lease, SubscribeError> {
         self.inner.runner.validate(series)?;
-        self.acquire(series.instrument.clone(), series.to_string(), Some(owner))
+        self.acquire(series.instrument.clone(), series.to_string(), owner)
     }
 
     /// Like [`Supervisor::subscribe`] for jobs subscribed by instrument; `stream` names the

@@ -1,10 +1,11 @@
 //! The service end to end, over real sockets, against the real simulator: the browser API and its
-//! limits (`api`, `http_ws`), the ingest supervisor's capacity rules (`supervisor`), candles
-//! persisted then published through faults and crashes (`ingest_faults`, `crash`, `backfill`),
-//! the SQLite store (`store`), order books (`depth_api`, `depth_faults`), the tick-by-tick engine
-//! and its books (`l3engine`, `l3_service`, `l3_replay`), and the `millrace replay` commands
-//! (`cli_replay_*`); the seams — a second bus and store, shutdown leaving no task
-//! (`seams`) — and the API's shapes against their `shared` types (`api_shapes`).
+//! limits (`api`, `http_ws`; hostile clients in `http_hardening`), the ingest supervisor's
+//! capacity rules (`supervisor`), candles persisted then published through faults and crashes
+//! (`ingest_faults`, `crash`, `backfill`), the SQLite store (`store`), order books (`depth_api`,
+//! `depth_faults`), the tick-by-tick engine and its books (`l3engine`, `l3_service`,
+//! `l3_replay`), and the `millrace replay` commands (`cli_replay_*`); the seams — a second bus
+//! and store, shutdown leaving no task (`seams`) — and the API's shapes against their `shared`
+//! types (`api_shapes`).
 
 mod api;
 mod api_shapes;
@@ -17,6 +18,7 @@ mod cluster_workers;
 mod crash;
 mod depth_api;
 mod depth_faults;
+mod http_hardening;
 mod http_ws;
 mod ingest_faults;
 mod l3_replay;

@@ -257,8 +257,6 @@ pub enum ErrorCode {
     Unauthorized,
     /// Anything else; the message says what.
     Internal,
-    /// Too many job starts (per address or in all): try again after the time the message gives.
-    RateLimited,
     /// REST: nothing of that name exists (e.g. no job for the instrument).
     NotFound,
     /// REST: no order book of that instrument.
@@ -275,6 +273,11 @@ pub enum ErrorCode {
     SimulatorError,
     /// HTTP: this address holds as many connections as it may.
     TooManyConnections,
+    /// HTTP: a web page of this origin may not open the WebSocket (`server.allowed_origins`).
+    OriginNotAllowed,
+    /// WebSocket: the request would start more ingest jobs than this connection or address may
+    /// start now (`limits.max_job_starts_per_min_per_*`); nothing was subscribed.
+    TooManyJobStarts,
     /// REST: a part of the cluster the answer needs (the leading supervisor) did not answer.
     Unavailable,
     /// REST: in a cluster, another node does this (backfill runs on the node holding the
