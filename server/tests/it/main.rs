@@ -16,6 +16,7 @@ mod cluster_supervisor;
 mod cluster_workers;
 mod crash;
 mod depth_api;
+mod depth_drift;
 mod depth_faults;
 mod http_ws;
 mod ingest_faults;

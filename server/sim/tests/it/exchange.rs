@@ -498,6 +498,79 @@ async fn sync_equals_truth(futures: bool) {
     sim.shutdown();
 }
 
+/// At speed 60 a 100 ms diff spans 6 simulated seconds (~240 actions): levels are added and
+/// removed again inside one window, and a REST snapshot taken inside it holds them. The diff that
+/// bridges the snapshot must remove them, or the client's book keeps phantom levels and every
+/// periodic verification reports drift. Fault-free: the book equals the truth and verifications
+/// (both sides whole, snapshots from inside windows) find nothing.
+async fn fast_sync_verifies_without_drift(futures: bool) {
+    let (symbol, lower) = if futures { ("ETHUSDT", "ethusdt") } else { ("BTCUSDT", "btcusdt") };
+    let sim = start(config_with(60.0, &[symbol])).await;
+    let (base, api, rule) = if futures {
+        (sim.futures_ws_base(), "/fapi/v1/depth", ContinuityRule::Futures)
+    } else {
+        (sim.ws_base(), "/api/v3/depth", ContinuityRule::Spot)
+    };
+    let mut ws = connect(&format!("{base}/ws/{lower}@depth@100ms")).await;
+    let mut sync =
+        BookSync::new(SyncConfig { verify_interval_ms: Some(300), ..SyncConfig::new(rule) });
+    let clock = Instant::now();
+    let now = || clock.elapsed().as_millis() as i64;
+    let mut compared = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (sync.stats().verifications < 6 || compared < 3) && Instant::now() < deadline {
+        let frame = text(&mut ws).await;
+        let StreamEvent::DepthUpdate { update, .. } = binance::parse_frame(&frame).unwrap() else {
+            panic!("{frame}")
+        };
+        sync.handle_delta(update.delta, now());
+        sync.handle_timeout(now());
+        while let Some(ev) = sync.poll_event() {
+            match ev {
+                SyncEvent::NeedSnapshot { .. } | SyncEvent::VerifyDue => {
+                    // a snapshot from inside a diff's window: the driver ticks every 50 ms and
+                    // publishes 100 ms diffs every other tick
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    let body = get(&sim, &format!("{api}?symbol={symbol}&limit=1000")).await.3;
+                    let snap: DepthBody = wire::parse_body(&body).unwrap();
+                    sync.handle_snapshot(snap.into_snapshot(), now());
+                }
+                SyncEvent::BookChanged { last_update_id } => {
+                    let (id, bids, asks) = sim.book(symbol).unwrap();
+                    if id == last_update_id {
+                        let mut truth = OrderBook::new();
+                        truth.replace(&bids, &asks);
+                        assert_eq!(sync.book(), &truth, "the book differs from the truth at {id}");
+                        compared += 1;
+                    }
+                }
+                SyncEvent::Drift { drift_levels, last_update_id } => {
+                    panic!("drift of {drift_levels} levels at {last_update_id} on a clean stream")
+                }
+                SyncEvent::GapDetected { .. } | SyncEvent::Crossed { .. } => {
+                    panic!("{ev:?} on a clean stream")
+                }
+                _ => {}
+            }
+        }
+    }
+    let stats = sync.stats();
+    assert!(stats.verifications >= 6, "only {} verifications", stats.verifications);
+    assert!(compared >= 3, "compared with the truth {compared} times");
+    assert_eq!((stats.drift_events, stats.drift_levels), (0, 0));
+    sim.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_speed_60_spot_verifications_find_no_drift() {
+    fast_sync_verifies_without_drift(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_speed_60_futures_verifications_find_no_drift() {
+    fast_sync_verifies_without_drift(true).await;
+}
+
 #[tokio::test]
 async fn spot_depth_sync_equals_the_true_book() {
     sync_equals_truth(false).await;
