@@ -297,6 +297,9 @@ pub struct L3Config {
     /// Most events held for one symbol while its recovery runs; beyond it the oldest are dropped
     /// (and the recovery starts over).
     pub max_held_events: usize,
+    /// A simulator feed that delivers no event for this long (paused, or stuck upstream) has
+    /// its books reported `stale` until events arrive again (the feed is ~800 events/s).
+    pub feed_stale_after_ms: u64,
     /// Recorded tick-by-tick days replayed into the engine (`[[l3.replay]]`).
     pub replay: Vec<ReplaySourceConfig>,
 }
@@ -387,6 +390,7 @@ impl Default for L3Config {
             engine: EngineConfig { auto_balance: true, ..EngineConfig::default() },
             queue_batches: 4096,
             max_held_events: 2_000_000,
+            feed_stale_after_ms: 2_000,
             replay: Vec::new(),
         }
     }
@@ -612,6 +616,7 @@ impl Config {
         crate::cluster::config::validate(&self.bus, &self.store, &self.cluster)?;
         range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
         range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;
+        range("l3.feed_stale_after_ms", self.l3.feed_stale_after_ms, 100, 3_600_000)?;
         if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {
             return Err(ConfigError::Invalid {
                 key: "server.admin_token".into(),

@@ -26,6 +26,8 @@ mod l3engine;
 mod log_spans;
 mod seams;
 mod serve_pg_nats;
+mod sim_control;
+mod sim_restart;
 mod store;
 mod store_pg;
 mod supervisor;
