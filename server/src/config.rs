@@ -862,4 +862,13 @@ mod tests {
         let e = load("", &[("MILLRACE_NOPE__X", "1")]).unwrap_err().to_string();
         assert!(e.contains("MILLRACE_NOPE__X"), "{e}");
     }
+
+    #[test]
+    fn the_feed_stale_limit_is_checked() {
+        assert_eq!(Config::default().l3.feed_stale_after_ms, 2_000);
+        let e = load("[l3]\nfeed_stale_after_ms = 10\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("l3.feed_stale_after_ms"), "{e}");
+        let c = load("[l3]\nfeed_stale_after_ms = 500\n", &[]).unwrap();
+        assert_eq!(c.l3.feed_stale_after_ms, 500);
+    }
 }

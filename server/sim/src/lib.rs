@@ -359,3 +359,27 @@ pub async fn run_until(
     let _ = tokio::time::timeout(Duration::from_secs(5), sim.stopped()).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(token: Option<&str>) -> SimArgs {
+        SimArgs {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            speed: 1.0,
+            seed: 1,
+            symbols: Vec::new(),
+            control_token: token.map(String::from),
+        }
+    }
+
+    #[test]
+    fn the_control_token_is_passed_on_and_checked() {
+        assert_eq!(args(None).config().unwrap().control_token, None);
+        let c = args(Some("long-enough-token")).config().unwrap();
+        assert_eq!(c.control_token.as_deref(), Some("long-enough-token"));
+        let e = args(Some("short")).config().unwrap_err().to_string();
+        assert!(e.contains("--control-token"), "{e}");
+    }
+}
