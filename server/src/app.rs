@@ -9,8 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use shared::candle::{Timeframe, MINUTE_MS};
 use shared::protocol::ops::{JobKind, SourceKind};
-use shared::protocol::InstrumentId;
+use shared::protocol::{InstrumentId, SeriesId};
 use sim::{Sim, SimConfig, SimHandle};
 use tracing::Instrument as _;
 
@@ -56,6 +57,14 @@ pub enum StartError {
         name: String,
         #[source]
         source: anyhow::Error,
+    },
+    #[error(
+        "cannot read the newest stored candles of source {name} (its simulator resumes after them)"
+    )]
+    SimResume {
+        name: String,
+        #[source]
+        source: StoreError,
     },
     #[error(transparent)]
     Source(#[from] crate::sources::SourceError),
@@ -197,10 +206,21 @@ pub struct Gateway {
 }
 
 impl App {
-    /// What `/healthz` reports as wrong: in a cluster, NATS away (the client reconnects) or the
-    /// persister's writes failing (its round is written again after a back-off).
+    /// What `/healthz` reports as wrong: a kline job whose exchange's clock is behind the newest
+    /// stored candle; in a cluster, NATS away (the client reconnects) or the persister's writes
+    /// failing (its round is written again after a back-off).
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
+        for j in self.supervisor.snapshot().jobs {
+            if let Some(ms) = j.exchange_behind_ms {
+                out.push(format!(
+                    "kline job {}: the exchange's clock is {} s behind the newest stored candle ({}); no candle closes until it catches up",
+                    j.instrument,
+                    ms / 1000,
+                    j.last_closed_open_time.map_or_else(|| "?".to_string(), |t| t.to_string()),
+                ));
+            }
+        }
         if let Some(g) = &self.gateway {
             if g.client.connection_state() != async_nats::connection::State::Connected {
                 out.push(format!(
@@ -238,7 +258,7 @@ impl App {
         let shutdown = Shutdown::new();
         // The simulators stop with the service, after everything that talks to them.
         let (endpoints, simulators) =
-            start_simulators(&config.sources, &shutdown.token().child_token()).await?;
+            start_simulators(&config, &store, &shutdown.token().child_token()).await?;
         let sources =
             Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
                 .await?;
@@ -334,6 +354,7 @@ impl App {
                     &config.l3,
                     books.clone(),
                     &tick_sources(&config, &sources),
+                    config.server.admin_token.clone(),
                     &shutdown.child(),
                 )
                 .map_err(StartError::TickBooks)?,
@@ -609,7 +630,7 @@ impl App {
             "Idle on-demand jobs stopped by the reaper.",
             snap.capacity.reaped,
         );
-        let per_job: [Column<shared::protocol::ops::JobReport>; 9] = [
+        let per_job: [Column<shared::protocol::ops::JobReport>; 10] = [
             ("millrace_job_crashes_total", "counter", "Upstream failures per job.", |j| j.crashes),
             (
                 "millrace_job_connected",
@@ -648,6 +669,12 @@ impl App {
                 j.subscribers as u64
             }),
             ("millrace_job_pinned", "gauge", "1 for pinned jobs.", |j| j.pinned as u64),
+            (
+                "millrace_job_exchange_behind_ms",
+                "gauge",
+                "How far the exchange's clock is behind the newest stored candle (0: not behind).",
+                |j| j.exchange_behind_ms.map_or(0, |ms| ms.max(0) as u64),
+            ),
         ];
         e.table(&per_job, &snap.jobs, |j| vec![("instrument", j.instrument.to_string())]);
         let tasks = self.backfill.snapshot();
@@ -685,15 +712,13 @@ impl App {
         }
         self.render_book_metrics(&mut e);
         e.family("millrace_source_ready", "gauge", "1 when the source's symbols are loaded.");
-        for s in self.sources.snapshot() {
+        for s in self.sources.snapshot(false) {
             e.sample("millrace_source_ready", &[("source", &s.name)], u64::from(s.ready));
         }
         e.finish()
     }
 }
 
-/// Starts an embedded simulator for every `sim` source without URLs (stopping when `stop` is
-/// cancelled); returns every source's endpoint (in order) and the simulators started.
 /// Starts a gateway's demand publisher and persister (see [`crate::cluster::gateway`]).
 fn start_gateway(
     config: &Config,
@@ -778,13 +803,23 @@ async fn check_store(
     }
 }
 
+/// Starts an embedded simulator for every `sim` source without URLs (stopping when `stop` is
+/// cancelled); returns every source's endpoint (in order) and the simulators started. Their
+/// control requests (`POST /sim/faults`, `POST /tbt/control`) take the admin token, like the
+/// admin API (disabled without one).
+///
+/// A simulator's clock starts at the wall clock, or just after the newest 1m candle stored for
+/// its symbols if that is later ([`sim_resume_ms`]): a run at `speed` 60 stores candles far
+/// ahead of the wall clock, and a restarted simulator behind them would close no candle the
+/// store does not already have until its clock caught up (minutes to hours).
 async fn start_simulators(
-    sources: &[SourceConfig],
+    config: &Config,
+    store: &Arc<dyn CandleStore>,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(Vec<Endpoint>, Vec<(String, SimHandle)>), StartError> {
     let mut endpoints = Vec::new();
     let mut simulators = Vec::new();
-    for sc in sources {
+    for sc in &config.sources {
         let Some(product) = binance::Product::of_market(sc.market) else {
             return Err(crate::sources::SourceError::NotBinance {
                 name: sc.name.clone(),
@@ -794,7 +829,13 @@ async fn start_simulators(
         };
         let endpoint = match (sc.kind, &sc.rest_base, &sc.ws_base) {
             (SourceKind::Sim, None, None) => {
-                let config = SimConfig { seed: sc.seed, speed: sc.speed, ..SimConfig::default() };
+                let mut config = SimConfig {
+                    seed: sc.seed,
+                    speed: sc.speed,
+                    control_token: config.server.admin_token.clone(),
+                    ..SimConfig::default()
+                };
+                config.start_ms = sim_resume_ms(store, sc, &config.symbols).await?;
                 let span = tracing::info_span!("simulator", source = %sc.name);
                 let sim = Sim::start_until(config, sc.sim_addr, stop.clone())
                     .instrument(span)
@@ -815,6 +856,48 @@ async fn start_simulators(
         endpoints.push(endpoint);
     }
     Ok((endpoints, simulators))
+}
+
+/// Where an embedded simulator's clock starts: `None` (the wall clock) unless the store holds a
+/// 1m candle of one of its symbols that closes later, then that close time (the minute after the
+/// newest stored candle), so ingest resumes at once whatever speed the earlier run had.
+async fn sim_resume_ms(
+    store: &Arc<dyn CandleStore>,
+    sc: &SourceConfig,
+    symbols: &[sim::SymbolSpec],
+) -> Result<Option<i64>, StartError> {
+    let series: Vec<SeriesId> = symbols
+        .iter()
+        .map(|s| SeriesId {
+            instrument: InstrumentId::new(
+                sc.name.clone(),
+                sc.market,
+                format!("{}/{}", s.base, s.quote),
+            ),
+            timeframe: Timeframe::M1,
+        })
+        .collect();
+    let s = store.clone();
+    let last = blocking(move || s.last_open_times(&series))
+        .await
+        .map_err(|source| StartError::SimResume { name: sc.name.clone(), source })?
+        .into_iter()
+        .flatten()
+        .max();
+    let wall = crate::clock::wall_clock_ms();
+    Ok(match last {
+        Some(open) if open + MINUTE_MS > wall => {
+            let resume = open + MINUTE_MS;
+            tracing::info!(
+                source = %sc.name,
+                resume_ms = resume,
+                ahead_s = (resume - wall) / 1000,
+                "the simulator resumes after the newest stored candle (ahead of the wall clock)"
+            );
+            Some(resume)
+        }
+        _ => None,
+    })
 }
 
 /// `(source name, simulator base URL)` of every simulator whose tick-by-tick feed the books

@@ -337,6 +337,9 @@ pub struct L3Config {
     /// Most events held for one symbol while its recovery runs; beyond it the oldest are dropped
     /// (and the recovery starts over).
     pub max_held_events: usize,
+    /// A simulator feed that delivers no event for this long (paused, or stuck upstream) has
+    /// its books reported `stale` until events arrive again (the feed is ~800 events/s).
+    pub feed_stale_after_ms: u64,
     /// Recorded tick-by-tick days replayed into the engine (`[[l3.replay]]`).
     pub replay: Vec<ReplaySourceConfig>,
 }
@@ -427,6 +430,7 @@ impl Default for L3Config {
             engine: EngineConfig { auto_balance: true, ..EngineConfig::default() },
             queue_batches: 4096,
             max_held_events: 2_000_000,
+            feed_stale_after_ms: 2_000,
             replay: Vec::new(),
         }
     }
@@ -680,6 +684,7 @@ impl Config {
         crate::cluster::config::validate(&self.bus, &self.store, &self.cluster)?;
         range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
         range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;
+        range("l3.feed_stale_after_ms", self.l3.feed_stale_after_ms, 100, 3_600_000)?;
         if self.server.admin_token.as_deref().is_some_and(|t| t.trim().len() < 8) {
             return Err(ConfigError::Invalid {
                 key: "server.admin_token".into(),
@@ -1025,5 +1030,14 @@ mod tests {
         assert!(e.contains("depth.pinned[0]"), "{e}");
         let e = load("", &[("MILLRACE_NOPE__X", "1")]).unwrap_err().to_string();
         assert!(e.contains("MILLRACE_NOPE__X"), "{e}");
+    }
+
+    #[test]
+    fn the_feed_stale_limit_is_checked() {
+        assert_eq!(Config::default().l3.feed_stale_after_ms, 2_000);
+        let e = load("[l3]\nfeed_stale_after_ms = 10\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("l3.feed_stale_after_ms"), "{e}");
+        let c = load("[l3]\nfeed_stale_after_ms = 500\n", &[]).unwrap();
+        assert_eq!(c.l3.feed_stale_after_ms, 500);
     }
 }

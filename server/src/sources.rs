@@ -301,8 +301,9 @@ impl Sources {
         out
     }
 
-    /// `GET /api/v1/ops/sources`.
-    pub fn snapshot(&self) -> Vec<SourceStatus> {
+    /// `GET /api/v1/ops/sources`. An embedded simulator's address is left out unless `reveal`
+    /// (an admin asks): only its owner needs it.
+    pub fn snapshot(&self, reveal: bool) -> Vec<SourceStatus> {
         self.list
             .iter()
             .map(|s| {
@@ -312,8 +313,9 @@ impl Sources {
                     name: s.config.name.clone(),
                     kind: s.config.kind,
                     market: s.config.market,
-                    rest_base: s.endpoint.rest_base.clone(),
-                    ws_base: s.endpoint.ws_base.clone(),
+                    rest_base: (reveal || !s.endpoint.embedded)
+                        .then(|| s.endpoint.rest_base.clone()),
+                    ws_base: (reveal || !s.endpoint.embedded).then(|| s.endpoint.ws_base.clone()),
                     embedded_simulator: s.endpoint.embedded,
                     speed: (s.config.kind == SourceKind::Sim && s.endpoint.embedded)
                         .then_some(s.config.speed),

@@ -118,6 +118,10 @@ pub struct MatchingEngine {
     next_action_ms: i64,
     update_id: u64,
     next_trade_id: u64,
+    /// Levels (side, price in ticks) changed since the last [`MatchingEngine::take_touched`]:
+    /// a depth diff must carry every level that changed in its window, also one that changed
+    /// and changed back (a client's snapshot may have been taken in between).
+    touched: Vec<(Side, i64)>,
 }
 
 impl MatchingEngine {
@@ -144,14 +148,40 @@ impl MatchingEngine {
             next_action_ms: start_ms,
             update_id,
             next_trade_id,
+            touched: Vec::new(),
         };
         let mut none = Vec::new();
         for _ in 0..TARGET_ORDERS {
             e.place_limit(start_ms, &mut none);
         }
         debug_assert!(none.is_empty());
+        e.touched.clear();
         e.next_action_ms = start_ms + e.gap_ms();
         e
+    }
+
+    /// Moves the levels changed since the last call into `out` (duplicates possible).
+    pub fn take_touched(&mut self, out: &mut Vec<(Side, Price)>) {
+        let tick = self.tick;
+        out.extend(self.touched.drain(..).map(|(side, p)| (side, Price::from_raw(p * tick))));
+    }
+
+    /// Forgets the levels changed so far (nobody follows the diffs).
+    pub fn clear_touched(&mut self) {
+        self.touched.clear();
+    }
+
+    /// The quantity resting at `price` on `side` (zero when there is no such level).
+    pub fn qty_at(&self, side: Side, price: Price) -> Qty {
+        if price.raw() % self.tick != 0 {
+            return Qty::ZERO;
+        }
+        let ticks = price.raw() / self.tick;
+        let book = match side {
+            Side::Bid => &self.bids,
+            Side::Ask => &self.asks,
+        };
+        book.get(&ticks).map_or(Qty::ZERO, |q| Qty::from_raw(q.total))
     }
 
     /// Simulated time of the next action, ms.
@@ -335,6 +365,7 @@ impl MatchingEngine {
             q.orders.push_back(Resting { id, qty: rest });
             q.total += rest;
             self.live.insert(id, side, price);
+            self.touched.push((side, price));
         }
         true
     }
@@ -372,6 +403,7 @@ impl MatchingEngine {
                 if q.orders.is_empty() {
                     book.remove(&price);
                 }
+                self.touched.push((side, price));
             }
         }
         self.live.remove(id);
@@ -419,6 +451,7 @@ impl MatchingEngine {
             if !crosses {
                 break;
             }
+            self.touched.push((side.opposite(), price));
             let q = entry.get_mut();
             while qty > 0 {
                 let Some(front) = q.orders.front_mut() else { break };

@@ -223,6 +223,10 @@ pub struct FaultCounters {
     pub rate_limited: u64,
     /// REST calls answered 418 (IP banned).
     pub banned: u64,
+    /// Control requests (`POST /sim/faults`, `POST /tbt/control`) refused: no or a wrong token
+    /// (401/403) or not JSON (415).
+    #[serde(default)]
+    pub control_refused: u64,
 }
 
 #[derive(Default)]
@@ -240,6 +244,7 @@ struct Counters {
     rest_failed: AtomicU64,
     rate_limited: AtomicU64,
     banned: AtomicU64,
+    control_refused: AtomicU64,
 }
 
 /// Counters other parts of the simulator bump.
@@ -252,6 +257,7 @@ pub(crate) enum Count {
     PingTimeout,
     RateLimited,
     Banned,
+    ControlRefused,
 }
 
 #[derive(Debug, Default)]
@@ -465,6 +471,7 @@ impl Faults {
             rest_failed: c.rest_failed.load(Relaxed),
             rate_limited: c.rate_limited.load(Relaxed),
             banned: c.banned.load(Relaxed),
+            control_refused: c.control_refused.load(Relaxed),
         }
     }
 
@@ -483,6 +490,7 @@ impl Faults {
             Count::PingTimeout => &c.ping_timeouts,
             Count::RateLimited => &c.rate_limited,
             Count::Banned => &c.banned,
+            Count::ControlRefused => &c.control_refused,
         };
         counter.fetch_add(n, Relaxed);
     }

@@ -40,6 +40,7 @@
 //! - **Slow clients** are dropped when their bounded queue fills; they never stall the engine.
 
 pub mod clock;
+mod control;
 pub mod engine;
 pub mod faults;
 pub mod history;
@@ -101,6 +102,9 @@ pub struct SimConfig {
     pub max_streams_per_connection: usize,
     /// The tick-by-tick feed (`/tbt/*`, [`tbt`]).
     pub tbt: tbt::TbtConfig,
+    /// Bearer token of the control requests (`POST /sim/faults`, `POST /tbt/control`); `None`:
+    /// control over HTTP is disabled (403). The [`SimHandle`] controls work without it.
+    pub control_token: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -120,6 +124,7 @@ impl Default for SimConfig {
             ws_queue: 4_096,
             max_streams_per_connection: 1_024,
             tbt: tbt::TbtConfig::default(),
+            control_token: None,
         }
     }
 }
@@ -308,6 +313,10 @@ pub struct SimArgs {
     /// SOLUSDT, XRPUSDT, ADAUSDT, DOGEUSDT, LTCUSDT).
     #[arg(long, value_delimiter = ',', env = "MILLRACE_SIM_SYMBOLS")]
     pub symbols: Vec<String>,
+    /// Bearer token the control requests (`POST /sim/faults`, `POST /tbt/control`) must carry
+    /// (at least 8 characters); without one, control over HTTP is disabled.
+    #[arg(long, env = "MILLRACE_SIM_TOKEN", hide_env_values = true)]
+    pub control_token: Option<String>,
 }
 
 impl SimArgs {
@@ -316,7 +325,15 @@ impl SimArgs {
         if !(self.speed.is_finite() && self.speed > 0.0) {
             anyhow::bail!("--speed must be a positive number, got {}", self.speed);
         }
-        let mut c = SimConfig { seed: self.seed, speed: self.speed, ..SimConfig::default() };
+        if self.control_token.as_deref().is_some_and(|t| t.trim().len() < 8) {
+            anyhow::bail!("--control-token (MILLRACE_SIM_TOKEN) must be at least 8 characters");
+        }
+        let mut c = SimConfig {
+            seed: self.seed,
+            speed: self.speed,
+            control_token: self.control_token.clone(),
+            ..SimConfig::default()
+        };
         if !self.symbols.is_empty() {
             c.symbols = SimConfig::symbols_named(&self.symbols)?;
         }
@@ -341,4 +358,28 @@ pub async fn run_until(
     sim.shutdown();
     let _ = tokio::time::timeout(Duration::from_secs(5), sim.stopped()).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(token: Option<&str>) -> SimArgs {
+        SimArgs {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            speed: 1.0,
+            seed: 1,
+            symbols: Vec::new(),
+            control_token: token.map(String::from),
+        }
+    }
+
+    #[test]
+    fn the_control_token_is_passed_on_and_checked() {
+        assert_eq!(args(None).config().unwrap().control_token, None);
+        let c = args(Some("long-enough-token")).config().unwrap();
+        assert_eq!(c.control_token.as_deref(), Some("long-enough-token"));
+        let e = args(Some("short")).config().unwrap_err().to_string();
+        assert!(e.contains("--control-token"), "{e}");
+    }
 }

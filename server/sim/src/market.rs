@@ -15,8 +15,9 @@
 //! ## Depth update ids and diffs
 //! The engine's update id grows by one per book-changing action. A depth feed remembers the book
 //! it last published and its id `u'`; at its cadence it publishes `U = u' + 1`, `u = ` the
-//! current id, and every level that differs (absolute quantities, 0 = removed), plus `pu = u'`
-//! on futures. Events of a feed are contiguous, so Binance's spot rule (`U <= id + 1 <= u`, then
+//! current id, and every level that changed in between (absolute quantities, 0 = removed; also a
+//! level that changed and changed back, which a snapshot taken inside the window may hold, as
+//! Binance does), plus `pu = u'` on futures. Events of a feed are contiguous, so Binance's spot rule (`U <= id + 1 <= u`, then
 //! `U == last + 1`) and futures rule (`pu == last`) both hold, and a REST snapshot (the book and
 //! id read together under the lock) is always bridged by the next event.
 
@@ -86,13 +87,38 @@ pub fn class_of(kind: &StreamKind) -> StreamClass {
     }
 }
 
-/// A depth diff feed of one cadence: the book as last published.
+/// A depth diff feed of one cadence: the book as last published, and the levels changed since.
 #[derive(Debug)]
 struct DepthFeed {
     cadence_ms: u32,
     last_u: u64,
     bids: Vec<Level>,
     asks: Vec<Level>,
+    /// Every level an action changed since `last_u` (duplicates possible).
+    touched: Vec<(Side, shared::Price)>,
+}
+
+/// The levels a diff carries: every level that differs between the last published book and now,
+/// and every level changed in between even if it changed back (absolute quantities, 0 = none).
+/// A client's REST snapshot may come from inside the window; a level it holds that was added and
+/// removed again within the window must be removed by the diff that bridges it, as on Binance.
+fn window_levels(
+    engine: &MatchingEngine,
+    side: Side,
+    old: &[Level],
+    new: &[Level],
+    touched: &[(Side, shared::Price)],
+) -> Vec<Level> {
+    let mut out: std::collections::BTreeMap<shared::Price, shared::Qty> =
+        diff_levels(old, new, side == Side::Bid).into_iter().map(|l| (l.price, l.qty)).collect();
+    for &(_, price) in touched.iter().filter(|(s, _)| *s == side) {
+        out.entry(price).or_insert_with(|| engine.qty_at(side, price));
+    }
+    let levels = out.into_iter().map(|(price, qty)| Level::new(price, qty));
+    match side {
+        Side::Bid => levels.rev().collect(),
+        Side::Ask => levels.collect(),
+    }
 }
 
 /// The levels of `new` that differ from `old` (removed ones with quantity 0); both best first,
@@ -140,10 +166,13 @@ struct State {
     last_ticker: Option<(Option<Level>, Option<Level>)>,
     /// Scratch buffer for the trades of one tick.
     trades: Vec<Trade>,
+    /// Scratch buffer for the levels one tick changed.
+    touched: Vec<(Side, shared::Price)>,
 }
 
 impl State {
-    /// Runs the engine to `until`, closing minutes on the way.
+    /// Runs the engine to `until`, closing minutes on the way; the levels changed go to every
+    /// depth feed.
     fn advance(&mut self, until: i64, closed: &mut Vec<SimCandle>) {
         while self.engine.next_action_ms() <= until {
             self.klines.close_until(self.engine.next_action_ms(), closed);
@@ -151,6 +180,15 @@ impl State {
             self.engine.step(&mut self.trades);
             for t in &self.trades[n..] {
                 self.klines.add(t);
+            }
+        }
+        if self.feeds.is_empty() {
+            self.engine.clear_touched();
+        } else {
+            self.touched.clear();
+            self.engine.take_touched(&mut self.touched);
+            for f in &mut self.feeds {
+                f.touched.extend_from_slice(&self.touched);
             }
         }
         self.klines.close_until(until, closed);
@@ -195,6 +233,7 @@ impl SimMarket {
             next_agg_id: 10_000_000,
             last_ticker: None,
             trades: Vec::new(),
+            touched: Vec::new(),
         };
         state.advance(start_ms, &mut Vec::new());
         state.trades.clear();
@@ -510,6 +549,7 @@ fn produce(m: &SimMarket, now: i64, tick: u64, wants: &[Want]) -> Vec<(usize, Pa
                 last_u: s.engine.update_id(),
                 bids: s.engine.levels(Side::Bid, usize::MAX),
                 asks: s.engine.levels(Side::Ask, usize::MAX),
+                touched: Vec::new(),
             };
             s.feeds.push(feed);
         }
@@ -530,13 +570,14 @@ fn produce(m: &SimMarket, now: i64, tick: u64, wants: &[Want]) -> Vec<(usize, Pa
                 first_id: f.last_u + 1,
                 last_id: u,
                 prev_last_id: Some(f.last_u),
-                bids: diff_levels(&f.bids, &bids, true),
-                asks: diff_levels(&f.asks, &asks, false),
+                bids: window_levels(&st.engine, Side::Bid, &f.bids, &bids, &f.touched),
+                asks: window_levels(&st.engine, Side::Ask, &f.asks, &asks, &f.touched),
                 checksum: None,
             };
             f.last_u = u;
             f.bids.clone_from(&bids);
             f.asks.clone_from(&asks);
+            f.touched.clear();
             deltas.push((f.cadence_ms, delta));
         }
     }

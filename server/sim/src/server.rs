@@ -5,9 +5,9 @@
 //! |------|------|
 //! | `/api/v3/{ping,time,exchangeInfo,klines,uiKlines,depth}` | Binance spot REST ([`crate::rest`]) |
 //! | `/fapi/v1/{ping,time,exchangeInfo,klines,depth}` | Binance USD-M futures REST (same markets) |
-//! | `/ws`, `/ws/<streams>`, `/stream?streams=` | spot streams ([`crate::ws`]) |
-//! | `/fapi/ws`, `/fapi/ws/<streams>`, `/fapi/stream?streams=` | futures streams |
-//! | `GET /sim/faults`, `POST /sim/faults` | the fault plan and counters; inject faults ([`crate::faults`]) |
+//! | `/ws`, `/ws/<streams or any id>`, `/stream?streams=`, `/stream` | spot streams ([`crate::ws`]) |
+//! | the same under `/fapi`, `/fapi/public`, `/fapi/market` | futures streams |
+//! | `GET /sim/faults`, `POST /sim/faults` | the fault plan and counters; inject faults ([`crate::faults`]; token and JSON, [`crate::control`]) |
 //! | `GET /sim/status` | symbols, clock, connections |
 //! | `/tbt/*` | the tick-by-tick feed ([`crate::tbt::routes`]) |
 
@@ -90,7 +90,14 @@ pub(crate) async fn start(
         stop: stop.clone(),
     });
     let tbt = crate::tbt::TbtHandle::start(config.tbt.clone(), stop.child_token(), &tasks)?;
-    let app = router(srv).merge(crate::tbt::routes::router(tbt.clone(), stop.clone()));
+    let guard = crate::control::Guard {
+        token: config.control_token.as_deref().map(Arc::from),
+        faults: faults.clone(),
+    };
+    let control = control_router(srv.clone())
+        .merge(crate::tbt::routes::router(tbt.clone(), stop.clone()))
+        .route_layer(axum::middleware::from_fn_with_state(guard, crate::control::guard));
+    let app = router(srv).merge(control);
     tasks.spawn(run_driver(ex.clone(), hub.clone(), faults.clone(), stop.clone()));
     let stop_serve = stop.clone();
     tasks.spawn(async move {
@@ -118,17 +125,26 @@ fn router(srv: Arc<Srv>) -> Router {
         .route("/api/{*rest}", get(rest::not_found))
         .route("/fapi/{*rest}", get(rest::not_found))
         .route_layer(axum::middleware::from_fn_with_state(srv.clone(), rest::limits));
-    let ws_routes = Router::new()
-        .route("/ws", get(ws::ws_bare))
-        .route("/ws/{*streams}", get(ws::ws_raw))
-        .route("/stream", get(ws::ws_combined))
-        .route("/fapi/ws", get(ws::ws_bare))
-        .route("/fapi/ws/{*streams}", get(ws::ws_raw))
-        .route("/fapi/stream", get(ws::ws_combined));
-    let control = Router::new()
+    // Binance's stream URL forms (spot at the root; USD-M futures under /fapi, also under its
+    // routed /fapi/public and /fapi/market paths)
+    let mut ws_routes = Router::new();
+    for base in ["", "/fapi", "/fapi/public", "/fapi/market"] {
+        ws_routes = ws_routes
+            .route(&format!("{base}/ws"), get(ws::ws_bare))
+            .route(&format!("{base}/ws/"), get(ws::ws_bare))
+            .route(&format!("{base}/ws/{{*streams}}"), get(ws::ws_raw))
+            .route(&format!("{base}/stream"), get(ws::ws_combined))
+            .route(&format!("{base}/stream/"), get(ws::ws_combined));
+    }
+    rest_routes.merge(ws_routes).with_state(srv)
+}
+
+/// `/sim/*`; the caller guards it ([`crate::control`]).
+fn control_router(srv: Arc<Srv>) -> Router {
+    Router::new()
         .route("/sim/faults", get(get_faults).post(post_faults))
-        .route("/sim/status", get(status));
-    rest_routes.merge(ws_routes).merge(control).with_state(srv)
+        .route("/sim/status", get(status))
+        .with_state(srv)
 }
 
 /// `GET /sim/faults`: `{"plan":..,"counters":..}`.

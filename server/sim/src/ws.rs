@@ -1,8 +1,13 @@
 //! WebSocket sessions in Binance's stream protocol.
 //!
-//! - `/ws/<stream>[/<stream>...]` sends raw events; `/stream?streams=a/b/c` wraps every event as
-//!   `{"stream":"a","data":{..}}`; `/ws` and `/stream` alone start with no stream. The same under
-//!   `/fapi` speaks the USD-M futures flavour.
+//! - Every URL form Binance's stream endpoints accept: `/ws/<stream>[/<stream>...]` sends raw
+//!   events; `/stream?streams=a/b/c` wraps every event as `{"stream":"a","data":{..}}`; `/ws`,
+//!   `/ws/` and `/stream` alone start with no stream. A path segment that is not a stream this
+//!   venue offers (a listen key, a client's connection id such as `/ws/0`) is accepted and
+//!   carries nothing, as on Binance; the client subscribes later. Query values are
+//!   percent-decoded; `timeUnit=MILLISECOND` is accepted, `MICROSECOND` refused (the simulator's
+//!   times are milliseconds). The same under `/fapi` speaks the USD-M futures flavour, also
+//!   under futures' routed paths `/fapi/public/...` and `/fapi/market/...`.
 //! - Requests
 //!   `{"method":"SUBSCRIBE"|"UNSUBSCRIBE"|"LIST_SUBSCRIPTIONS"|"SET_PROPERTY"|"GET_PROPERTY","params":[..],"id":N}`
 //!   are answered like Binance: `{"result":null,"id":N}`, `{"result":["btcusdt@trade"],"id":N}`,
@@ -47,50 +52,121 @@ fn streams(flavour: Flavour, names: &[&str]) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// The streams named in a URL: every name that is a stream this venue offers, canonicalised.
+/// Binance accepts any path segment after `/ws/` (a listen key, a client's own connection id
+/// such as `/ws/0`, a stream of a symbol it does not list) and the connection then carries only
+/// what it names or later subscribes to; so a name that is not a stream is accepted and silent.
+fn url_streams(flavour: Flavour, names: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for n in names {
+        if let Ok(s) = streams(flavour, &[n]) {
+            for s in s {
+                if !out.contains(&s) {
+                    out.push(s);
+                }
+            }
+        }
+    }
+    out
+}
+
 fn url_error(msg: String) -> Response {
     Fail { status: axum::http::StatusCode::BAD_REQUEST, code: -1121, msg, retry_after: None }
         .into_response()
 }
 
-/// `GET /ws` and `/fapi/ws`.
+/// The flavour a stream path speaks: `/fapi/...` (and its routed `/fapi/public`, `/fapi/market`)
+/// is USD-M futures, the rest spot.
+fn flavour_of(uri: &Uri) -> Flavour {
+    if uri.path().starts_with("/fapi") {
+        Flavour::Futures
+    } else {
+        Flavour::Spot
+    }
+}
+
+/// The query parameters of a stream URL, percent-decoded; `streams` is the combined list.
+/// `timeUnit=MILLISECOND` (any case) is Binance's default and accepted; microseconds are not
+/// produced by the simulator and are refused rather than sent as milliseconds.
+fn parse_query(uri: &Uri) -> Result<Option<String>, String> {
+    let pairs: Vec<(String, String)> = match uri.query() {
+        None => Vec::new(),
+        Some(q) => match axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri) {
+            Ok(axum::extract::Query(v)) => v,
+            Err(_) => return Err(format!("malformed query string {q:?}")),
+        },
+    };
+    let mut list = None;
+    for (k, v) in pairs {
+        match k.as_str() {
+            "streams" => list = Some(v),
+            "timeUnit" if v.eq_ignore_ascii_case("millisecond") => {}
+            "timeUnit" => {
+                return Err(format!(
+                    "timeUnit={v} is not supported by the simulator (its times are milliseconds)"
+                ))
+            }
+            _ => {} // unknown parameters are ignored, as Binance does
+        }
+    }
+    Ok(list)
+}
+
+/// `GET /ws` and `/fapi/ws` (also `/ws/`, and futures' routed `/fapi/public/ws`,
+/// `/fapi/market/ws`): no stream until SUBSCRIBE.
 pub(crate) async fn ws_bare(
     State(srv): State<Arc<Srv>>,
     uri: Uri,
     up: WebSocketUpgrade,
 ) -> Response {
-    let flavour = if uri.path().starts_with("/fapi") { Flavour::Futures } else { Flavour::Spot };
-    upgrade(srv, up, flavour, false, Vec::new())
+    if let Err(e) = parse_query(&uri) {
+        return url_error(e);
+    }
+    upgrade(srv, up, flavour_of(&uri), false, Vec::new())
 }
 
-/// `GET /ws/<stream>[/<stream>...]`.
+/// `GET /ws/<stream>[/<stream>...]` (also `/ws/<listenKey or any id>`): raw events of the named
+/// streams.
 pub(crate) async fn ws_raw(
     State(srv): State<Arc<Srv>>,
     Path(path): Path<String>,
     uri: Uri,
     up: WebSocketUpgrade,
 ) -> Response {
-    let flavour = if uri.path().starts_with("/fapi") { Flavour::Futures } else { Flavour::Spot };
-    let names: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    match streams(flavour, &names) {
-        Ok(s) => upgrade(srv, up, flavour, false, s),
-        Err(e) => url_error(e),
+    if let Err(e) = parse_query(&uri) {
+        return url_error(e);
     }
+    let flavour = flavour_of(&uri);
+    let names: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if names.len() > srv.config.max_streams_per_connection {
+        return url_error(format!(
+            "too many streams: at most {}",
+            srv.config.max_streams_per_connection
+        ));
+    }
+    upgrade(srv, up, flavour, false, url_streams(flavour, &names))
 }
 
-/// `GET /stream?streams=a/b/c`.
+/// `GET /stream?streams=a/b/c` (and `/stream` alone, streams by SUBSCRIBE later): every event
+/// wrapped as `{"stream":..,"data":..}`.
 pub(crate) async fn ws_combined(
     State(srv): State<Arc<Srv>>,
     uri: Uri,
     up: WebSocketUpgrade,
 ) -> Response {
-    let flavour = if uri.path().starts_with("/fapi") { Flavour::Futures } else { Flavour::Spot };
-    let query = uri.query().unwrap_or("");
-    let list = query.split('&').find_map(|kv| kv.strip_prefix("streams=")).unwrap_or("");
+    let list = match parse_query(&uri) {
+        Ok(l) => l.unwrap_or_default(),
+        Err(e) => return url_error(e),
+    };
+    let flavour = flavour_of(&uri);
     let names: Vec<&str> = list.split('/').filter(|s| !s.is_empty()).collect();
-    match streams(flavour, &names) {
-        Ok(s) => upgrade(srv, up, flavour, true, s),
-        Err(e) => url_error(e),
+    if names.len() > srv.config.max_streams_per_connection {
+        return url_error(format!(
+            "too many streams: at most {}",
+            srv.config.max_streams_per_connection
+        ));
     }
+    upgrade(srv, up, flavour, true, url_streams(flavour, &names))
 }
 
 fn upgrade(

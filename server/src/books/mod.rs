@@ -27,6 +27,7 @@ pub mod depth_job;
 mod publisher;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 
 use shared::book::{Level, OrderBook, CHECKSUM_LEVELS};
@@ -65,6 +66,9 @@ pub struct PublishedBook {
 struct BookCell {
     instrument: InstrumentId,
     state: Mutex<CellState>,
+    /// The status was set from outside the producer ([`BookRegistry::mark_stale`]): its next
+    /// report must reach the cell even if the producer's own status did not change.
+    overridden: AtomicBool,
 }
 
 impl BookCell {
@@ -88,6 +92,7 @@ impl BookCell {
                 deltas: 0,
                 crossed_skipped: 0,
             }),
+            overridden: AtomicBool::new(false),
         }
     }
 }
@@ -147,6 +152,20 @@ impl BookRegistry {
             (st.generation, diff)
         };
         BookPublisher::new(cell, self.bus.clone(), generation, diff)
+    }
+
+    /// Reports `instrument`'s book `stale` until its producer publishes again: for a producer
+    /// whose feed went silent (nothing arrives, so it has nothing to publish). Returns whether
+    /// the book is active (and was marked).
+    pub fn mark_stale(&self, instrument: &InstrumentId) -> bool {
+        let Some(cell) = read(&self.cells).get(instrument).cloned() else { return false };
+        let mut st = lock(&cell.state);
+        if !st.active {
+            return false;
+        }
+        st.status.health = BookHealth::Stale;
+        cell.overridden.store(true, Relaxed);
+        true
     }
 
     /// Whether millrace has (or had) a book for `instrument`.

@@ -2,6 +2,7 @@
 //! (the diff and the events) wired to the registry's cell (ids, the REST book, ops counters) and
 //! the bus (the `depth_update@` and `depth@…,N` topics).
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -127,18 +128,21 @@ impl BookPublisher {
             st.published = published;
             st.status = status;
             st.deltas += 1;
+            self.cell.overridden.store(false, Relaxed);
         }
         self.status = status;
     }
 
-    /// Records `status` in the cell (only when it changed, or for a crossed book).
+    /// Records `status` in the cell (only when it changed, for a crossed book, or when the
+    /// cell's status was overridden meanwhile).
     fn report(&mut self, status: BookStatus, crossed: bool) {
-        if status == self.status && !crossed {
+        if status == self.status && !crossed && !self.cell.overridden.load(Relaxed) {
             return;
         }
         let mut st = lock(&self.cell.state);
         if st.generation == self.generation {
             st.status = status;
+            self.cell.overridden.store(false, Relaxed);
             if crossed {
                 st.crossed_skipped += 1;
             }

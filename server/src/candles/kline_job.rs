@@ -14,6 +14,10 @@
 //! `stall_timeout_ms` is treated as dead. Binance closes connections after 24 h: after
 //! `planned_reconnect_after_s` the job opens the new connection first and only then drops the
 //! old one, and the REST fill covers anything in between, so a planned reconnect leaves no gap.
+//!
+//! **An exchange clock behind the store** (a restarted simulator whose clock started before the
+//! candles an earlier, faster run stored) closes no new candle until it catches up; the job
+//! reports it in its health (`/healthz` degraded, naming the job), a metric and a log line.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -236,6 +240,7 @@ async fn on_event(
         health.malformed.fetch_add(1, Relaxed);
         return Ok(());
     }
+    check_exchange_clock(&deps.symbol, health, pipeline.last_closed(), kline.event_time);
     let mut candle = kline.candle;
     candle.minutes = 1;
     let open = candle.open_time;
@@ -254,6 +259,39 @@ async fn on_event(
         pipeline.on_forming(candle, kline.event_time, Instant::now());
     }
     Ok(())
+}
+
+/// Slack of the "exchange's clock behind" check (a real exchange's REST and stream clocks may
+/// differ a little).
+const BEHIND_TOLERANCE_MS: i64 = 1_000;
+
+/// Compares the exchange's clock `exchange_ms` with the close of the newest stored candle (open
+/// time `last_closed`). While the exchange has not reached that close, no candle can close that
+/// the store does not already have, and nothing would say why: a restarted simulator whose clock
+/// started behind an earlier, faster run is the known case. Records the lag in the job's health
+/// (`/healthz` degraded, naming the job; `millrace_job_exchange_behind_ms`), logs when it starts
+/// and ends; returns it (0: not behind).
+fn check_exchange_clock(
+    symbol: &str,
+    health: &JobHealth,
+    last_closed: Option<i64>,
+    exchange_ms: i64,
+) -> i64 {
+    let lag = last_closed.map_or(0, |l| l + MINUTE_MS - exchange_ms);
+    let behind = if lag > BEHIND_TOLERANCE_MS { lag } else { 0 };
+    let was = health.exchange_behind_ms.swap(behind, Relaxed);
+    if behind > 0 && was == 0 {
+        tracing::warn!(
+            symbol,
+            exchange_ms,
+            last_closed_open_time = last_closed,
+            behind_s = behind / 1000,
+            "the exchange's clock is behind the newest stored candle: no candle closes until it catches up"
+        );
+    } else if behind == 0 && was > 0 {
+        tracing::info!(symbol, "the exchange's clock has reached the newest stored candle again");
+    }
+    behind
 }
 
 /// Most time the job waits for the exchange's REST clock to reach a minute its stream has already
@@ -298,6 +336,7 @@ async fn fill_gap(
 ) -> Result<(), RestError> {
     let Some(last) = pipeline.last_closed() else { return Ok(()) };
     let server_now = exchange_time_through(deps, through).await?;
+    check_exchange_clock(&deps.symbol, health, Some(last), server_now);
     // A row is closed when its close time has passed on the exchange's clock.
     let limit_open =
         through.unwrap_or(i64::MAX).min(Timeframe::M1.bucket_open(server_now) - MINUTE_MS);
@@ -347,4 +386,32 @@ async fn fill_gap(
         pipeline.flush(now_ms()).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exchange_clock_behind_the_newest_stored_candle_is_reported_until_it_catches_up() {
+        let h = JobHealth::default();
+        let last = 10 * MINUTE_MS; // the newest stored candle closes at 11 min
+                                   // nothing stored: nothing to be behind
+        assert_eq!(check_exchange_clock("BTCUSDT", &h, None, 0), 0);
+        // a forming candle of the next minute: in step
+        assert_eq!(check_exchange_clock("BTCUSDT", &h, Some(last), 11 * MINUTE_MS + 5), 0);
+        assert_eq!(h.exchange_behind_ms.load(Relaxed), 0);
+        // within the tolerance: clocks differ a little
+        assert_eq!(check_exchange_clock("BTCUSDT", &h, Some(last), 11 * MINUTE_MS - 900), 0);
+        // a restarted exchange 30 minutes behind
+        let behind = check_exchange_clock("BTCUSDT", &h, Some(last), last - 29 * MINUTE_MS);
+        assert_eq!(behind, 30 * MINUTE_MS);
+        assert_eq!(h.exchange_behind_ms.load(Relaxed), 30 * MINUTE_MS);
+        // catching up: still behind, by less
+        check_exchange_clock("BTCUSDT", &h, Some(last), last);
+        assert_eq!(h.exchange_behind_ms.load(Relaxed), MINUTE_MS);
+        // caught up: cleared
+        check_exchange_clock("BTCUSDT", &h, Some(last), 11 * MINUTE_MS);
+        assert_eq!(h.exchange_behind_ms.load(Relaxed), 0);
+    }
 }

@@ -144,8 +144,14 @@ pub async fn run(
     let l3 = if config.l3.worker_host() == Some(options.id.as_str()) {
         let registry = BookRegistry::new(bus.clone());
         let feeds = crate::app::tick_sources(&config, &sources);
-        let books = L3Books::start(&config.l3, registry, &feeds, &shutdown.child())
-            .map_err(WorkerError::TickBooks)?;
+        let books = L3Books::start(
+            &config.l3,
+            registry,
+            &feeds,
+            config.server.admin_token.clone(),
+            &shutdown.child(),
+        )
+        .map_err(WorkerError::TickBooks)?;
         let subject = request_subject(&subjects.prefix);
         serve(books.clone(), client.clone(), subject.clone(), &shutdown)
             .await

@@ -27,7 +27,8 @@
 //!   top pending symbols; per symbol shard, pending, lag, health, gaps, resets, and `hot` (a
 //!   simulator's hot spot; absent for symbols of other sources); migrations; the tick-by-tick
 //!   sources' counters.
-//! - `GET /api/v1/ops/sources` — each source with its REST and WebSocket base URLs.
+//! - `GET /api/v1/ops/sources` — each source with its REST and WebSocket base URLs (an embedded
+//!   simulator's only with the admin token: its control endpoints take that token).
 //! - `GET /metrics` — Prometheus text format.
 //!
 //! Admin (`Authorization: Bearer <server.admin_token>`; disabled with 403 when no token is set):
@@ -196,8 +197,11 @@ async fn ops_backfill(State(state): State<AppState>) -> Json<BackfillReport> {
     })
 }
 
-async fn ops_sources(State(state): State<AppState>) -> Json<SourcesReport> {
-    Json(SourcesReport { sources: state.app.sources.snapshot() })
+/// Every source. The address of an embedded simulator (whose control endpoints take the admin
+/// token) is shown only to a request carrying the admin token.
+async fn ops_sources(State(state): State<AppState>, headers: HeaderMap) -> Json<SourcesReport> {
+    let reveal = is_admin(&state, &headers);
+    Json(SourcesReport { sources: state.app.sources.snapshot(reveal) })
 }
 
 /// The leading supervisor's report, asked over NATS (a gateway only); `?max_tasks=N` (default
@@ -238,6 +242,24 @@ async fn metrics(State(state): State<AppState>) -> Response {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
+/// Whether `headers` carry `Authorization: Bearer <admin token>` (compared in constant time:
+/// the token must not leak through timing). Never true while no token is configured.
+fn bearer_matches(expected: &str, headers: &HeaderMap) -> bool {
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    given.is_some_and(|g| {
+        g.len() == expected.len()
+            && g.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    })
+}
+
+/// Whether the request is an admin's (for answers that show more to admins; not counted).
+fn is_admin(state: &AppState, headers: &HeaderMap) -> bool {
+    state.app.config.server.admin_token.as_deref().is_some_and(|t| bearer_matches(t, headers))
+}
+
 /// Checks `Authorization: Bearer <token>` against the configured admin token.
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = state.app.config.server.admin_token.as_deref() else {
@@ -248,16 +270,7 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
             "admin actions are disabled: set server.admin_token or MILLRACE_ADMIN_TOKEN",
         ));
     };
-    let given = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Constant-time comparison: the token must not leak through timing.
-    let ok = given.is_some_and(|g| {
-        g.len() == expected.len()
-            && g.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-    });
-    if ok {
+    if bearer_matches(expected, headers) {
         Ok(())
     } else {
         state.app.metrics.admin_unauthorized.fetch_add(1, Relaxed);

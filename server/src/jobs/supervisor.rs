@@ -112,6 +112,9 @@ pub struct JobHealth {
     pub persist_failures: AtomicU64,
     pub last_message_at_ms: AtomicI64,
     pub last_closed_open_time: AtomicI64,
+    /// How far the exchange's clock is behind the close of the newest stored candle, ms (0:
+    /// not behind). While it is, no new candle can close (a kline job; see `kline_job`).
+    pub exchange_behind_ms: AtomicI64,
 }
 
 impl JobHealth {
@@ -568,6 +571,7 @@ impl Supervisor {
                     persist_failures: h.persist_failures.load(Relaxed),
                     last_message_at_ms: load(&h.last_message_at_ms),
                     last_closed_open_time: load(&h.last_closed_open_time),
+                    exchange_behind_ms: load(&h.exchange_behind_ms),
                 }
             })
             .collect();

@@ -64,6 +64,7 @@ impl L3Books {
                     recoveries: c.recoveries.load(Relaxed),
                     recovery_failures: c.recovery_failures.load(Relaxed),
                     held_dropped: c.held_dropped.load(Relaxed),
+                    silences: c.silences.load(Relaxed),
                     replay_done: c.done.load(Relaxed),
                 }
             })

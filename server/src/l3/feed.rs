@@ -26,6 +26,8 @@ pub(super) enum Input {
     Gap(SymbolIdx),
     /// The source's snapshot for a recovery.
     Snapshot(SymbolIdx, Result<TbtSnapshot, FeedError>),
+    /// Time to check that the feed still delivers (see [`FeedThread::stale_after`]).
+    Tick,
     /// End the thread.
     Stop,
 }
@@ -38,6 +40,10 @@ pub(super) struct FeedThread {
     pub rest: TbtRest,
     pub counters: Arc<FeedCounters>,
     pub max_held: usize,
+    /// No event for this long: the feed is silent (paused upstream, stuck) and its books are
+    /// reported stale until events arrive again; otherwise they would keep saying `synced`,
+    /// since a book without events is never published again.
+    pub stale_after: Duration,
     /// The tick-by-tick books' part of the shutdown (the thread, its pump and its snapshot
     /// requests run in it).
     pub shutdown: Shutdown,
@@ -72,6 +78,18 @@ impl FeedThread {
             shutdown.stopping().await;
             let _ = stop_tx.send(Input::Stop);
         });
+        let tick_tx = input_tx.clone();
+        let every = (self.stale_after / 4).max(Duration::from_millis(25));
+        self.shutdown.spawn_until_stopped(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if tick_tx.send(Input::Tick).is_err() {
+                    return;
+                }
+            }
+        });
         let runtime = tokio::runtime::Handle::current();
         let name = format!("l3-feed-{}", self.source);
         let threads = self.shutdown.clone();
@@ -93,9 +111,29 @@ impl FeedThread {
         let mut by_engine: HashMap<SymbolIdx, u32> = HashMap::new();
         let mut holding: HashMap<SymbolIdx, Vec<TickEvent>> = HashMap::new();
         let mut out: Vec<TickEvent> = Vec::new();
+        let mut last_event = std::time::Instant::now();
+        let mut silent = false;
         while let Some(input) = input_rx.blocking_recv() {
             match input {
                 Input::Stop => return,
+                Input::Tick => {
+                    let quiet = last_event.elapsed();
+                    if quiet < self.stale_after {
+                        continue;
+                    }
+                    if !silent {
+                        silent = true;
+                        self.counters.silences.fetch_add(1, Relaxed);
+                        tracing::warn!(quiet_ms = quiet.as_millis() as u64, "no tick-by-tick events: the feed's books are reported stale until events arrive");
+                    }
+                    // again on every check while silent: a batch the engine still published
+                    // after the last event must not leave a book `synced`
+                    for k in known.iter().flatten() {
+                        let instrument =
+                            InstrumentId::new(self.source.clone(), Market::Stock, k.name.clone());
+                        self.registry.mark_stale(&instrument);
+                    }
+                }
                 Input::Feed(FeedItem::Connected(symbols)) => {
                     for s in symbols {
                         let slot = s.idx as usize;
@@ -153,6 +191,12 @@ impl FeedThread {
                 }
                 Input::Feed(FeedItem::Events(events)) => {
                     self.counters.events.fetch_add(events.len() as u64, Relaxed);
+                    last_event = std::time::Instant::now();
+                    if std::mem::take(&mut silent) {
+                        tracing::info!(
+                            "tick-by-tick events again: the books report their own health"
+                        );
+                    }
                     out.clear();
                     for e in &events {
                         let Some(Some(k)) = known.get(e.symbol as usize) else {

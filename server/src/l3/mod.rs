@@ -51,6 +51,8 @@ pub struct FeedCounters {
     pub recoveries: AtomicU64,
     pub recovery_failures: AtomicU64,
     pub held_dropped: AtomicU64,
+    /// Times the feed went silent for `l3.feed_stale_after_ms` (its books reported stale).
+    pub silences: AtomicU64,
     /// A replay source has sent everything.
     pub done: AtomicBool,
 }
@@ -86,11 +88,13 @@ pub struct L3Books {
 
 impl L3Books {
     /// Starts the engine, one feed per `(source name, simulator base URL)` and one replay per
-    /// `[[l3.replay]]`, all as parts of `shutdown`.
+    /// `[[l3.replay]]`, all as parts of `shutdown`. `control_token` goes with control requests
+    /// to the simulators (hot spots).
     pub fn start(
         config: &L3Config,
         registry: Arc<BookRegistry>,
         sims: &[(String, String)],
+        control_token: Option<String>,
         shutdown: &Shutdown,
     ) -> Result<Arc<Self>, L3Error> {
         let mut engine = Engine::start(config.engine.clone(), shutdown)?;
@@ -99,7 +103,11 @@ impl L3Books {
         engine.spawn_dispatcher(rx)?;
         let mut sources = Vec::new();
         for (name, base) in sims {
-            let (feed, feed_rx, task) = TbtFeed::new(FeedConfig::new(base.clone()));
+            let feed_config = FeedConfig {
+                control_token: control_token.clone(),
+                ..FeedConfig::new(base.clone())
+            };
+            let (feed, feed_rx, task) = TbtFeed::new(feed_config);
             shutdown.spawn_until_stopped(
                 task.instrument(tracing::info_span!("tbt_feed", source = %name)),
             );
@@ -112,6 +120,7 @@ impl L3Books {
                 rest: feed.rest().clone(),
                 counters: counters.clone(),
                 max_held: config.max_held_events,
+                stale_after: Duration::from_millis(config.feed_stale_after_ms),
                 shutdown: shutdown.clone(),
             };
             thread.spawn(feed_rx)?;

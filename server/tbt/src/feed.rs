@@ -58,6 +58,8 @@ pub struct FeedConfig {
     pub backoff_max: Duration,
     /// Time allowed for connecting and receiving the symbol list.
     pub connect_timeout: Duration,
+    /// Bearer token of the source's control requests ([`TbtRest::control`]).
+    pub control_token: Option<String>,
 }
 
 impl FeedConfig {
@@ -69,6 +71,7 @@ impl FeedConfig {
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
+            control_token: None,
         }
     }
 
@@ -131,13 +134,22 @@ pub enum FeedError {
 pub struct TbtRest {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` with control requests.
+    token: Option<String>,
 }
 
 impl TbtRest {
     pub fn new(base: impl Into<String>) -> Self {
         let http =
             reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default();
-        TbtRest { base: base.into().trim_end_matches('/').to_string(), http }
+        TbtRest { base: base.into().trim_end_matches('/').to_string(), http, token: None }
+    }
+
+    /// The same client, sending `token` with its control requests (the simulator refuses them
+    /// without its control token).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
     }
 
     async fn get(&self, path_query: String) -> Result<reqwest::Response, FeedError> {
@@ -173,16 +185,14 @@ impl TbtRest {
         self.json("/tbt/status".into()).await
     }
 
-    /// Sends a control command (hot spot, pause, wire drop).
+    /// Sends a control command (hot spot, pause, wire drop) as JSON, with the control token.
     pub async fn control(&self, cmd: &Control) -> Result<(), FeedError> {
         let url = format!("{}/tbt/control", self.base);
-        let r = self
-            .http
-            .post(&url)
-            .json(cmd)
-            .send()
-            .await
-            .map_err(|source| FeedError::Http { url: url.clone(), source })?;
+        let mut req = self.http.post(&url).json(cmd);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.map_err(|source| FeedError::Http { url: url.clone(), source })?;
         check(url, r).await.map(|_| ())
     }
 
@@ -257,7 +267,7 @@ impl TbtFeed {
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
         let inner =
             Arc::new(Inner { counters: Counters::default(), symbols: Mutex::new(Vec::new()) });
-        let rest = TbtRest::new(config.base.clone());
+        let rest = TbtRest::new(config.base.clone()).with_token(config.control_token.clone());
         let task = Box::pin(run(config, inner.clone(), tx));
         (TbtFeed { inner, rest }, rx, task)
     }

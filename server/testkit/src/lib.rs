@@ -91,9 +91,18 @@ pub fn embedded_sim_source(speed: f64) -> SourceConfig {
     SourceConfig { speed, ..SourceConfig::default() }
 }
 
-/// A simulator on port 0 in this process.
+/// The control token of [`start_sim`]'s simulators: a server that asks them for a hot spot (its
+/// admin token goes with the request) needs it as its `server.admin_token`.
+pub const SIM_CONTROL_TOKEN: &str = "testkit-sim-control-token";
+
+/// A simulator on port 0 in this process (control token [`SIM_CONTROL_TOKEN`]).
 pub async fn start_sim(speed: f64, seed: u64) -> SimHandle {
-    let config = SimConfig { speed, seed, ..SimConfig::default() };
+    let config = SimConfig {
+        speed,
+        seed,
+        control_token: Some(SIM_CONTROL_TOKEN.into()),
+        ..SimConfig::default()
+    };
     Sim::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
 
@@ -114,8 +123,19 @@ impl TestServer {
         Self::start_with(config, backends).await
     }
 
+    /// Like [`TestServer::start`], ready once `/healthz` answers at all: for a test of a
+    /// service that is degraded from the start.
+    pub async fn start_degraded(config: Config) -> TestServer {
+        let backends = Backends::open(&config).await.unwrap();
+        Self::start_ready_when(config, backends, true).await
+    }
+
     /// A server on the given bus and store (a test's own implementations).
     pub async fn start_with(config: Config, backends: Backends) -> TestServer {
+        Self::start_ready_when(config, backends, false).await
+    }
+
+    async fn start_ready_when(config: Config, backends: Backends, any_health: bool) -> TestServer {
         // Logs of the server under test (RUST_LOG=info to see them with --nocapture).
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -133,15 +153,17 @@ impl TestServer {
             let _ = stopped.await;
         }));
         let server = TestServer { addr, config, app, stop: Some(stop), done: Some(done) };
-        server.wait_ready().await;
+        server.wait_ready(any_health).await;
         server
     }
 
-    async fn wait_ready(&self) {
+    async fn wait_ready(&self, any_health: bool) {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            if let Ok((200, _)) = http_get(self.addr, "/healthz").await {
-                return;
+            match http_get(self.addr, "/healthz").await {
+                Ok((200, _)) => return,
+                Ok((503, _)) if any_health => return,
+                _ => {}
             }
             assert!(Instant::now() < deadline, "server did not come up");
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -235,12 +235,28 @@ async fn operations_endpoints_and_admin_token() {
     config.server.admin_token = Some("s3cret-token".into());
     let server = TestServer::start(config).await;
 
+    // the embedded simulator's address is an admin's to know (its controls take the token)
     let sources = server.get_json("/api/v1/ops/sources").await;
     let sim = &sources["sources"][0];
     assert_eq!(sim["name"], "sim");
+    assert_eq!(sim["embedded_simulator"], true);
+    assert!(sim["rest_base"].is_null() && sim["ws_base"].is_null(), "{sim}");
+    assert_eq!(sim["ready"], true);
+    let (status, body) = http(
+        server.addr,
+        "GET",
+        "/api/v1/ops/sources",
+        &[("Authorization", "Bearer wrong-token!")],
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert!(!body.contains("127.0.0.1"), "{body}");
+    let sources = admin_get_json(&server, "/api/v1/ops/sources", "s3cret-token").await;
+    let sim = &sources["sources"][0];
     assert!(sim["rest_base"].as_str().unwrap().starts_with("http://127.0.0.1:"), "{sim}");
     assert!(sim["ws_base"].as_str().unwrap().starts_with("ws://127.0.0.1:"), "{sim}");
-    assert_eq!(sim["ready"], true);
 
     let done = eventually("the backfill to finish", || async {
         let b = server.get_json("/api/v1/ops/backfill").await;
@@ -466,6 +482,7 @@ async fn futures_source_ingests_klines() {
     };
     let mut config = test_config(vec![embedded_sim_source(600.0), futures]);
     config.ingest.pinned = vec!["simf:futures:ETH/USDT".into()];
+    config.server.admin_token = Some("futures-admin-token".into());
     let server = TestServer::start(config).await;
     let rows = eventually("futures candles stored", || async {
         let rows = server.get_json("/api/v1/klines?series=simf:futures:ETH/USDT:1m").await;
@@ -474,7 +491,7 @@ async fn futures_source_ingests_klines() {
     .await;
     let times: Vec<i64> = rows.as_array().unwrap().iter().map(|r| r[0].as_i64().unwrap()).collect();
     assert!(times.windows(2).all(|w| w[1] - w[0] == 60_000), "{times:?}");
-    let sources = server.get_json("/api/v1/ops/sources").await;
+    let sources = admin_get_json(&server, "/api/v1/ops/sources", "futures-admin-token").await;
     let f = sources["sources"]
         .as_array()
         .unwrap()
@@ -487,4 +504,13 @@ async fn futures_source_ingests_klines() {
     let (status, body) = server.get("/api/v1/klines?series=simf:spot:ETH/USDT:1m").await;
     assert_eq!(status, 400, "{body}");
     server.stop().await;
+}
+
+/// `GET path` with `Authorization: Bearer <token>`, as JSON (200 expected).
+async fn admin_get_json(server: &TestServer, path: &str, token: &str) -> serde_json::Value {
+    let auth = format!("Bearer {token}");
+    let (status, body) =
+        http(server.addr, "GET", path, &[("Authorization", &auth)], "").await.unwrap();
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
 }

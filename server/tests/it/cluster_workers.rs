@@ -742,7 +742,8 @@ async fn one_gateway_at_a_time_backfills_and_the_next_resumes_where_it_stopped()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tick_by_tick_books_run_on_one_worker_behind_the_gateway() {
     use crate::l3_service::SeedClient;
-    const TOKEN: &str = "cluster-l3-test-token";
+    // the workers send the admin token with the hot spot to the standalone simulator
+    const TOKEN: &str = SIM_CONTROL_TOKEN;
     let mut c = TestCluster::start("clusterl3", 1.0, 47, |config| {
         config.l3.host = "worker:w1".into();
         config.server.admin_token = Some(TOKEN.into());

@@ -249,6 +249,10 @@ pub struct JobReport {
     pub persist_failures: u64,
     pub last_message_at_ms: Option<i64>,
     pub last_closed_open_time: Option<i64>,
+    /// How far the exchange's clock is behind the close of the newest stored candle, ms, while
+    /// it is (no candle can close until it catches up; `/healthz` says so).
+    #[serde(default)]
+    pub exchange_behind_ms: Option<i64>,
 }
 
 /// The depth jobs: their supervisor's view plus each job's sync state.
@@ -502,6 +506,9 @@ pub struct TickSourceStats {
     pub recoveries: u64,
     pub recovery_failures: u64,
     pub held_dropped: u64,
+    /// Times the feed delivered nothing for `l3.feed_stale_after_ms` (its books reported stale).
+    #[serde(default)]
+    pub silences: u64,
     /// A replay source has sent everything.
     pub replay_done: bool,
 }
@@ -591,8 +598,9 @@ pub struct SourceStatus {
     pub name: String,
     pub kind: SourceKind,
     pub market: Market,
-    pub rest_base: String,
-    pub ws_base: String,
+    /// `None` for an embedded simulator unless an admin asks (its address is not disclosed).
+    pub rest_base: Option<String>,
+    pub ws_base: Option<String>,
     /// Whether millrace runs this source's simulator itself.
     pub embedded_simulator: bool,
     /// Simulated seconds per second of an embedded simulator (not a market value).

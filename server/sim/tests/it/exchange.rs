@@ -24,7 +24,25 @@ const START: i64 = 1_750_000_000_000 + 20_000;
 const PATIENCE: Duration = Duration::from_secs(5);
 
 fn config(speed: f64) -> SimConfig {
-    SimConfig { seed: 7, speed, start_ms: Some(START), ..SimConfig::default() }
+    SimConfig {
+        seed: 7,
+        speed,
+        start_ms: Some(START),
+        control_token: Some(crate::CONTROL_TOKEN.into()),
+        ..SimConfig::default()
+    }
+}
+
+/// `POST /sim/faults` as a controller sends it: the control token and a JSON body.
+async fn post_faults(sim: &SimHandle, body: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}/sim/faults", sim.rest_base()))
+        .bearer_auth(crate::CONTROL_TOKEN)
+        .header("Content-Type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
 }
 
 /// Fast simulations cost CPU (debug builds, two shared cores): only the symbols a test needs.
@@ -480,6 +498,79 @@ async fn sync_equals_truth(futures: bool) {
     sim.shutdown();
 }
 
+/// At speed 60 a 100 ms diff spans 6 simulated seconds (~240 actions): levels are added and
+/// removed again inside one window, and a REST snapshot taken inside it holds them. The diff that
+/// bridges the snapshot must remove them, or the client's book keeps phantom levels and every
+/// periodic verification reports drift. Fault-free: the book equals the truth and verifications
+/// (both sides whole, snapshots from inside windows) find nothing.
+async fn fast_sync_verifies_without_drift(futures: bool) {
+    let (symbol, lower) = if futures { ("ETHUSDT", "ethusdt") } else { ("BTCUSDT", "btcusdt") };
+    let sim = start(config_with(60.0, &[symbol])).await;
+    let (base, api, rule) = if futures {
+        (sim.futures_ws_base(), "/fapi/v1/depth", ContinuityRule::Futures)
+    } else {
+        (sim.ws_base(), "/api/v3/depth", ContinuityRule::Spot)
+    };
+    let mut ws = connect(&format!("{base}/ws/{lower}@depth@100ms")).await;
+    let mut sync =
+        BookSync::new(SyncConfig { verify_interval_ms: Some(300), ..SyncConfig::new(rule) });
+    let clock = Instant::now();
+    let now = || clock.elapsed().as_millis() as i64;
+    let mut compared = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (sync.stats().verifications < 6 || compared < 3) && Instant::now() < deadline {
+        let frame = text(&mut ws).await;
+        let StreamEvent::DepthUpdate { update, .. } = binance::parse_frame(&frame).unwrap() else {
+            panic!("{frame}")
+        };
+        sync.handle_delta(update.delta, now());
+        sync.handle_timeout(now());
+        while let Some(ev) = sync.poll_event() {
+            match ev {
+                SyncEvent::NeedSnapshot { .. } | SyncEvent::VerifyDue => {
+                    // a snapshot from inside a diff's window: the driver ticks every 50 ms and
+                    // publishes 100 ms diffs every other tick
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    let body = get(&sim, &format!("{api}?symbol={symbol}&limit=1000")).await.3;
+                    let snap: DepthBody = wire::parse_body(&body).unwrap();
+                    sync.handle_snapshot(snap.into_snapshot(), now());
+                }
+                SyncEvent::BookChanged { last_update_id } => {
+                    let (id, bids, asks) = sim.book(symbol).unwrap();
+                    if id == last_update_id {
+                        let mut truth = OrderBook::new();
+                        truth.replace(&bids, &asks);
+                        assert_eq!(sync.book(), &truth, "the book differs from the truth at {id}");
+                        compared += 1;
+                    }
+                }
+                SyncEvent::Drift { drift_levels, last_update_id } => {
+                    panic!("drift of {drift_levels} levels at {last_update_id} on a clean stream")
+                }
+                SyncEvent::GapDetected { .. } | SyncEvent::Crossed { .. } => {
+                    panic!("{ev:?} on a clean stream")
+                }
+                _ => {}
+            }
+        }
+    }
+    let stats = sync.stats();
+    assert!(stats.verifications >= 6, "only {} verifications", stats.verifications);
+    assert!(compared >= 3, "compared with the truth {compared} times");
+    assert_eq!((stats.drift_events, stats.drift_levels), (0, 0));
+    sim.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_speed_60_spot_verifications_find_no_drift() {
+    fast_sync_verifies_without_drift(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_speed_60_futures_verifications_find_no_drift() {
+    fast_sync_verifies_without_drift(true).await;
+}
+
 #[tokio::test]
 async fn spot_depth_sync_equals_the_true_book() {
     sync_equals_truth(false).await;
@@ -683,10 +774,10 @@ async fn stream_requests_raw_and_combined() {
     assert_eq!(replies[4], serde_json::json!({"result":null,"id":5}));
     assert_eq!(replies[5], serde_json::json!({"result":null,"id":6}));
 
-    // an invalid stream in the URL is refused at the handshake
-    assert!(tokio_tungstenite::connect_async(format!("{}/ws/btcusdt@depth@7ms", sim.ws_base()))
-        .await
-        .is_err());
+    // a name that is not a stream this venue offers is accepted in the URL (as Binance accepts
+    // any segment: listen keys, client connection ids) and carries nothing
+    let mut ws = connect(&format!("{}/ws/btcusdt@depth@7ms", sim.ws_base())).await;
+    assert!(matches!(next(&mut ws, Duration::from_millis(300)).await, Seen::Timeout));
     sim.shutdown();
 }
 
@@ -871,12 +962,7 @@ async fn fault_drop_all_or_one_symbol() {
     text(&mut eth).await;
     text(&mut eth).await;
     // over HTTP: drop everything
-    let r = reqwest::Client::new()
-        .post(format!("{}/sim/faults", sim.rest_base()))
-        .body(r#"{"action":"drop"}"#)
-        .send()
-        .await
-        .unwrap();
+    let r = post_faults(&sim, r#"{"action":"drop"}"#).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["dropped"], 1);
     loop {
@@ -927,13 +1013,7 @@ async fn fault_rest_failures_by_path_and_over_http() {
     assert_eq!((s, retry.as_deref()), (429, Some("3")));
     assert_eq!(serde_json::from_str::<wire::BinanceError>(&body).unwrap().code, -1003);
     // scripted over HTTP
-    let client = reqwest::Client::new();
-    let r = client
-        .post(format!("{}/sim/faults", sim.rest_base()))
-        .body(r#"[{"action":"rest_fail","count":2,"status":418,"retry_after":7},{"action":"skip","kind":"kline","count":4}]"#)
-        .send()
-        .await
-        .unwrap();
+    let r = post_faults(&sim, r#"[{"action":"rest_fail","count":2,"status":418,"retry_after":7},{"action":"skip","kind":"kline","count":4}]"#).await;
     assert_eq!(r.status(), 200);
     let (s, _, retry, _) = get(&sim, "/api/v3/exchangeInfo").await;
     assert_eq!((s, retry.as_deref()), (418, Some("7")));
@@ -942,12 +1022,7 @@ async fn fault_rest_failures_by_path_and_over_http() {
     assert_eq!(state["plan"]["messages"][0]["fault"], "skip");
     assert_eq!(state["plan"]["messages"][0]["kind"], "kline");
     assert_eq!(state["counters"]["rest_failed"], 3);
-    let bad = client
-        .post(format!("{}/sim/faults", sim.rest_base()))
-        .body(r#"{"action":"explode"}"#)
-        .send()
-        .await
-        .unwrap();
+    let bad = post_faults(&sim, r#"{"action":"explode"}"#).await;
     assert_eq!(bad.status(), 400);
     faults.clear();
     assert_eq!(get(&sim, "/api/v3/exchangeInfo").await.0, 200);

@@ -34,7 +34,10 @@ async fn count_for(
 async fn hot_spots_gaps_and_re_requests_over_the_wire() {
     let sim = start_sim(1.0, 5).await;
     let tbt = sim.tbt();
-    let (feed, mut rx, task) = TbtFeed::new(FeedConfig::new(sim.rest_base()));
+    let (feed, mut rx, task) = TbtFeed::new(FeedConfig {
+        control_token: Some(crate::CONTROL_TOKEN.into()),
+        ..FeedConfig::new(sim.rest_base())
+    });
     let task = tokio::spawn(task);
     let symbols =
         match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap() {
@@ -113,6 +116,7 @@ async fn hot_spots_gaps_and_re_requests_over_the_wire() {
     for bad in [r#"{"hotspot":{"symbol":"999999","hot":true}}"#, r#"{"pause":"yes"}"#, "not json"] {
         let status = reqwest::Client::new()
             .post(format!("{}/tbt/control", sim.rest_base()))
+            .bearer_auth(crate::CONTROL_TOKEN)
             .header("Content-Type", "application/json")
             .body(bad)
             .send()

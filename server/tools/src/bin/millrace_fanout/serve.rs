@@ -342,7 +342,7 @@ async fn run(
     let app = Arc::new(App::start_with(config.clone(), backends).await?);
     // Subscriptions need the simulator's symbols; wait for them before saying READY.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !app.sources.snapshot().iter().all(|s| s.ready) {
+    while !app.sources.snapshot(false).iter().all(|s| s.ready) {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the simulator source did not become ready in 60 s"
