@@ -26,5 +26,6 @@ mod log_spans;
 mod seams;
 mod serve_pg_nats;
 mod store;
+mod store_faults;
 mod store_pg;
 mod supervisor;
