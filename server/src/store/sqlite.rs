@@ -388,8 +388,8 @@ impl SqliteStore {
     /// `PRAGMA quick_check`: reads every page of the file and checks the structure of every
     /// b-tree (not that indexes match their tables — the candle tables have none besides their
     /// rowid). A damaged file is [`StoreError::CorruptFile`] with SQLite's first findings. Costs
-    /// a read of the whole file: on the 2-core development VM, 2.0-2.2 s for a 1.07 GB file in
-    /// the page cache, 13.6 s from a cold cache (ARCHITECTURE.md, "Storage faults").
+    /// a read of the whole file: on the 2-core development VM, 2-3.4 s for a 1.07 GB file in the
+    /// page cache, 14-18 s from a cold cache (ARCHITECTURE.md, "Storage faults").
     pub fn quick_check(&self) -> Result<(), StoreError> {
         let corrupt = |detail: String| StoreError::CorruptFile {
             path: self.path.display().to_string(),
