@@ -89,6 +89,7 @@ fn result_word(r: AdminResult) -> &'static str {
         AdminResult::Started => "started",
         AdminResult::Stopping => "stopping",
         AdminResult::Stopped => "stopped",
+        AdminResult::Restarted => "restarted",
         AdminResult::Migrating => "migrating",
     }
 }

@@ -35,6 +35,7 @@ use crate::lock::lock;
 use crate::metrics::{Column, Exposition, Metrics};
 use crate::shutdown::Shutdown;
 use crate::sources::{Endpoint, Sources};
+use crate::store::dir_lock::{DataDirLock, DirLockError};
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{blocking, BackfillStore, CandleStore, StoreError};
@@ -48,6 +49,8 @@ pub enum StartError {
         #[source]
         source: StoreError,
     },
+    #[error(transparent)]
+    DataDir(#[from] DirLockError),
     #[error(transparent)]
     Bus(#[from] crate::cluster::ConnectError),
     #[error("cannot load backfill progress")]
@@ -82,39 +85,55 @@ pub struct Backends {
     pub backfill_store: Arc<dyn BackfillStore>,
     /// The NATS connection, with `[bus] kind = "nats"` (a gateway's demand and persister use it).
     pub nats: Option<async_nats::Client>,
+    /// The data directory's lock, with the SQLite store: held as long as the service runs.
+    pub data_lock: Option<Arc<DataDirLock>>,
 }
 
 impl Backends {
     /// The bus and store `[bus]` and `[store]` name: by default the in-process bus and the
     /// SQLite file of the data directory; NATS and PostgreSQL when configured (an unreachable
-    /// server is an error naming the key).
+    /// server is an error naming the key). The data directory of the SQLite store is locked
+    /// first: a second server on it is refused ([`DirLockError::Held`]).
     pub async fn open(config: &Config) -> Result<Backends, StartError> {
-        let (store, backfill_store): (Arc<dyn CandleStore>, Arc<dyn BackfillStore>) =
-            match config.store.kind {
-                StoreKind::Sqlite => {
-                    let path = config.db_path();
-                    let file = path.clone();
-                    let store =
-                        blocking(move || SqliteStore::open(&file)).await.map(Arc::new).map_err(
-                            |source| StartError::Store { path: path.display().to_string(), source },
-                        )?;
-                    tracing::info!(db = %path.display(), "store open");
-                    (store.clone(), store)
-                }
-                StoreKind::Postgres => {
-                    let url = config.store.url.clone().unwrap_or_default();
-                    let shown = crate::store::postgres::redact(&url);
-                    let store = blocking(move || PostgresStore::open(&url))
-                        .await
-                        .map(Arc::new)
-                        .map_err(|source| StartError::Store {
-                            path: format!("{shown} (configuration key `store.url`)"),
-                            source,
-                        })?;
-                    tracing::info!(db = %shown, "store open");
-                    (store.clone(), store)
-                }
-            };
+        let mut data_lock = None;
+        let (store, backfill_store): (Arc<dyn CandleStore>, Arc<dyn BackfillStore>) = match config
+            .store
+            .kind
+        {
+            StoreKind::Sqlite => {
+                // A few file-system calls, once at start.
+                data_lock = Some(Arc::new(DataDirLock::acquire(&config.server.data_dir)?));
+                let path = config.db_path();
+                let (file, check) = (path.clone(), config.store.quick_check);
+                let store = blocking(move || {
+                    let store = SqliteStore::open(&file)?;
+                    if check {
+                        let started = std::time::Instant::now();
+                        store.quick_check()?;
+                        tracing::info!(took = ?started.elapsed(), "store integrity checked");
+                    }
+                    Ok(store)
+                })
+                .await
+                .map(Arc::new)
+                .map_err(|source| StartError::Store { path: path.display().to_string(), source })?;
+                tracing::info!(db = %path.display(), "store open");
+                (store.clone(), store)
+            }
+            StoreKind::Postgres => {
+                let url = config.store.url.clone().unwrap_or_default();
+                let shown = crate::store::postgres::redact(&url);
+                let store = blocking(move || PostgresStore::open(&url))
+                    .await
+                    .map(Arc::new)
+                    .map_err(|source| StartError::Store {
+                        path: format!("{shown} (configuration key `store.url`)"),
+                        source,
+                    })?;
+                tracing::info!(db = %shown, "store open");
+                (store.clone(), store)
+            }
+        };
         let (bus, nats): (Arc<dyn Bus>, _) = match config.bus.kind {
             BusKind::Inprocess => (Arc::new(InProcessBus::new(config.limits.bus_capacity)), None),
             BusKind::Nats => {
@@ -130,7 +149,7 @@ impl Backends {
                 (Arc::new(bus), Some(client))
             }
         };
-        Ok(Backends { bus, store, backfill_store, nats })
+        Ok(Backends { bus, store, backfill_store, nats, data_lock })
     }
 }
 
@@ -190,6 +209,8 @@ pub struct App {
     pub gateway: Option<Gateway>,
     /// The whole service's part of the shutdown; every subsystem's is a child of it.
     shutdown: Shutdown,
+    /// The data directory's lock (SQLite store), released when the service is dropped.
+    _data_lock: Option<Arc<DataDirLock>>,
 }
 
 /// What a gateway runs besides the service (see [`crate::cluster::gateway`]).
@@ -206,11 +227,12 @@ pub struct Gateway {
 }
 
 impl App {
-    /// What `/healthz` reports as wrong: a kline job whose exchange's clock is behind the newest
-    /// stored candle; in a cluster, NATS away (the client reconnects) or the persister's writes
-    /// failing (its round is written again after a back-off).
+    /// What `/healthz` reports as wrong: the store's reads or writes failing, or its file found
+    /// corrupt ([`CandleStore::problems`]); a kline job whose exchange's clock is behind the
+    /// newest stored candle; in a cluster also NATS away (the client reconnects) or the
+    /// persister's writes failing (its round is written again after a back-off).
     pub fn problems(&self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.store.problems();
         for j in self.supervisor.snapshot().jobs {
             if let Some(ms) = j.exchange_behind_ms {
                 out.push(format!(
@@ -254,7 +276,7 @@ impl App {
     /// Starts the embedded simulators and sources, the pinned jobs, the auto-start backfill tasks
     /// and the tick-by-tick books, on the given bus and store.
     pub async fn start_with(config: Config, backends: Backends) -> Result<App, StartError> {
-        let Backends { bus, store, backfill_store, nats } = backends;
+        let Backends { bus, store, backfill_store, nats, data_lock } = backends;
         let shutdown = Shutdown::new();
         // The simulators stop with the service, after everything that talks to them.
         let (endpoints, simulators) =
@@ -375,6 +397,7 @@ impl App {
             simulators,
             gateway,
             shutdown,
+            _data_lock: data_lock,
         })
     }
 

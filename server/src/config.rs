@@ -245,8 +245,15 @@ pub struct IngestConfig {
     pub planned_reconnect_after_s: u64,
     /// Derived timeframes computed from 1m (seed §9).
     pub derived: Vec<Timeframe>,
-    /// Failed persists are retried after this long; the candles stay buffered meanwhile.
+    /// A failed persist is retried after this long, doubling per failure up to
+    /// `persist_retry_cap_ms` (reset by a persist that succeeds); the candles stay buffered
+    /// meanwhile.
     pub persist_retry_ms: u64,
+    pub persist_retry_cap_ms: u64,
+    /// Most closed 1m candles a job keeps while the store refuses them (about a week of one
+    /// instrument's minutes); then it stops reading the exchange until the store takes them, and
+    /// fetches the minutes that closed meanwhile over REST.
+    pub max_pending_candles: usize,
 }
 
 impl Default for IngestConfig {
@@ -269,6 +276,8 @@ impl Default for IngestConfig {
             planned_reconnect_after_s: 23 * 3600 + 50 * 60,
             derived: vec![M3, M5, M15, M30, H1, H2, H4, H6, H8, H12, D1],
             persist_retry_ms: 1000,
+            persist_retry_cap_ms: 30_000,
+            max_pending_candles: 10_000,
         }
     }
 }
@@ -486,8 +495,9 @@ pub struct BackfillTaskConfig {
     pub retention_days: u32,
     /// Candles per REST request (Binance max 1000).
     pub batch_limit: u16,
-    /// Stop after this many consecutive batches with nothing inside the retention window
-    /// (the seed's `max_expired_batches`, 3).
+    /// A task's first run stops after this many consecutive batches with nothing inside the
+    /// retention window (the seed's `max_expired_batches`, 3; later runs walk on to the
+    /// window's start).
     pub max_expired_batches: u32,
     /// Start at boot (the seed's `auto_start`).
     pub auto_start: bool,
@@ -615,6 +625,13 @@ impl Config {
         range("ingest.stall_timeout_ms", i.stall_timeout_ms, 100, 3_600_000)?;
         range("ingest.planned_reconnect_after_s", i.planned_reconnect_after_s, 1, 86_400)?;
         range("ingest.persist_retry_ms", i.persist_retry_ms, 1, 3_600_000)?;
+        range(
+            "ingest.persist_retry_cap_ms",
+            i.persist_retry_cap_ms,
+            i.persist_retry_ms,
+            3_600_000,
+        )?;
+        range("ingest.max_pending_candles", i.max_pending_candles as u64, 1, 10_000_000)?;
         if i.derived.contains(&Timeframe::M1) {
             return Err(ConfigError::Invalid {
                 key: "ingest.derived".into(),

@@ -13,10 +13,14 @@
 //! 4. stops when the window is covered. The seed's stop conditions map as follows: "reached the
 //!    previous run's start" is reaching covered ground — and where the seed would stop there, a
 //!    millrace run continues with the next older gap, which is exactly the range an interrupted
-//!    run missed; "N (3) consecutive batches older than retention" becomes N consecutive pages
-//!    with no candle in the window (the exchange has nothing older: before the symbol's listing),
-//!    since time-based paging never asks for data beyond the window; "manual stop" is
-//!    [`Backfill::stop`].
+//!    run missed; "N (3) consecutive batches older than retention, on the first run only"
+//!    becomes N consecutive pages with no candle in the window, on a task's first run only (no
+//!    coverage recorded yet): time-based paging never asks for data beyond the window, so a
+//!    page holds no valid row only where the exchange has nothing — before the symbol's listing,
+//!    or an outage. The first run stops there (as the seed's does, which would otherwise walk
+//!    the whole window of a recently listed symbol); every later run walks on through such
+//!    pages to the window's start, covering them, so an outage that ended a first run early
+//!    costs one more run, never a hole; "manual stop" is [`Backfill::stop`].
 //!
 //! Because coverage is only ever recorded in the transaction that stored the candles, a crash or
 //! `kill -9` at any point loses at most the page in flight, and the next run fetches it again.
@@ -438,6 +442,8 @@ impl Run {
             return Ended::Done("window already covered".into());
         }
         let limit = self.config.batch_limit.max(1);
+        // The seed's "consecutive expired batches" stop applies to a task's first run only.
+        let first_run = covered.is_empty();
         let mut empty_pages = 0u32;
         // A gap ending above the window's start meets earlier coverage (the seed's stop point);
         // a gap starting below the newest minute is a range an earlier run did not reach.
@@ -510,9 +516,10 @@ impl Run {
                     }
                     continue;
                 }
-                if empty_pages >= self.config.max_expired_batches {
+                if first_run && empty_pages >= self.config.max_expired_batches {
                     return Ended::Done(format!(
-                        "{empty_pages} consecutive pages without candles: the exchange has no older data"
+                        "{empty_pages} consecutive pages without candles on the first run: the \
+                         exchange has no older data"
                     ));
                 }
                 cursor_hi = page_lo - MINUTE_MS;

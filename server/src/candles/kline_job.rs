@@ -181,6 +181,9 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
                         if let Err(e) = on_event(&deps, &mut pipeline, event, &health).await {
                             break Err(format!("REST gap fill: {e}"));
                         }
+                        if pipeline.is_backlogged() {
+                            break Ok(());
+                        }
                     }
                     Some(Err(e @ StreamError::Malformed { .. })) => {
                         health.malformed.fetch_add(1, Relaxed);
@@ -200,6 +203,13 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
         };
         match outcome {
             Ok(()) if ctx.is_stopped() => break,
+            Ok(()) if pipeline.is_backlogged() => {
+                health.connected.store(false, Relaxed);
+                drop(conn);
+                if wait_for_store(&ctx, &mut pipeline).await {
+                    break;
+                }
+            }
             Ok(()) => {
                 // Planned reconnect: open the successor before letting this one go.
                 tracing::info!(symbol = %deps.symbol, "planned reconnect after {:?}", conn.age());
@@ -222,6 +232,25 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
     }
     health.connected.store(false, Relaxed);
     pipeline.close(now_ms()).await;
+}
+
+/// Back-pressure: the store refuses closed candles and `max_pending_candles` of them wait, so
+/// the job has let its connection go. Retries the persist until it succeeds (the minutes that
+/// close meanwhile come from REST once the job reconnects); `true` if stopped meanwhile.
+async fn wait_for_store(ctx: &JobContext, pipeline: &mut CandlePipeline) -> bool {
+    let waiting = pipeline.waiting();
+    ctx.health.error(format_args!(
+        "ingest paused: the store refuses closed candles and {waiting} wait (ingest.max_pending_candles); resuming once they are stored"
+    ));
+    tracing::warn!(waiting, "ingest paused until the store takes the waiting closed candles");
+    while pipeline.store_failing() {
+        if ctx.sleep(Duration::from_millis(50)).await {
+            return true;
+        }
+        pipeline.tick(now_ms(), Instant::now()).await;
+    }
+    tracing::info!("the store takes closed candles again; ingest resumes");
+    false
 }
 
 /// How long a rate limit (the exchange's, or the REST client's weight budget) asks us to wait.
@@ -343,6 +372,11 @@ async fn fill_gap(
     let mut from = last + MINUTE_MS;
     let mut filled = 0u64;
     while from <= limit_open {
+        if pipeline.is_backlogged() {
+            // The store refuses candles: the rest is fetched again once it takes them.
+            health.gap_filled_candles.fetch_add(filled, Relaxed);
+            return Ok(());
+        }
         let rows = deps
             .rest
             .klines(

@@ -5,19 +5,26 @@
 //!
 //! The pipeline is IO-light and connector-agnostic: the kline job feeds it candles from the
 //! exchange stream and from REST gap fills, and calls [`CandlePipeline::tick`] on a timer.
-//! A failed persist keeps the rows and retries them (nothing accepted is dropped, nothing is
-//! published before it is stored); the job keeps ingesting meanwhile.
+//! A failed persist keeps the rows and retries them after a back-off (`persist_retry_ms` doubling
+//! to `persist_retry_cap_ms`; nothing accepted is dropped, nothing is published before it is
+//! stored); the job keeps ingesting meanwhile, up to
+//! `max_pending_candles` closed 1m candles waiting ([`CandlePipeline::is_backlogged`]): then the
+//! kline job stops taking candles from the exchange until the store has taken the waiting ones,
+//! and fetches what closed meanwhile from REST (the exchange keeps it), so the buffer stays
+//! bounded and nothing is lost.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use shared::backoff::Backoff;
 use shared::candle::{Candle, DerivedAggregator, FlushBatch, FlushConfig, Timeframe};
 use shared::protocol::{InstrumentId, SeriesId, Stream};
 
 use super::writer::{kline_frame, CandleWriter, Derive, Rows};
 use crate::config::IngestConfig;
 use crate::error::report;
+use crate::jitter::Jitter;
 use crate::jobs::JobHealth;
 use crate::store::{blocking, StoreError};
 
@@ -47,8 +54,13 @@ pub struct CandlePipeline {
     /// Newest closed 1m open time accepted (buffered, flushed or filled).
     last_closed: Option<i64>,
     pending: Option<Pending>,
-    persist_retry: Duration,
+    /// Retries of a failed persist: `persist_retry_ms` doubling to `persist_retry_cap_ms`,
+    /// reset by a persist that succeeds.
+    persist_retry: Backoff,
+    jitter: Jitter,
     retry_at: Option<Instant>,
+    /// Most closed 1m candles waiting (buffered or failed to persist) before the job pauses.
+    max_pending: usize,
 }
 
 impl CandlePipeline {
@@ -111,8 +123,13 @@ impl CandlePipeline {
             last_forming_publish: None,
             last_closed: last,
             pending: None,
-            persist_retry: Duration::from_millis(config.persist_retry_ms),
+            persist_retry: Backoff::new(
+                Duration::from_millis(config.persist_retry_ms),
+                Duration::from_millis(config.persist_retry_cap_ms),
+            ),
+            jitter: Jitter::new(&instrument.to_string()),
             retry_at: None,
+            max_pending: config.max_pending_candles,
         })
     }
 
@@ -124,6 +141,28 @@ impl CandlePipeline {
     /// Newest 1m open time persisted.
     pub fn last_persisted(&self) -> Option<i64> {
         self.batch.last_emitted()
+    }
+
+    /// Closed 1m candles accepted and not yet stored: buffered, or waiting for a retry of a
+    /// failed persist.
+    pub fn waiting(&self) -> usize {
+        let failed = self
+            .pending
+            .as_ref()
+            .and_then(|p| p.rows.iter().find(|(i, _)| *i == 0))
+            .map_or(0, |(_, v)| v.len());
+        failed + self.batch.len()
+    }
+
+    /// Whether the store has failed and `max_pending_candles` candles wait for it: the job must
+    /// take no more until [`CandlePipeline::store_failing`] is over.
+    pub fn is_backlogged(&self) -> bool {
+        self.pending.is_some() && self.waiting() >= self.max_pending
+    }
+
+    /// Whether a failed persist waits for its retry.
+    pub fn store_failing(&self) -> bool {
+        self.pending.is_some()
     }
 
     /// A forming (not final) 1m candle from the exchange. Published at most every
@@ -233,7 +272,11 @@ impl CandlePipeline {
             }
             None => self.pending = Some(Pending { rows }),
         }
-        self.persist_pending().await;
+        // While the store fails, the rows wait for the scheduled retry (`tick`): the job goes on
+        // taking candles in between instead of waiting on the store at every flush.
+        if self.retry_at.is_none_or(|t| Instant::now() >= t) {
+            self.persist_pending().await;
+        }
     }
 
     async fn persist_pending(&mut self) {
@@ -248,6 +291,7 @@ impl CandlePipeline {
         {
             Ok(written) => {
                 self.retry_at = None;
+                self.persist_retry.reset();
                 self.health.persisted_batches.fetch_add(1, Relaxed);
                 if let Some(last) = written.first().and_then(|(_, m1)| m1.last()) {
                     self.health.last_closed_open_time.store(last.open_time, Relaxed);
@@ -256,13 +300,19 @@ impl CandlePipeline {
             Err(e) => {
                 let e = report(&e);
                 self.health.persist_failures.fetch_add(1, Relaxed);
-                self.health.error(format_args!("persist failed, will retry: {e}"));
-                tracing::error!(
-                    "persisting candles failed, retrying in {:?}: {e}",
-                    self.persist_retry
-                );
-                self.retry_at = Some(Instant::now() + self.persist_retry);
+                let delay = self.persist_retry.next_delay(self.jitter.draw());
+                tracing::error!("persisting candles failed, retrying in {delay:?}: {e}");
+                self.retry_at = Some(Instant::now() + delay);
                 self.pending = Some(pending);
+                let paused = if self.is_backlogged() {
+                    "; ingest paused until the store takes them (ingest.max_pending_candles)"
+                } else {
+                    ""
+                };
+                let waiting = self.waiting();
+                self.health.error(format_args!(
+                    "persist failed, will retry ({waiting} closed candles wait): {e}{paused}"
+                ));
             }
         }
     }
@@ -274,7 +324,7 @@ impl CandlePipeline {
             if self.pending.is_none() {
                 return;
             }
-            tokio::time::sleep(self.persist_retry).await;
+            tokio::time::sleep(self.persist_retry.base).await;
             self.persist_pending().await;
         }
         if self.pending.is_some() {

@@ -56,11 +56,15 @@ pub struct StoreConfig {
     pub kind: StoreKind,
     /// PostgreSQL URL (`postgres://user:password@host:5432/db`); required with `kind = "postgres"`.
     pub url: Option<String>,
+    /// SQLite: check the file's integrity (`PRAGMA quick_check`) before starting, and refuse a
+    /// corrupt one. `false` starts on a damaged file (reads and writes that touch the damage
+    /// fail, and `/healthz` reports them).
+    pub quick_check: bool,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { kind: StoreKind::Sqlite, url: None }
+        StoreConfig { kind: StoreKind::Sqlite, url: None, quick_check: true }
     }
 }
 
@@ -315,7 +319,7 @@ mod tests {
         let bus = BusConfig { prefix: "a.b".into(), ..BusConfig::default() };
         let e = validate(&bus, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
         assert!(e.to_string().contains("bus.prefix"), "{e}");
-        let store = StoreConfig { kind: StoreKind::Postgres, url: None };
+        let store = StoreConfig { kind: StoreKind::Postgres, url: None, ..Default::default() };
         let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
         assert!(e.to_string().contains("store.url"), "{e}");
         let cluster = ClusterConfig { enabled: true, ..ClusterConfig::default() };

@@ -33,7 +33,9 @@
 //!
 //! Admin (`Authorization: Bearer <server.admin_token>`; disabled with 403 when no token is set):
 //! - `POST /api/v1/admin/backfill/start` and `/stop`, body `{"series":"sim:spot:BTC/USDT:1m"}`
-//! - `POST /api/v1/admin/jobs/stop`, body `{"instrument":"sim:spot:BTC/USDT"}`
+//! - `POST /api/v1/admin/jobs/stop`, body `{"instrument":"sim:spot:BTC/USDT"}`: ends the job's
+//!   run; a pinned or subscribed job starts again in place (`"result":"restarted"`, its sessions
+//!   stay attached), an idle on-demand one is removed (`"stopped"`)
 //! - `POST /api/v1/admin/shards/migrate`, body `{"symbol":"sim:stock:600000","target":N}`: move a
 //!   tick-by-tick book to shard `N`, or to a new shard with `-1` (seeds/tick-by-tick-…-migration.md)
 //! - `POST /api/v1/admin/shards/auto_balance`, body `{"on":true}`
@@ -330,11 +332,14 @@ async fn admin_job_stop(
     let b: InstrumentRequest = admin(&state, &headers, &raw)?;
     let inst: InstrumentId =
         b.instrument.parse().map_err(|e| ApiError::bad(Code::BadStream, format!("{e}")))?;
-    if state.app.supervisor.stop_job(&inst) {
-        Ok(Json(InstrumentReply { result: AdminResult::Stopped, instrument: inst }))
-    } else {
-        Err(ApiError::not_found(Code::NotFound, format!("no job for {inst}")))
-    }
+    // A pinned or subscribed job restarts in place (its sessions stay attached); an idle
+    // on-demand one is removed.
+    let result = match state.app.supervisor.admin_stop(&inst) {
+        Some(crate::jobs::AdminStop::Stopped) => AdminResult::Stopped,
+        Some(crate::jobs::AdminStop::Restarted) => AdminResult::Restarted,
+        None => return Err(ApiError::not_found(Code::NotFound, format!("no job for {inst}"))),
+    };
+    Ok(Json(InstrumentReply { result, instrument: inst }))
 }
 
 #[derive(Debug, Deserialize)]

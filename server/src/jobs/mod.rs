@@ -10,7 +10,9 @@ pub mod supervisor;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use supervisor::{JobContext, JobHealth, JobRunner, Lease, SubscribeError, Supervisor};
+pub use supervisor::{
+    AdminStop, JobContext, JobHealth, JobRunner, Lease, SubscribeError, Supervisor,
+};
 
 use crate::sources::{Source, Sources};
 

@@ -7,6 +7,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shared::backoff::Backoff;
 use shared::l3::{L3Book, SeqGap, SeqPolicy, Venue};
 use shared::protocol::{BookHealth, BookStatus, InstrumentId, Market};
 use tbt::feed::{FeedError, FeedItem, TbtRest};
@@ -17,7 +18,13 @@ use tracing::Instrument as _;
 use super::engine::{BookOutput, EngineHandle, FeedHealth, L3Snapshot, SymbolIdx, TickEvent};
 use super::FeedCounters;
 use crate::books::{BookPublisher, BookRegistry};
+use crate::jitter::Jitter;
 use crate::shutdown::Shutdown;
+
+/// First retry delay of a failed snapshot request (doubling, with jitter).
+const SNAPSHOT_RETRY: Duration = Duration::from_millis(500);
+/// Largest retry delay of a failed snapshot request.
+const SNAPSHOT_RETRY_CAP: Duration = Duration::from_secs(30);
 
 /// What the feed thread reacts to, in arrival order.
 pub(super) enum Input {
@@ -110,6 +117,10 @@ impl FeedThread {
         let mut known: Vec<Option<Known>> = Vec::new();
         let mut by_engine: HashMap<SymbolIdx, u32> = HashMap::new();
         let mut holding: HashMap<SymbolIdx, Vec<TickEvent>> = HashMap::new();
+        // Failed snapshot requests per symbol: retried after a back-off that doubles from
+        // `SNAPSHOT_RETRY` to `SNAPSHOT_RETRY_CAP`, reset by a snapshot that arrives.
+        let mut retries: HashMap<SymbolIdx, Backoff> = HashMap::new();
+        let mut jitter = Jitter::new(&self.source);
         let mut out: Vec<TickEvent> = Vec::new();
         let mut last_event = std::time::Instant::now();
         let mut silent = false;
@@ -247,15 +258,15 @@ impl FeedThread {
                         .and_then(|i| known[*i as usize].as_ref())
                         .map(|k| k.name.clone())
                     {
-                        self.fetch_snapshot(
-                            symbol,
-                            name,
-                            Duration::from_millis(500),
-                            input_tx.clone(),
-                        );
+                        let delay = retries
+                            .entry(symbol)
+                            .or_insert_with(|| Backoff::new(SNAPSHOT_RETRY, SNAPSHOT_RETRY_CAP))
+                            .next_delay(jitter.draw());
+                        self.fetch_snapshot(symbol, name, delay, input_tx.clone());
                     }
                 }
                 Input::Snapshot(symbol, Ok(snap)) => {
+                    retries.remove(&symbol);
                     let held = holding.remove(&symbol).unwrap_or_default();
                     let last: HashMap<u32, u64> = snap.channel_last_seq.iter().copied().collect();
                     let reset =

@@ -13,6 +13,7 @@
 //! The trait is synchronous: callers on the async runtime run it on a blocking thread
 //! (`tokio::task::spawn_blocking`), SQLite being a blocking library.
 
+pub mod dir_lock;
 pub mod postgres;
 pub mod sqlite;
 
@@ -32,6 +33,13 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The database file is damaged (found by [`sqlite::SqliteStore::quick_check`] or by SQLite
+    /// on a read); `detail` is what SQLite found.
+    #[error(
+        "the database {path} is corrupt ({detail}); restore it from a backup, or move it (with \
+         its -wal and -shm files) aside to start with an empty store that backfill fills again"
+    )]
+    CorruptFile { path: String, detail: String },
     /// A stored row could not be decoded.
     #[error("corrupt row in {table}: {detail}")]
     Corrupt { table: &'static str, detail: String },
@@ -240,6 +248,13 @@ pub trait CandleStore: Send + Sync + 'static {
     /// Whether the store answers (a store across the network: one trivial query). Cheap.
     fn check(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// What is wrong with the store now, for `/healthz` (which answers 503 `degraded` while
+    /// this is not empty): reads or writes failing, the file found corrupt. Cheap: it reports
+    /// what the store's own calls ran into, it queries nothing.
+    fn problems(&self) -> Vec<String> {
+        Vec::new()
     }
 
     /// Finishes background work (a final checkpoint) before the service exits; reads and writes

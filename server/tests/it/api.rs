@@ -307,8 +307,9 @@ async fn operations_endpoints_and_admin_token() {
     .await
     .unwrap();
     assert_eq!(s, 200, "{b}");
+    assert!(b.contains(r#""result":"restarted""#), "a pinned job restarts: {b}");
     let jobs = server.get_json("/api/v1/ops/jobs").await;
-    assert!(jobs["jobs"].as_array().unwrap().is_empty(), "{jobs}");
+    assert_eq!(jobs["jobs"][0]["instrument"], "sim:spot:BTC/USDT", "{jobs}");
 
     let metrics = server.get("/metrics").await.1;
     for name in [

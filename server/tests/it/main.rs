@@ -31,5 +31,6 @@ mod serve_pg_nats;
 mod sim_control;
 mod sim_restart;
 mod store;
+mod store_faults;
 mod store_pg;
 mod supervisor;

@@ -628,6 +628,9 @@ pub enum AdminResult {
     Started,
     Stopping,
     Stopped,
+    /// A job's run ended and a new one took its place (admin `jobs/stop` of a pinned or
+    /// subscribed job).
+    Restarted,
     Migrating,
 }
 

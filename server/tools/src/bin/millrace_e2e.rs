@@ -304,7 +304,11 @@ async fn cluster(
     let prefix = format!("e2e{}", std::process::id());
     let mut config = base_config(sim, dir, port)?;
     config.bus = BusConfig { kind: BusKind::Nats, url: args.nats.clone(), prefix: prefix.clone() };
-    config.store = StoreConfig { kind: StoreKind::Postgres, url: Some(db.url().to_string()) };
+    config.store = StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(db.url().to_string()),
+        ..Default::default()
+    };
     config.cluster = ClusterConfig {
         enabled: true,
         warmup_s: 1,

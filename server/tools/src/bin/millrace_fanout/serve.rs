@@ -270,7 +270,11 @@ fn config(opts: &ServeOpts, dir: &std::path::Path, db: Option<&PgDb>) -> anyhow:
     if let (Some(url), Some(db)) = (&opts.gateway, db) {
         let prefix = format!("fanout{}", std::process::id());
         c.bus = BusConfig { kind: BusKind::Nats, url: url.clone(), prefix };
-        c.store = StoreConfig { kind: StoreKind::Postgres, url: Some(db.url().to_string()) };
+        c.store = StoreConfig {
+            kind: StoreKind::Postgres,
+            url: Some(db.url().to_string()),
+            ..Default::default()
+        };
         c.cluster.enabled = true;
         c.cluster.id = Some("fanout-gateway".into());
         c.cluster.instruments = vec![];
