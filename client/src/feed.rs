@@ -51,7 +51,7 @@ pub struct Handlers {
     /// The socket closed: nothing arrives until the next `on_live`.
     pub on_lost: Box<dyn Fn()>,
     /// The server refused the subscription; nothing arrives until the next `on_live`.
-    pub on_refused: Box<dyn Fn(&Refusal)>,
+    pub on_refused: Box<dyn Fn(&StreamRefusal)>,
 }
 
 impl Handlers {
@@ -68,7 +68,7 @@ impl Handlers {
 
 /// The server's refusal of one stream.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Refusal {
+pub struct StreamRefusal {
     pub code: ErrorCode,
     /// The server's message, as it sent it.
     pub msg: String,
@@ -76,7 +76,7 @@ pub struct Refusal {
     pub retry_in: Option<Duration>,
 }
 
-impl Refusal {
+impl StreamRefusal {
     /// What a widget shows: `capacity_exhausted: <the server's message> (retrying in 4 s)`.
     pub fn text(&self) -> String {
         let code = serde_json::to_value(self.code)
@@ -460,7 +460,7 @@ impl Connection {
                     .borrow_mut()
                     .insert(stream.clone(), Retry { backoff: refusal_backoff(), timer: None });
             }
-            let refusal = Refusal { code: error.code, msg: error.msg.clone(), retry_in };
+            let refusal = StreamRefusal { code: error.code, msg: error.msg.clone(), retry_in };
             leptos::logging::warn!("server refused {stream}: {}", refusal.text());
             let told: Vec<Rc<Handlers>> = self
                 .subs

@@ -246,7 +246,7 @@ async fn a_refused_stream_reaches_its_widget_and_holds_back_no_other() {
     use std::rc::Rc;
 
     use client::depth::sleep_ms;
-    use client::feed::{Feed, Handlers, Refusal};
+    use client::feed::{Feed, Handlers, StreamRefusal};
     use shared::protocol::{ErrorCode, Stream};
 
     let Some(url) = option_env!("MILLRACE_TEST_WS") else {
@@ -258,7 +258,7 @@ async fn a_refused_stream_reaches_its_widget_and_holds_back_no_other() {
     let beats = Rc::new(Cell::new(0u32));
     let b = beats.clone();
     feed.subscribe(Stream::Heartbeat, Handlers::pushes(move |_| b.set(b.get() + 1)));
-    let refused: Rc<RefCell<Option<Refusal>>> = Rc::new(RefCell::new(None));
+    let refused: Rc<RefCell<Option<StreamRefusal>>> = Rc::new(RefCell::new(None));
     let (r, lives) = (refused.clone(), Rc::new(Cell::new(0u32)));
     let l = lives.clone();
     let unknown: Stream = "kline@sim:spot:NOPE/USDT:1m".parse().unwrap();

@@ -332,3 +332,68 @@ impl CandlePipeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use shared::{Price, Volume};
+
+    use super::*;
+    use crate::bus::{Bus, InProcessBus};
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::CandleStore;
+
+    fn forming(open_time: i64, close: i64) -> Candle {
+        let p = Price::from_raw(close);
+        Candle {
+            open_time,
+            open: p,
+            high: p,
+            low: p,
+            close: p,
+            volume: Volume::from_raw(1),
+            trades: 1,
+            minutes: 1,
+        }
+    }
+
+    /// Seed §6: a forming candle is published at most every `forming_min_interval_ms` (250 ms):
+    /// the first update at once (leading edge), the newest one after the interval (trailing
+    /// edge, from `tick`), never more often, and the last state is never lost.
+    #[tokio::test]
+    async fn forming_candles_are_published_at_most_every_250_ms_and_the_newest_always() {
+        let dir = std::env::temp_dir().join(format!("millrace-forming-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store: Arc<dyn CandleStore> = Arc::new(SqliteStore::open(&dir.join("t.db")).unwrap());
+        let bus = Arc::new(InProcessBus::new(1024));
+        let config = IngestConfig { derived: vec![], ..IngestConfig::default() };
+        assert_eq!(config.forming_min_interval_ms, 250);
+        let instrument: InstrumentId = "sim:spot:BTC/USDT".parse().unwrap();
+        let writer = CandleWriter::new(store, bus.clone());
+        let health = Arc::new(JobHealth::default());
+        let mut pipeline =
+            CandlePipeline::open(&instrument, &config, writer, health, 0).await.unwrap();
+        let mut sub = bus.subscribe("kline@sim:spot:BTC/USDT:1m");
+
+        // 100 updates of one forming minute, 10 ms apart, with the job's tick between them
+        let t0 = Instant::now();
+        let mut published = Vec::new();
+        for i in 0..100i64 {
+            let now = t0 + Duration::from_millis(10 * i as u64);
+            pipeline.on_forming(forming(60_000, 1_000 + i), 60_000 + 10 * i, now);
+            pipeline.tick(60_000 + 10 * i, now).await;
+            while let Ok(Some(m)) = sub.try_recv() {
+                published.push((10 * i, m.payload));
+            }
+        }
+        // the trailing edge: the newest update goes out once its interval has passed
+        pipeline.tick(61_000, t0 + Duration::from_millis(1_000)).await;
+        while let Ok(Some(m)) = sub.try_recv() {
+            published.push((1_000, m.payload));
+        }
+        let at: Vec<i64> = published.iter().map(|(t, _)| *t).collect();
+        assert_eq!(at, [0, 250, 500, 750, 1_000], "publication times (ms)");
+        let last: serde_json::Value = serde_json::from_slice(&published[4].1).unwrap();
+        assert_eq!(last["data"]["k"]["c"], Price::from_raw(1_099).to_string(), "{last}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 
 /// A token bucket of `per_minute` tokens, refilled continuously (milli-tokens, integer maths).
 #[derive(Debug, Clone)]
-pub struct Bucket {
+struct Bucket {
     per_minute: u32,
     milli: u64,
     at_ms: i64,
@@ -24,7 +24,7 @@ pub struct Bucket {
 
 impl Bucket {
     /// A full bucket.
-    pub fn new(per_minute: u32, now_ms: i64) -> Self {
+    fn new(per_minute: u32, now_ms: i64) -> Self {
         Bucket { per_minute, milli: u64::from(per_minute) * 1000, at_ms: now_ms }
     }
 
@@ -38,7 +38,7 @@ impl Bucket {
     }
 
     /// Whether a token is there now (without taking it); else the ms until one is.
-    pub fn check(&mut self, now_ms: i64) -> Result<(), u64> {
+    fn check(&mut self, now_ms: i64) -> Result<(), u64> {
         if self.per_minute == 0 {
             return Ok(());
         }
@@ -51,7 +51,7 @@ impl Bucket {
     }
 
     /// Takes a token (after a successful [`Bucket::check`]).
-    pub fn take(&mut self) {
+    fn take(&mut self) {
         if self.per_minute > 0 {
             self.milli = self.milli.saturating_sub(1000);
         }

@@ -181,3 +181,73 @@ async fn a_seed_client_over_ws_and_rest_stays_equal_to_the_published_book() {
     producer.join().unwrap();
     server.stop().await;
 }
+
+/// Seed 002, step 2a: instead of the REST snapshot, the first push of `depth@…,20` is the
+/// snapshot. With `depth_update@…` subscribed first and buffered (step 1), its update id bridges
+/// the delta stream (steps 5-7): no gap, and the book the client builds holds only levels the
+/// publisher really has, with their quantities, and its top levels equal the published book.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_from_the_first_depth_push_bridges_the_delta_stream() {
+    let server = TestServer::start(test_config(vec![embedded_sim_source(1.0)])).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (history, producer) = start_producer(&server, stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let name = format!("depth_update@{}", inst());
+    let snap_name = format!("depth@{},20", inst());
+    let mut ws = server.ws().await;
+    assert!(request(&mut ws, "SUBSCRIBE", &[&name], 1).await.is_ok()); // step 1
+    assert!(request(&mut ws, "SUBSCRIBE", &[&snap_name], 2).await.is_ok()); // step 2a
+    let mut config = SyncConfig::new(ContinuityRule::Spot);
+    config.verify_interval_ms = None;
+    let mut client = BookSync::new(config);
+    let (mut snapshot_at, mut checked, mut top_checked) = (None, 0, false);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < deadline {
+        let msg = tokio::time::timeout(Duration::from_secs(2), ws.next())
+            .await
+            .expect("pushes keep coming")
+            .unwrap()
+            .unwrap();
+        let Message::Text(text) = msg else { continue };
+        let ServerFrame::Push(push) = serde_json::from_str(&text).unwrap() else { continue };
+        if push.stream.to_string() == snap_name {
+            if snapshot_at.is_none() {
+                // the first push is the snapshot (steps 3-4); later ones are not needed
+                let ev: DepthSnapshotEvent = serde_json::from_value(push.data).unwrap();
+                snapshot_at = Some(ev.u);
+                client.handle_snapshot((&ev).into(), 0);
+            }
+            continue;
+        }
+        let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
+        client.handle_delta((&ev).into(), 0);
+        while let Some(e) = client.poll_event() {
+            assert!(
+                !matches!(e, SyncEvent::GapDetected { .. } | SyncEvent::ChecksumMismatch { .. }),
+                "{e:?}"
+            );
+        }
+        if !client.is_synced() {
+            continue;
+        }
+        let (bids, asks) = published_at(&history, client.last_update_id()).await;
+        let (mine_bids, mine_asks) = client.book().top(5000);
+        for (mine, theirs) in [(&mine_bids, &bids), (&mine_asks, &asks)] {
+            for level in mine.iter() {
+                assert!(theirs.contains(level), "{level:?} is not in the published book");
+            }
+        }
+        if !top_checked {
+            assert_eq!(mine_bids[..5], bids[..5], "top bids at the first synced id");
+            assert_eq!(mine_asks[..5], asks[..5], "top asks at the first synced id");
+            top_checked = true;
+        }
+        checked += 1;
+    }
+    assert!(snapshot_at.is_some(), "a depth@ push arrived");
+    assert!(checked >= 20, "the bridged book was checked {checked} times");
+    stop.store(true, Ordering::Relaxed);
+    producer.join().unwrap();
+    server.stop().await;
+}

@@ -11,6 +11,7 @@ mod api;
 mod api_shapes;
 mod backfill;
 mod bus_nats;
+mod churn;
 mod cli_replay_klines;
 mod cli_replay_l3;
 mod cluster_supervisor;
