@@ -84,6 +84,15 @@ pub const MINUTE_MS: i64 = 60_000;
 /// arithmetic can never overflow; the aggregator rejects anything outside.
 pub const TIME_LIMIT_MS: i64 = 1 << 53;
 
+/// The most trades one candle may carry (2^48, about 2.8 * 10^14; Binance's busiest markets see a
+/// few million a day). Larger counts are rejected as [`CandleError::Overflow`], so the sum over
+/// any bucket (at most 1,440 candles) stays far inside `u64`: a count never wraps.
+pub const MAX_TRADES: u64 = 1 << 48;
+
+/// The largest volume one candle may carry, in raw units (2^100, about 1.3 * 10^22 whole units);
+/// like [`MAX_TRADES`], it keeps every bucket sum inside `i128`.
+pub const MAX_VOLUME: i128 = 1 << 100;
+
 /// A candle interval. Ordered by duration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Timeframe {
@@ -255,8 +264,15 @@ impl Candle {
         self.minutes == tf.minutes()
     }
 
-    /// Checks the OHLC invariants: `low <= open, close <= high`, volume not negative.
+    /// Checks the OHLC invariants: `low <= open, close <= high`, volume not negative; and that
+    /// trades and volume are within [`MAX_TRADES`] and [`MAX_VOLUME`] (so sums cannot overflow).
     pub fn check(&self) -> Result<(), CandleError> {
+        if self.trades > MAX_TRADES {
+            return Err(CandleError::Overflow { open_time: self.open_time, what: "trade count" });
+        }
+        if self.volume.raw() > MAX_VOLUME {
+            return Err(CandleError::Overflow { open_time: self.open_time, what: "volume" });
+        }
         let reason = if self.high < self.low {
             "high is below low"
         } else if self.open < self.low || self.open > self.high {
@@ -272,38 +288,50 @@ impl Candle {
     }
 
     /// Folds a later candle of the same bucket into this one (everything but `open_time`/`open`).
+    /// A sum that would overflow is [`CandleError::Overflow`], and `self` is left unchanged.
     #[inline(always)]
-    fn absorb(&mut self, later: &Candle) {
-        *self = self.absorbed(later);
+    fn absorb(&mut self, later: &Candle) -> Result<(), CandleError> {
+        *self = self.absorbed(later)?;
+        Ok(())
     }
 
-    /// This candle with a later candle of the same bucket folded in.
+    /// This candle with a later candle of the same bucket folded in; every sum checked.
     #[inline(always)]
-    fn absorbed(&self, later: &Candle) -> Candle {
-        Candle {
+    fn absorbed(&self, later: &Candle) -> Result<Candle, CandleError> {
+        let overflow = |what| CandleError::Overflow { open_time: self.open_time, what };
+        Ok(Candle {
             open_time: self.open_time,
             open: self.open,
             high: if later.high > self.high { later.high } else { self.high },
             low: if later.low < self.low { later.low } else { self.low },
             close: later.close,
-            volume: Volume(self.volume.0 + later.volume.0),
-            trades: self.trades.wrapping_add(later.trades),
-            minutes: self.minutes.wrapping_add(later.minutes),
-        }
+            volume: self.volume.checked_add(later.volume).ok_or_else(|| overflow("volume"))?,
+            trades: self.trades.checked_add(later.trades).ok_or_else(|| overflow("trade count"))?,
+            minutes: self.minutes.checked_add(later.minutes).ok_or_else(|| overflow("minutes"))?,
+        })
     }
 }
 
 /// Merges candles of one `tf` bucket, given oldest first, into one candle of `tf`: open of the
 /// first, max high, min low, close of the last, summed volume, trades and minutes;
-/// `open_time = tf.bucket_open(first.open_time)`. `None` for an empty slice.
-pub fn merge(tf: Timeframe, candles: &[Candle]) -> Option<Candle> {
-    let (first, rest) = candles.split_first()?;
+/// `open_time = tf.bucket_open(first.open_time)`. `Ok(None)` for an empty slice;
+/// [`CandleError::Overflow`] when a sum does not fit (it is never wrapped).
+pub fn try_merge(tf: Timeframe, candles: &[Candle]) -> Result<Option<Candle>, CandleError> {
+    let Some((first, rest)) = candles.split_first() else { return Ok(None) };
     let mut acc = *first;
     acc.open_time = tf.bucket_open(first.open_time);
     for c in rest {
-        acc.absorb(c);
+        acc.absorb(c)?;
     }
-    Some(acc)
+    Ok(Some(acc))
+}
+
+/// [`try_merge`] for candles known to fit: each passed [`Candle::check`] (so is within
+/// [`MAX_TRADES`] and [`MAX_VOLUME`]) and a bucket holds at most 1,440 of them, so no sum can
+/// overflow. `None` for an empty slice. Panics on an overflow, which such input cannot cause;
+/// merge candles from outside with [`try_merge`].
+pub fn merge(tf: Timeframe, candles: &[Candle]) -> Option<Candle> {
+    try_merge(tf, candles).expect("merged candles within MAX_TRADES and MAX_VOLUME")
 }
 
 /// Why a candle was rejected.
@@ -323,6 +351,10 @@ pub enum CandleError {
     NotOneMinute { open_time: i64, minutes: u32 },
     #[error("candle at {open_time} is inconsistent: {reason}")]
     Inconsistent { open_time: i64, reason: &'static str },
+    /// A trade count or volume beyond [`MAX_TRADES`] / [`MAX_VOLUME`], or a sum of candles that
+    /// would not fit: refused, never wrapped.
+    #[error("candle at {open_time}: {what} out of range (a sum of candles would overflow)")]
+    Overflow { open_time: i64, what: &'static str },
 }
 
 /// Index of a level in `DerivedAggregator::levels`; `RAW` stands for the 1m input itself.
@@ -362,9 +394,11 @@ impl Level {
             let a = &mut self.acc;
             let high = if c.high > a.high { c.high } else { a.high };
             let low = if c.low < a.low { c.low } else { a.low };
+            // Cannot overflow: every 1m candle is within MAX_TRADES / MAX_VOLUME (validated),
+            // and a bucket holds at most 1,440 of them.
             let volume = Volume(a.volume.0 + c.volume.0);
-            let trades = a.trades.wrapping_add(c.trades);
-            let minutes = a.minutes.wrapping_add(c.minutes);
+            let trades = a.trades + c.trades;
+            let minutes = a.minutes + c.minutes;
             a.high = high;
             a.low = low;
             a.close = c.close;
@@ -448,7 +482,9 @@ fn fast_ok(c: &Candle, expect: i64) -> bool {
         | (c.open > c.high)
         | (c.close < c.low)
         | (c.close > c.high)
-        | (c.volume.0 < 0);
+        | (c.volume.0 < 0)
+        | (c.volume.0 > MAX_VOLUME)
+        | (c.trades > MAX_TRADES);
     !bad
 }
 
@@ -473,8 +509,9 @@ impl Seg {
         for c in cs {
             s.high = if c.high > s.high { c.high } else { s.high };
             s.low = if c.low < s.low { c.low } else { s.low };
-            s.volume = s.volume.wrapping_add(c.volume.0);
-            s.trades = s.trades.wrapping_add(c.trades);
+            // Bounded by validation (`block_ok`): no overflow.
+            s.volume += c.volume.0;
+            s.trades += c.trades;
         }
         s
     }
@@ -484,8 +521,8 @@ impl Seg {
         Seg {
             high: if o.high > self.high { o.high } else { self.high },
             low: if o.low < self.low { o.low } else { self.low },
-            volume: self.volume.wrapping_add(o.volume),
-            trades: self.trades.wrapping_add(o.trades),
+            volume: self.volume + o.volume,
+            trades: self.trades + o.trades,
         }
     }
 
@@ -511,16 +548,19 @@ impl Seg {
 fn block_ok(b: &[Candle; BLOCK], t0: i64) -> bool {
     let mut time_bits = 0i64;
     let mut minute_bits = 0u32;
-    let mut volume_high = 0i64;
+    // Bits at or above MAX_VOLUME / MAX_TRADES (and the sign of the volume): must all be zero.
+    let mut volume_high = 0i128;
+    let mut trades_high = 0u64;
     let mut ohlc_ok = true;
     for (t, c) in b.iter().enumerate() {
         time_bits |= c.open_time ^ (t0 + t as i64 * MINUTE_MS);
         minute_bits |= c.minutes ^ 1;
-        volume_high |= (c.volume.0 >> 64) as i64;
+        volume_high |= c.volume.0 >> MAX_VOLUME.trailing_zeros();
+        trades_high |= c.trades >> MAX_TRADES.trailing_zeros();
         ohlc_ok &=
             (c.open >= c.low) & (c.open <= c.high) & (c.close >= c.low) & (c.close <= c.high);
     }
-    time_bits == 0 && minute_bits == 0 && volume_high >= 0 && ohlc_ok
+    time_bits == 0 && minute_bits == 0 && volume_high == 0 && trades_high == 0 && ohlc_ok
 }
 
 /// A level fed by 1m candles, held in registers during [`DerivedAggregator::run_contiguous`].
@@ -567,7 +607,7 @@ impl RawAcc {
                 high: lv.acc.high,
                 low: lv.acc.low,
                 rem,
-                minutes_bias: lv.acc.minutes.wrapping_add(rem),
+                minutes_bias: lv.acc.minutes + rem,
                 open_time: lv.acc.open_time,
                 open: lv.acc.open,
                 volume_base: 0i128.wrapping_sub(lv.acc.volume.0),
@@ -1173,7 +1213,11 @@ impl DerivedAggregator {
     /// `tf` is not configured or the bucket has nothing yet (or it already closed).
     /// For `tf = 1m` this is just `forming_1m`.
     pub fn forming(&self, tf: Timeframe, forming_1m: Option<&Candle>) -> Option<Candle> {
-        let fresh = forming_1m.filter(|f| self.last_minute.is_none_or(|last| f.open_time > last));
+        // A forming candle that fails the checks (trades or volume out of range included) is
+        // ignored like a stale one, so the sums below cannot overflow.
+        let fresh = forming_1m.filter(|f| {
+            self.last_minute.is_none_or(|last| f.open_time > last) && f.check().is_ok()
+        });
         if tf == Timeframe::M1 {
             return fresh.copied();
         }
@@ -1186,8 +1230,9 @@ impl DerivedAggregator {
         let end = open + tf.duration_ms();
         let within = |t: i64| open <= t && t < end;
         let mut acc: Option<Candle> = None;
+        let mut overflow = false;
         let mut add = |c: &Candle| match &mut acc {
-            Some(a) => a.absorb(c),
+            Some(a) => overflow |= a.absorb(c).is_err(),
             None => acc = Some(*c),
         };
         // The level's own accumulator holds the oldest part of the bucket, its source's the next,
@@ -1204,6 +1249,9 @@ impl DerivedAggregator {
             if within(f.open_time) {
                 add(f);
             }
+        }
+        if overflow {
+            return None;
         }
         acc.map(|mut a| {
             a.open_time = open;
@@ -1318,6 +1366,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
+
     use crate::testkit::Rng;
 
     const T0: i64 = 1_577_836_800_000; // 2020-01-01T00:00:00Z
@@ -2071,5 +2120,74 @@ mod tests {
             }
             assert!(emitted.windows(2).all(|w| w[0].open_time < w[1].open_time));
         }
+    }
+
+    /// Issue 15 item 12: trade counts were summed with `wrapping_add`, so two huge counts made a
+    /// small, wrong one. A count (or volume) beyond the bound is now a typed error everywhere:
+    /// one by one, in batches (both the block and the run paths), and in `merge`.
+    #[test]
+    fn trade_count_and_volume_overflow_are_errors_not_wraps() {
+        let huge = u64::MAX / 2 + 1;
+        let bad = c1(T0, 100, 100, 100, 100, 1, huge);
+        let overflow = CandleError::Overflow { open_time: T0, what: "trade count" };
+        assert_eq!(bad.check(), Err(overflow.clone()));
+        let over_volume = c1(T0, 100, 100, 100, 100, MAX_VOLUME + 1, 1);
+        assert_eq!(
+            over_volume.check(),
+            Err(CandleError::Overflow { open_time: T0, what: "volume" })
+        );
+        assert_eq!(c1(T0, 100, 100, 100, 100, MAX_VOLUME, MAX_TRADES).check(), Ok(()));
+
+        // One by one: refused, the aggregator unchanged.
+        let mut agg = DerivedAggregator::new(&[Timeframe::M3, Timeframe::M5, Timeframe::M15]);
+        let before = agg.clone();
+        assert_eq!(agg.push_closed_1m(bad).map(<[_]>::to_vec), Err(overflow));
+        assert_eq!(agg, before);
+
+        // In a batch, at every position of aligned 15-minute blocks and of plain runs, for
+        // every configuration: the error names the candle, nothing wrapped was emitted.
+        for tfs in [
+            &[Timeframe::M3, Timeframe::M5, Timeframe::M15][..],
+            &[Timeframe::M1, Timeframe::M3, Timeframe::M5][..],
+            &[Timeframe::M1, Timeframe::H1][..],
+            &[Timeframe::M15, Timeframe::D1][..],
+        ] {
+            for at in [0usize, 1, 14, 15, 16, 29, 44] {
+                for (trades, volume) in [(huge, 1), (MAX_TRADES + 1, 1), (1, MAX_VOLUME + 1)] {
+                    let mut ones: Vec<Candle> =
+                        (0..45).map(|i| c1(T0 + i * MINUTE_MS, 100, 100, 100, 100, 1, 1)).collect();
+                    ones[at].trades = trades;
+                    ones[at].volume = Volume(volume);
+                    let mut agg = DerivedAggregator::new(tfs);
+                    agg.push_closed_1m(c1(T0 - MINUTE_MS, 100, 100, 100, 100, 1, 1)).unwrap();
+                    let mut out = Vec::new();
+                    let err = agg.push_closed_1m_batch(&ones, &mut out).unwrap_err();
+                    assert_eq!(err.0, at, "{tfs:?} at {at}");
+                    assert!(matches!(err.1, CandleError::Overflow { .. }), "{err:?}");
+                    for (_, k) in &out {
+                        assert!(k.trades <= 1440 && k.volume.raw() <= 1440, "{k:?}");
+                    }
+                }
+            }
+        }
+
+        // try_merge: sums that do not fit are errors, not wraps.
+        let a = c1(T0, 100, 100, 100, 100, 1, u64::MAX - 1);
+        let b = c1(T0 + MINUTE_MS, 100, 100, 100, 100, 1, 2);
+        assert_eq!(
+            try_merge(Timeframe::M5, &[a, b]),
+            Err(CandleError::Overflow { open_time: T0, what: "trade count" })
+        );
+        let v = c1(T0, 100, 100, 100, 100, i128::MAX, 1);
+        assert_eq!(
+            try_merge(Timeframe::M5, &[v, v]),
+            Err(CandleError::Overflow { open_time: T0, what: "volume" })
+        );
+
+        // forming: an out-of-range forming 1m candle is ignored like a stale one.
+        let mut agg = DerivedAggregator::new(&[Timeframe::M5]);
+        agg.push_closed_1m(c1(T0, 100, 100, 100, 100, 1, 7)).unwrap();
+        let forming = c1(T0 + MINUTE_MS, 100, 100, 100, 100, 1, u64::MAX);
+        assert_eq!(agg.forming(Timeframe::M5, Some(&forming)).map(|k| k.trades), Some(7));
     }
 }

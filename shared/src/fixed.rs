@@ -130,12 +130,18 @@ pub fn parse_raw_snapped(s: &str, tick_raw: i64) -> Result<i64, ParseDecimalErro
     if !seen_digit {
         return Err(ParseDecimalError::Empty);
     }
-    // tick in the same 10^-exp scale; work at a common scale of 10^-(max(exp, 8)).
+    // tick in the same 10^-exp scale; work at a common scale of 10^-(max(exp, 8)). Every step is
+    // checked: a long integer part (`3402823669209384634633746074332`) must be out of range, not a
+    // wrapped, wrong price.
     let scale_exp = exp.max(DECIMALS);
-    let mant = mant * 10i128.pow(scale_exp - exp);
-    let tick = tick_raw as i128 * 10i128.pow(scale_exp - DECIMALS);
-    let ticks = (mant + tick / 2) / tick; // round half up on the magnitude
-    let raw = ticks * tick_raw as i128;
+    let mant =
+        mant.checked_mul(10i128.pow(scale_exp - exp)).ok_or(ParseDecimalError::OutOfRange)?;
+    let tick = (tick_raw as i128)
+        .checked_mul(10i128.pow(scale_exp - DECIMALS))
+        .ok_or(ParseDecimalError::OutOfRange)?;
+    // round half up on the magnitude
+    let ticks = mant.checked_add(tick / 2).ok_or(ParseDecimalError::OutOfRange)? / tick;
+    let raw = ticks.checked_mul(tick_raw as i128).ok_or(ParseDecimalError::OutOfRange)?;
     let raw = i64::try_from(raw).map_err(|_| ParseDecimalError::OutOfRange)?;
     Ok(if neg { -raw } else { raw })
 }
@@ -196,9 +202,13 @@ macro_rules! fixed_type {
             pub const fn from_raw(raw: $raw) -> Self {
                 Self(raw)
             }
-            /// A whole number of units.
+            /// A whole number of units. Panics if that is out of range (a programming error:
+            /// outside input goes through [`Self::parse`], which returns an error instead).
             pub const fn from_units(units: i64) -> Self {
-                Self(units as $raw * SCALE as $raw)
+                match (units as $raw).checked_mul(SCALE as $raw) {
+                    Some(raw) => Self(raw),
+                    None => panic!("fixed-point value out of range"),
+                }
             }
             #[inline]
             pub const fn is_zero(self) -> bool {
@@ -214,7 +224,8 @@ macro_rules! fixed_type {
             }
             /// Parses a float-printed decimal and snaps it to the nearest multiple of `tick`.
             pub fn parse_snapped(s: &str, tick: Self) -> Result<Self, ParseDecimalError> {
-                let raw = parse_raw_snapped(s, tick.0 as i64)?;
+                let tick = i64::try_from(tick.0).map_err(|_| ParseDecimalError::BadTick)?;
+                let raw = parse_raw_snapped(s, tick)?;
                 if !$signed && raw < 0 {
                     return Err(ParseDecimalError::Negative);
                 }
@@ -371,6 +382,39 @@ mod tests {
         assert_eq!(Price::parse_snapped("3.1415000000000002", milli).unwrap().to_string(), "3.142");
         assert_eq!(Price::parse_snapped("1", Price::ZERO), Err(ParseDecimalError::BadTick));
         assert_eq!(Price::parse_snapped("1x", tick), Err(ParseDecimalError::InvalidChar('x')));
+    }
+
+    /// Issue 15 item 12: a long integer part overflowed the i128 scaling unchecked and came out
+    /// as a wrapped, wrong price (`ok:true` in `replay sse`). Every size is now an error.
+    #[test]
+    fn snapped_overflow_is_an_error_not_a_wrong_price() {
+        let tick = Price::parse("0.01").unwrap();
+        let oor = Err(ParseDecimalError::OutOfRange);
+        for s in [
+            "3402823669209384634633746074332",
+            "-3402823669209384634633746074332",
+            "170141183460469231731687303715884105727",
+            "99999999999999999999999999999999999999",
+            "1701411834604692317316873037158841057270",
+            "92233720369",
+            "92233720368.55",
+            "17014118346046923173168730371.5884105727",
+        ] {
+            assert_eq!(Price::parse_snapped(s, tick), oor, "{s}");
+        }
+        // The largest tick multiple that fits still parses; the rounding step cannot overflow.
+        let max_tick = Price::from_raw(i64::MAX);
+        assert_eq!(Price::parse_snapped("92233720368.54775807", max_tick), Ok(max_tick));
+        assert_eq!(Price::parse_snapped("0", max_tick), Ok(Price::ZERO));
+        assert_eq!(
+            Price::parse_snapped("92233720368", Price::from_raw(1)),
+            Ok(Price::from_raw(9_223_372_036_800_000_000))
+        );
+        // A Volume tick wider than i64 is refused, not truncated.
+        assert_eq!(
+            Volume::parse_snapped("1", Volume::from_raw(1 << 64)),
+            Err(ParseDecimalError::BadTick)
+        );
     }
 
     #[test]

@@ -374,7 +374,7 @@ impl L3Book {
             orders: IdMap::with_capacity_and_hasher(orders, Default::default()),
             ladder: OrderBook::new(),
             level_qty: [IdMap::default(), IdMap::default()],
-            out: Vec::with_capacity(64),
+            out: Vec::new(),
             seq_policy: SeqPolicy::Contiguous,
             seqs: Vec::new(),
             lossy: false,

@@ -1451,6 +1451,23 @@ mod tests {
         assert_eq!((c.volume, c.trades, c.minutes), (Volume::parse("25877").unwrap(), 30, 1));
     }
 
+    /// Issue 15 item 12: a trade count that would overflow a bucket's sum is an invalid frame
+    /// (counted like any other), on the stream and in REST rows, never accepted.
+    #[test]
+    fn klines_with_out_of_range_trade_counts_are_invalid() {
+        for n in ["18446744073709551615", "281474976710657"] {
+            let frame = SPOT_KLINE.replace(r#""n":30"#, &format!(r#""n":{n}"#));
+            let e = parse_frame(&frame).unwrap_err();
+            assert!(matches!(e, WireError::Invalid { what: "kline", .. }), "{n}: {e:?}");
+            assert!(e.to_string().contains("trade count out of range"), "{e}");
+        }
+        let max = SPOT_KLINE.replace(r#""n":30"#, r#""n":281474976710656"#);
+        assert!(parse_frame(&max).is_ok());
+        let row = r#"[[1577836800000,"1","1","1","1","0",1577836859999,"0",18446744073709551615,"0","0","0"]]"#;
+        let e = parse_body::<Vec<RestKline>>(row).unwrap_err().to_string();
+        assert!(e.contains("trade count out of range"), "{e}");
+    }
+
     #[test]
     fn kline_round_trips_through_the_simulator_direction() {
         let candle = Candle::one_minute(

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Cursor, Read};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -44,26 +44,104 @@ impl InputError {
     }
 }
 
-/// Opens `path` for reading, transparently decompressing `.gz` and `.zip` (first member).
+/// The longest line the replay tools read (1 MiB; real exchange rows are well under 1 KB). A
+/// longer one is an error naming the file and line, so a file (or a decompressed zip or gzip
+/// member) without newlines can never make the reader buffer it whole.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// Opens `path` for reading, transparently decompressing `.gz` and `.zip` (first member). Both
+/// are streamed: memory stays bounded whatever size a zip member's header declares, and a member
+/// that inflates to more (or fewer) bytes than it declares, or fails its CRC, is an error.
 pub fn open(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let name = path.to_string_lossy().to_ascii_lowercase();
     if name.ends_with(".gz") {
         Ok(Box::new(BufReader::with_capacity(1 << 16, flate2::read::MultiGzDecoder::new(file))))
     } else if name.ends_with(".zip") {
-        let mut archive = zip::ZipArchive::new(BufReader::new(file))
-            .with_context(|| format!("{} is not a readable zip archive", path.display()))?;
-        let mut member = archive
-            .by_index(0)
-            .with_context(|| format!("{} has no readable member", path.display()))?;
-        // Archives here are tens of MB at most; reading the member whole keeps the reader simple.
-        let mut buf = Vec::with_capacity(member.size() as usize);
-        member
-            .read_to_end(&mut buf)
-            .with_context(|| format!("cannot decompress {}", path.display()))?;
-        Ok(Box::new(Cursor::new(buf)))
+        Ok(Box::new(BufReader::with_capacity(1 << 16, ZipMember::first(path, file)?)))
     } else {
         Ok(Box::new(BufReader::with_capacity(1 << 16, file)))
+    }
+}
+
+/// The first member of a zip archive, inflated as it is read. The central directory says where
+/// the member's data starts, how it is compressed, its size and CRC; the declared size is only
+/// checked against, never allocated.
+struct ZipMember {
+    inner: Box<dyn Read>,
+    declared: u64,
+    crc: u32,
+    read: u64,
+    hasher: crc32fast::Hasher,
+}
+
+impl ZipMember {
+    fn first(path: &Path, file: File) -> anyhow::Result<ZipMember> {
+        let mut archive = zip::ZipArchive::new(BufReader::new(file))
+            .with_context(|| format!("{} is not a readable zip archive", path.display()))?;
+        let (method, start, compressed, declared, crc) = {
+            let member = archive
+                .by_index_raw(0)
+                .with_context(|| format!("{} has no readable member", path.display()))?;
+            if member.encrypted() {
+                anyhow::bail!("{}: the zip member is encrypted", path.display());
+            }
+            (
+                member.compression(),
+                member.data_start(),
+                member.compressed_size(),
+                member.size(),
+                member.crc32(),
+            )
+        };
+        let mut file = archive.into_inner().into_inner();
+        file.seek(SeekFrom::Start(start))
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let raw = file.take(compressed);
+        let inner: Box<dyn Read> = match method {
+            zip::CompressionMethod::Stored => Box::new(raw),
+            zip::CompressionMethod::Deflated => Box::new(flate2::read::DeflateDecoder::new(raw)),
+            other => anyhow::bail!(
+                "{}: the zip member is compressed with {other}; only stored and deflate are read",
+                path.display()
+            ),
+        };
+        Ok(ZipMember { inner, declared, crc, read: 0, hasher: crc32fast::Hasher::new() })
+    }
+}
+
+impl Read for ZipMember {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.declared {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the zip member inflates to more than the {} bytes its header declares",
+                    self.declared
+                ),
+            ));
+        }
+        self.hasher.update(&buf[..n]);
+        if n == 0 && !buf.is_empty() {
+            if self.read != self.declared {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "the zip member ends after {} of the {} bytes its header declares",
+                        self.read, self.declared
+                    ),
+                ));
+            }
+            if self.hasher.clone().finalize() != self.crc {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the zip member fails its CRC check",
+                ));
+            }
+        }
+        Ok(n)
     }
 }
 
@@ -79,13 +157,24 @@ pub fn for_each_line(
     let mut origin = Origin { path: path.to_path_buf(), line: 0 };
     loop {
         buf.clear();
-        let n = reader.read_until(b'\n', &mut buf).with_context(|| {
-            format!("{}: read failed after line {}", path.display(), origin.line)
-        })?;
+        // At most one byte past the limit is read, so an endless line costs MAX_LINE_BYTES.
+        let n = (&mut reader)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .with_context(|| {
+                format!("{}: read failed after line {}", path.display(), origin.line)
+            })?;
         if n == 0 {
             return Ok(());
         }
         origin.line += 1;
+        if buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
+            return Err(InputError::new(
+                origin,
+                format!("line is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES)"),
+            )
+            .into());
+        }
         while matches!(buf.last(), Some(b'\n' | b'\r')) {
             buf.pop();
         }

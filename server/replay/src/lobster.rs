@@ -60,6 +60,8 @@ const PRICE_UNIT: i64 = 10_000;
 /// One parsed message row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LobsterMessage {
+    /// Seconds after midnight, in nanoseconds (LOBSTER prints up to 9 decimals).
+    pub time_ns: u64,
     pub kind: u8,
     pub id: u64,
     pub size: Qty,
@@ -84,6 +86,47 @@ fn bad(origin: &Origin, msg: String) -> InputError {
     InputError::new(origin.clone(), msg)
 }
 
+/// Nanoseconds in a day: a LOBSTER time is seconds after midnight, so it lies in `[0, 86400]`.
+const DAY_NS: u64 = 86_400 * 1_000_000_000;
+
+/// A LOBSTER time (`34200.004241176`: seconds after midnight, up to 9 decimals) in nanoseconds.
+fn parse_time(origin: &Origin, s: &str) -> Result<u64, InputError> {
+    let err = || {
+        bad(
+            origin,
+            format!("time {s:?} is not seconds after midnight (a decimal between 0 and 86400)"),
+        )
+    };
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |d: &str| d.bytes().all(|c| c.is_ascii_digit());
+    if int.is_empty() || int.len() > 5 || !digits(int) || !digits(frac) || frac.len() > 9 {
+        return Err(err());
+    }
+    let secs: u64 = int.parse().map_err(|_| err())?;
+    let mut ns: u64 = 0;
+    for (i, c) in frac.bytes().enumerate() {
+        ns += u64::from(c - b'0') * 10u64.pow(8 - i as u32);
+    }
+    let t = secs * 1_000_000_000 + ns;
+    if t > DAY_NS {
+        return Err(err());
+    }
+    Ok(t)
+}
+
+/// A LOBSTER size: a whole number of shares (`18`); fractions are refused, not truncated.
+fn parse_size(origin: &Origin, what: &str, s: &str) -> Result<Qty, InputError> {
+    let err = |why: &str| bad(origin, format!("{what} {s:?} {why}"));
+    if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(err("is not a whole number of shares"));
+    }
+    s.parse::<i64>()
+        .ok()
+        .and_then(|n| n.checked_mul(Qty::from_units(1).raw()))
+        .map(Qty::from_raw)
+        .ok_or_else(|| err("is out of range"))
+}
+
 /// Parses a message row.
 pub fn parse_message(origin: &Origin, line: &str) -> Result<LobsterMessage, InputError> {
     let f: Vec<&str> = line.split(',').map(str::trim).collect();
@@ -96,6 +139,7 @@ pub fn parse_message(origin: &Origin, line: &str) -> Result<LobsterMessage, Inpu
             ),
         ));
     }
+    let time_ns = parse_time(origin, f[0])?;
     let kind: u8 =
         f[1].parse().map_err(|_| bad(origin, format!("type {:?} is not an integer", f[1])))?;
     if !(1..=7).contains(&kind) {
@@ -103,7 +147,7 @@ pub fn parse_message(origin: &Origin, line: &str) -> Result<LobsterMessage, Inpu
     }
     let id: u64 =
         f[2].parse().map_err(|_| bad(origin, format!("order id {:?} is not an integer", f[2])))?;
-    let size = Qty::parse(f[3]).map_err(|e| bad(origin, format!("size {:?}: {e}", f[3])))?;
+    let size = parse_size(origin, "size", f[3])?;
     let price: i64 = f[4].parse().map_err(|_| {
         bad(origin, format!("price {:?} is not an integer (dollars x 10000)", f[4]))
     })?;
@@ -116,7 +160,7 @@ pub fn parse_message(origin: &Origin, line: &str) -> Result<LobsterMessage, Inpu
         "-1" => Side::Ask,
         other => return Err(bad(origin, format!("direction {other:?} (expected 1 or -1)"))),
     };
-    Ok(LobsterMessage { kind, id, size, price, side })
+    Ok(LobsterMessage { time_ns, kind, id, size, price, side })
 }
 
 /// Reads the first row of a LOBSTER orderbook file as (side, price, size) levels.
@@ -142,8 +186,7 @@ fn read_seed(path: &Path) -> anyhow::Result<Vec<(Side, Price, Qty)>> {
                 let price: i64 = p.parse().map_err(|_| {
                     bad(origin, format!("level {} price {p:?} is not an integer", i + 1))
                 })?;
-                let size = Qty::parse(s)
-                    .map_err(|e| bad(origin, format!("level {} size {s:?}: {e}", i + 1)))?;
+                let size = parse_size(origin, &format!("level {} size", i + 1), s)?;
                 if size.is_zero() || price == EMPTY_ASK_PRICE || price == EMPTY_BID_PRICE {
                     continue;
                 }
@@ -237,6 +280,13 @@ pub fn replay(args: &LobsterArgs, out: &mut dyn Write) -> anyhow::Result<Summary
         out.write_all(row.as_bytes())?;
         Ok(())
     })?;
+    if summary.messages == 0 {
+        return Err(InputError::new(
+            Origin { path: args.messages.clone(), line: 1 },
+            "no message rows: the message file is empty",
+        )
+        .into());
+    }
     let c = book.counters();
     summary.unknown_order_adjustments = c.unknown_order_adjustments;
     summary.negative_qty = c.negative_qty_clamped;
@@ -310,6 +360,10 @@ mod tests {
             m.to_msg(),
             Some(Msg::Add { id: 16113575, side: Side::Bid, price: m.price, qty: m.size })
         );
+        assert_eq!(m.time_ns, 34_200_004_241_176);
+        assert_eq!(parse_message(&o(), "0,1,1,1,1,1").unwrap().time_ns, 0);
+        assert_eq!(parse_message(&o(), "86400,1,1,1,1,1").unwrap().time_ns, DAY_NS);
+        assert_eq!(parse_message(&o(), "5.,1,1,1,1,1").unwrap().time_ns, 5_000_000_000);
         let halt = parse_message(&o(), "34300.5,7,0,0,-1,-1").unwrap();
         assert_eq!(halt.to_msg(), None);
         for (bad_row, what) in [
@@ -319,6 +373,16 @@ mod tests {
             ("34200,1,1,1,5853300.5,1", "price"),
             ("34200,1,1,1,5853300,0", "direction"),
             ("34200,1,1,-3,5853300,1", "size"),
+            ("34200,1,1,1.5,5853300,1", "size"),
+            ("34200,1,1,0.0001,5853300,1", "size"),
+            ("34200,1,1,,5853300,1", "size"),
+            ("abc,1,1,1,5853300,1", "time"),
+            ("-1,1,1,1,5853300,1", "time"),
+            ("86400.000000001,1,1,1,5853300,1", "time"),
+            ("34200.0000000001,1,1,1,5853300,1", "time"),
+            ("1e4,1,1,1,5853300,1", "time"),
+            (",1,1,1,5853300,1", "time"),
+            ("NaN,1,1,1,5853300,1", "time"),
         ] {
             let e = parse_message(&o(), bad_row).unwrap_err().to_string();
             assert!(e.starts_with("m.csv:4: ") && e.contains(what), "{bad_row}: {e}");

@@ -502,7 +502,10 @@ pub fn replay(args: &SseArgs) -> anyhow::Result<Vec<Report>> {
     let policy = if args.subset { SeqPolicy::Increasing } else { SeqPolicy::Contiguous };
     let mut states: Vec<SymState> = (0..symbols.names.len())
         .map(|_| SymState {
-            book: L3Book::with_capacity(Venue::Sse, 4096),
+            // Grows with the security's own orders: a file of many securities with few orders
+            // each costs a few hundred bytes per security (room for 4,096 orders up front cost
+            // ~21 KB each, 217 MB for 10,000 securities).
+            book: L3Book::new(Venue::Sse),
             l2: OrderBook::new(),
             channel: None,
             orders: 0,

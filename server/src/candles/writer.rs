@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
-use shared::candle::{merge, Candle, Timeframe, MINUTE_MS};
+use shared::candle::{try_merge, Candle, Timeframe, MINUTE_MS};
 use shared::protocol::{InstrumentId, KlineEvent, KlinePayload, Push, SeriesId, Stream};
 
 use crate::bus::Bus;
@@ -389,7 +389,12 @@ fn merge_from(all: &BTreeMap<i64, Candle>, tf: Timeframe, opens: &[i64]) -> Vec<
         .filter_map(|&open| {
             let inside: Vec<Candle> =
                 all.range(open..open + tf.duration_ms()).map(|(_, c)| *c).collect();
-            merge(tf, &inside)
+            // Stored and incoming 1m candles passed `Candle::check`, so their sums fit; a bucket
+            // whose sum would not is left out, never written wrapped.
+            try_merge(tf, &inside).unwrap_or_else(|e| {
+                tracing::warn!("derived {tf} candle at {open} not written: {e}");
+                None
+            })
         })
         .collect()
 }
@@ -436,6 +441,7 @@ fn publish_closed(bus: &dyn Bus, series: &SeriesId, candles: &[Candle]) {
 mod tests {
     use super::*;
     use crate::store::sqlite::SqliteStore;
+    use shared::candle::merge;
     use shared::fixed::{Price, Volume};
 
     fn minute(t: i64, p: i64) -> Candle {

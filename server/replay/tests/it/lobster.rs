@@ -111,6 +111,49 @@ fn bad_rows_name_file_and_line() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Issue 15 item 14: a time of `abc`, an empty file and fractional sizes were accepted with exit
+/// 0; the other replay tools refuse such input. Each is now an error naming file and line.
+#[test]
+fn hostile_rows_and_empty_files_are_errors_with_file_and_line() {
+    let dir =
+        std::env::temp_dir().join(format!("millrace-e2e-lobster-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let messages = dir.join("m.csv");
+    let args = || LobsterArgs { messages: messages.clone(), initial_book: None, levels: 3 };
+    for (row, what) in [
+        ("abc,1,3,50,999900,1", "time \"abc\""),
+        ("34200.2.1,1,3,50,999900,1", "time"),
+        ("-5,1,3,50,999900,1", "time"),
+        ("99999,1,3,50,999900,1", "time"),
+        ("34200.2,1,3,0.5,999900,1", "size \"0.5\""),
+        ("34200.2,1,3,50.25,999900,1", "size"),
+        ("34200.2,1,3,50.0,999900,1", "size"),
+        ("34200.2,1,3,99999999999,999900,1", "size"),
+    ] {
+        std::fs::write(&messages, format!("34200.1,1,1,100,1000000,1\n{row}\n")).unwrap();
+        let e = error_of(&args());
+        assert!(
+            e.contains(&format!("{}:2:", messages.display())) && e.contains(what),
+            "{row}: {e}"
+        );
+    }
+    for empty in ["", "\n", "  \n\n"] {
+        std::fs::write(&messages, empty).unwrap();
+        let e = error_of(&args());
+        assert!(
+            e.contains(&format!("{}:1:", messages.display())) && e.contains("empty"),
+            "{empty:?}: {e}"
+        );
+    }
+    // a fractional size in the initial book is refused too
+    std::fs::write(&messages, "34200.1,1,1,100,1000000,1\n").unwrap();
+    let book = dir.join("b.csv");
+    std::fs::write(&book, "1000100,200.5,1000000,100\n").unwrap();
+    let e = error_of(&LobsterArgs { initial_book: Some(book.clone()), ..args() });
+    assert!(e.contains(&format!("{}:1:", book.display())) && e.contains("size"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A simulated L3 book writing LOBSTER files: orders by id, prices in LOBSTER units.
 struct Sim {
     /// id -> (is_bid, price, size)

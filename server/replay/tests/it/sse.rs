@@ -246,3 +246,27 @@ fn bad_rows_name_file_and_line() {
     let args = SseArgs { orders: f.dir.join("nope.zip"), ..f.args(&[good], &[], true) };
     assert!(error_of(&args).contains("nope.zip"));
 }
+
+/// Issue 15 item 12: an OrderPrice too long for the fixed-point scaling overflowed unchecked and
+/// gave a wrong price with `ok: true`; it is now an error naming file and line, as are prices
+/// just past the `i64` range and overflowing trade prices.
+#[test]
+fn overflowing_prices_are_refused_with_file_and_line() {
+    let f = Files::new("overflow");
+    let good = order("09:31:00.000", "2", "10", 100, 1, 1, 1);
+    for p in
+        ["3402823669209384634633746074332", "92233720368.55", "-3402823669209384634633746074332"]
+    {
+        let args = f.args(&[good.clone(), order("09:31:00.000", "2", p, 100, 1, 2, 2)], &[], true);
+        let e = error_of(&args);
+        assert!(e.contains(&at(&args.orders, 3)), "{p}: {e}");
+        assert!(e.contains("OrderPrice") && e.contains("out of range"), "{p}: {e}");
+    }
+    let args = f.args(
+        std::slice::from_ref(&good),
+        &[trade("09:31:00.000", 1, 2, 1, "3402823669209384634633746074332", 1, 2)],
+        true,
+    );
+    let e = error_of(&args);
+    assert!(e.contains(&at(&args.trades, 2)) && e.contains("TradePrice"), "{e}");
+}
