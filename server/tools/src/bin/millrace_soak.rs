@@ -25,7 +25,7 @@
 //!   gaps, with the values the clients saw.
 //!
 //! Prints a table and a `RESULT {json}` line; exits 1 if a candle was lost, duplicated or
-//! differed, or a client fell behind.
+//! differed, or a client fell behind (closed as lagging, or as too slow to send to).
 //!
 //! Usage: `millrace-soak [--duration 600] [--clients 2000] [--quick]`.
 
@@ -626,6 +626,7 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     check_store(&base, &mut checks, &tally).await?;
     drop(server);
 
+    let delta = |m: &str| tools::child::metric(&metrics1, m) - tools::child::metric(&metrics0, m);
     let sum = |f: fn(&SeriesCheck) -> u64| checks.values().map(f).sum::<u64>();
     let lost = sum(|c| c.lost);
     let duplicated = sum(|c| c.duplicated);
@@ -633,7 +634,9 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let mismatched = tally.mismatched.load(Relaxed);
     let fell_behind = tally.fell_behind.load(Relaxed);
     let delivered = sum(|c| c.delivered);
+    let slow_send = delta("millrace_ws_dropped_slow_send_total");
     let ok = lost == 0
+        && slow_send == 0.0
         && duplicated == 0
         && store_bad == 0
         && mismatched == 0
@@ -644,7 +647,6 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         rss_samples.iter().rev().find(|(t, _)| *t <= s).map(|(_, b)| mib(*b)).unwrap_or(0.0)
     };
     let half = plan.duration.as_secs() / 2;
-    let delta = |m: &str| tools::child::metric(&metrics1, m) - tools::child::metric(&metrics0, m);
     let interesting = |k: &str| {
         [
             "lagging",
@@ -659,6 +661,9 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         ]
         .iter()
         .any(|w| k.contains(w))
+    };
+    let total = |prefix: &str| -> f64 {
+        metrics1.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum()
     };
     let server_metrics: BTreeMap<&String, f64> =
         metrics1.iter().filter(|(k, _)| interesting(k)).map(|(k, v)| (k, *v)).collect();
@@ -693,8 +698,10 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         "forming_updates": tally.forming.load(Relaxed),
         "depth_updates": tally.depth.load(Relaxed),
         "server_lagging_drops": delta("millrace_ws_dropped_lagging_total"),
-        "server_slow_send_drops": delta("millrace_ws_dropped_slow_send_total"),
+        "server_slow_send_drops": slow_send,
         "server_messages_sent": delta("millrace_ws_messages_sent_total"),
+        "server_gap_filled_candles": total("millrace_job_gap_filled_candles_total"),
+        "server_book_resyncs": total("millrace_book_resyncs_total"),
         "server_metrics": server_metrics,
         "faults": injected,
         "fault_errors": fault_errors,
@@ -746,6 +753,8 @@ fn table(r: &Value) {
         "reconnects",
         "refused",
         "fault_errors",
+        "server_gap_filled_candles",
+        "server_book_resyncs",
     ] {
         println!("| {k:<42} | {} |", f(k));
     }
