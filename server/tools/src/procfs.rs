@@ -23,8 +23,19 @@ fn clock_ticks() -> u64 {
 
 /// Resident set size of `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The anonymous part of [`rss_bytes`] (`RssAnon`: heap and stacks, without the binary's and
+/// other files' pages).
+pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "RssAnon:")
+}
+
+/// A `kB` field of `/proc/<pid>/status`, in bytes.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }

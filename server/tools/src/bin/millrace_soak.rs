@@ -48,7 +48,9 @@ use sim::SymbolSpec;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 use tools::child::{free_port, metrics, start, wait_healthy};
-use tools::procfs::{cpu_time, loadavg, machine_busy, raise_nofile_limit, rss_bytes};
+use tools::procfs::{
+    cpu_time, loadavg, machine_busy, raise_nofile_limit, rss_anon_bytes, rss_bytes,
+};
 
 /// The admin token of the server under test (its simulator's control endpoints take it).
 const ADMIN_TOKEN: &str = "soak-admin-token";
@@ -540,8 +542,16 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let t0 = Instant::now();
     let (cpu0, busy0) = (cpu_time(pid).context("server CPU")?, machine_busy().unwrap_or_default());
     let rss0 = rss_bytes(pid).context("server RSS")?;
+    let anon = || rss_anon_bytes(pid).unwrap_or(0);
     let mut rss_samples = vec![(0u64, rss0)];
-    println!("{:>6} s  RSS {:>7.1} MiB  (all {} clients subscribed)", 0, mib(rss0), plan.clients);
+    let mut anon_samples = vec![(0u64, anon())];
+    println!(
+        "{:>6} s  RSS {:>7.1} MiB (anon {:.1})  (all {} clients subscribed)",
+        0,
+        mib(rss0),
+        mib(anon_samples[0].1),
+        plan.clients
+    );
     let http = reqwest::Client::new();
     let rotation = faults();
     let mut injected: Vec<Value> = Vec::new();
@@ -570,10 +580,12 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         if now >= next_rss {
             let rss = rss_bytes(pid).context("server RSS (did it exit?)")?;
             rss_samples.push((next_rss.as_secs(), rss));
+            anon_samples.push((next_rss.as_secs(), anon()));
             println!(
-                "{:>6} s  RSS {:>7.1} MiB  closed {} fell behind {} disconnects {}",
+                "{:>6} s  RSS {:>7.1} MiB (anon {:.1})  closed {} fell behind {} disconnects {}",
                 next_rss.as_secs(),
                 mib(rss),
+                mib(anon()),
                 tally.closed.load(Relaxed),
                 tally.fell_behind.load(Relaxed),
                 tally.disconnects.load(Relaxed)
@@ -585,6 +597,7 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let elapsed = t0.elapsed().as_secs_f64();
     let rss_end = rss_bytes(pid).context("server RSS at the end")?;
     rss_samples.push((plan.duration.as_secs(), rss_end));
+    anon_samples.push((plan.duration.as_secs(), anon()));
     let cpu = (cpu_time(pid).context("server CPU")? - cpu0).as_secs_f64();
     let busy = (machine_busy().unwrap_or_default().saturating_sub(busy0)).as_secs_f64();
     let load = loadavg();
@@ -643,8 +656,8 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         && fell_behind == 0
         && delivered > 0
         && fault_errors == 0;
-    let at = |s: u64| {
-        rss_samples.iter().rev().find(|(t, _)| *t <= s).map(|(_, b)| mib(*b)).unwrap_or(0.0)
+    let at = |samples: &[(u64, u64)], s: u64| {
+        samples.iter().rev().find(|(t, _)| *t <= s).map(|(_, b)| mib(*b)).unwrap_or(0.0)
     };
     let half = plan.duration.as_secs() / 2;
     let interesting = |k: &str| {
@@ -675,11 +688,15 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         "nofile": nofile,
         "rss_mib": {
             "start": mib(rss0),
-            "half": at(half),
+            "half": at(&rss_samples, half),
+            "anon_start": at(&anon_samples, 0),
+            "anon_half": at(&anon_samples, half),
+            "anon_end": at(&anon_samples, u64::MAX),
             "half_at_s": half,
             "end": mib(rss_end),
             "max": rss_samples.iter().map(|(_, b)| mib(*b)).fold(0.0, f64::max),
             "samples": rss_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
+            "anon_samples": anon_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
         },
         "server_cpu_pct_of_one_core": 100.0 * cpu / elapsed,
         "machine_busy_cores": busy / elapsed,
@@ -733,6 +750,13 @@ fn table(r: &Value) {
         rss["half"].as_f64().unwrap_or(0.0),
         rss["end"].as_f64().unwrap_or(0.0),
         rss["max"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "| server anonymous RSS start / {} s / end     | {:.1} / {:.1} / {:.1} |",
+        rss["half_at_s"],
+        rss["anon_start"].as_f64().unwrap_or(0.0),
+        rss["anon_half"].as_f64().unwrap_or(0.0),
+        rss["anon_end"].as_f64().unwrap_or(0.0)
     );
     println!(
         "| server CPU (% of one core)                 | {:.1} (machine busy {:.2} cores) |",
