@@ -1,5 +1,8 @@
 //! What more than one of millrace's load tools needs.
 
+pub mod child;
+pub mod procfs;
+
 /// A child process, killed (and reaped) however the run that started it ends.
 pub struct KillOnDrop(pub std::process::Child);
 

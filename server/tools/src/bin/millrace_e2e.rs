@@ -26,7 +26,6 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,7 +40,7 @@ use shared::cluster::TaskKind;
 use sim::{Sim, SimConfig, SimHandle, SymbolSpec};
 use testkit::PgDb;
 use tokio_tungstenite::tungstenite::Message;
-use tools::KillOnDrop;
+use tools::child::{free_port, start, wait_healthy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Mode {
@@ -97,10 +96,6 @@ fn instruments(n: usize) -> Vec<String> {
         .collect()
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// The configuration both modes share: the external simulator, forming updates unthrottled,
 /// nothing else running.
 fn base_config(sim: &SimHandle, dir: &Path, port: u16) -> anyhow::Result<Config> {
@@ -124,28 +119,6 @@ fn base_config(sim: &SimHandle, dir: &Path, port: u16) -> anyhow::Result<Config>
         ..SourceConfig::default()
     }];
     Ok(c)
-}
-
-/// Starts `millrace <args> --config <dir>/<name>.toml`, its log in `<dir>/<name>.log`.
-fn start(
-    bin: &Path,
-    dir: &Path,
-    name: &str,
-    args: &[&str],
-    config: &Config,
-) -> anyhow::Result<KillOnDrop> {
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, toml::to_string(config)?)?;
-    let child = Command::new(bin)
-        .args(args)
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
-        .spawn()
-        .with_context(|| format!("cannot start {}", bin.display()))?;
-    Ok(KillOnDrop(child))
 }
 
 /// One browser: subscribes to `topics` on `url`, and while `measuring` records a sample per
@@ -260,22 +233,6 @@ async fn measure(addr: &str, args: &Args) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
-async fn wait_healthy(port: u16) -> anyhow::Result<()> {
-    let url = format!("http://127.0.0.1:{port}/healthz");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(r) = reqwest::get(&url).await {
-            if r.status().is_success() {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the server on port {port} did not become healthy in 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn single(
     sim: &SimHandle,
     bin: &Path,
@@ -351,7 +308,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let bin = match &args.bin {
         Some(b) => b.clone(),
-        None => std::env::current_exe()?.with_file_name("millrace"),
+        None => tools::child::millrace_beside_me()?,
     };
     let dir = std::env::temp_dir().join(format!("millrace-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

@@ -4,6 +4,7 @@
 mod depth_load;
 mod e2e;
 mod fanout;
+mod soak;
 
 /// Runs `command` (a load tool), which must succeed, and returns the JSON of its `RESULT` line.
 fn result_of(command: &mut std::process::Command) -> serde_json::Value {

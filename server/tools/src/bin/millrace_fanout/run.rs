@@ -18,8 +18,7 @@
 //!    publishes or under 90 % of the target delivered) unless `--keep-going`.
 //! 3. Stop both (the server gracefully) and print a table and `RESULT {json}`.
 
-use std::collections::HashMap;
-use std::io::{BufRead as _, Read as _, Write as _};
+use std::io::{BufRead as _, Write as _};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{ChildStdin, Command, ExitStatus, Stdio};
@@ -28,6 +27,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde_json::{json, Value};
+
+use tools::child::{metric, metrics};
 
 use crate::common::{
     cpu_time, emit, loadavg, machine_busy, parse_count, parse_duration, raise_nofile_limit,
@@ -195,29 +196,6 @@ impl Drop for Child {
             let _ = self.process.wait();
         }
     }
-}
-
-/// `GET /metrics` of the server: sample name (with labels) -> value.
-fn metrics(addr: SocketAddr) -> anyhow::Result<HashMap<String, f64>> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .context("connect for /metrics")?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).context("no HTTP body")?;
-    Ok(body
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect())
-}
-
-fn metric(m: &HashMap<String, f64>, name: &str) -> f64 {
-    m.get(name).copied().unwrap_or(0.0)
 }
 
 /// Waits until the server's gauge `millrace_ws_connections` satisfies `ok`.

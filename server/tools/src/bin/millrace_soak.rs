@@ -1,0 +1,835 @@
+//! `millrace-soak`: a long run of the real service under many WebSocket clients while the
+//! upstream exchange misbehaves (issue 15, "Proof"). Not run in CI; method and figures in
+//! docs/soak.md and BENCHMARKS.md ("Soak").
+//!
+//! - The server is a real `millrace serve` child process (the binary beside this one, or
+//!   `--bin`) on a fresh data dir, with its embedded simulator at `--sim-speed` (60: a 1m candle
+//!   closes every second), the simulator's 8 instruments pinned for klines and depth, an admin
+//!   token (the simulator's fault endpoint takes it) and the connection and job-start limits
+//!   raised for many loopback clients.
+//! - `--clients` WebSocket clients in this process (one tokio runtime) each subscribe to the 1m
+//!   klines of two instruments, and every fourth also to an instrument's `depth_update@`. Each
+//!   keeps every closed candle (`"x":true`) it receives; a close with code 4000 or a `lagging`
+//!   error counts as a client that fell behind, and any other end of the connection as a
+//!   disconnect; both reconnect and subscribe again.
+//! - Every `--fault-every` seconds one upstream fault is posted to the simulator's
+//!   `POST /sim/faults` (a rotation through connection drops, stalls, skipped, duplicated,
+//!   reordered and malformed messages, corrupt depth diffs and REST 429/500 answers with a drop),
+//!   so the server's recovery paths run under load. None in the last 20 s of the run (a quarter
+//!   of a shorter one).
+//! - Server RSS (`/proc/<pid>/status` `VmRSS`) is read once every client is subscribed, then
+//!   every 10 s; CPU time (`/proc/<pid>/stat` utime + stime) over the run.
+//! - At the end, for every series: no client saw a closed candle twice or missed one between its
+//!   first and its last (late gap fills may come out of order; they count once they came); every
+//!   client saw the same values; `GET /api/v1/klines` holds each minute of the run once, without
+//!   gaps, with the values the clients saw.
+//!
+//! Prints a table and a `RESULT {json}` line; exits 1 if a candle was lost, duplicated or
+//! differed, or a client fell behind (closed as lagging, or as too slow to send to).
+//!
+//! Usage: `millrace-soak [--duration 600] [--clients 2000] [--quick]`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Parser;
+use futures_util::{SinkExt as _, StreamExt as _};
+use serde_json::{json, Value};
+use server::config::{Config, SourceConfig, SourceKind};
+use shared::fixed::{Price, Volume};
+use shared::protocol::{ErrorCode, KlineEvent, ServerFrame, Stream};
+use sim::SymbolSpec;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+use tools::child::{free_port, metrics, start, wait_healthy};
+use tools::procfs::{
+    cpu_time, loadavg, machine_busy, raise_nofile_limit, rss_anon_bytes, rss_bytes,
+};
+
+/// The admin token of the server under test (its simulator's control endpoints take it).
+const ADMIN_TOKEN: &str = "soak-admin-token";
+
+/// A soak test of the real service: many WebSocket clients, upstream faults, memory and CPU,
+/// every closed candle checked.
+#[derive(Debug, Parser)]
+#[command(name = "millrace-soak", version = server::VERSION)]
+struct Args {
+    /// Seconds of load after every client subscribed [default: 600; 60 with --quick].
+    #[arg(long)]
+    duration: Option<u64>,
+    /// WebSocket clients [default: 2000; 200 with --quick].
+    #[arg(long)]
+    clients: Option<usize>,
+    /// A short run (60 s, 200 clients, a fault every 10 s) to try the tool.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds between upstream faults [default: 40; 10 with --quick].
+    #[arg(long)]
+    fault_every: Option<u64>,
+    /// Simulated seconds per real second of the embedded simulator.
+    #[arg(long, default_value_t = 60.0)]
+    sim_speed: f64,
+    /// Simulator seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// The `millrace` binary [default: beside this one].
+    #[arg(long)]
+    bin: Option<PathBuf>,
+}
+
+/// The run's settings, defaults applied.
+struct Plan {
+    duration: Duration,
+    clients: usize,
+    fault_every: Duration,
+}
+
+impl Args {
+    fn plan(&self) -> Plan {
+        let (d, c, f) = if self.quick { (60, 200, 10) } else { (600, 2000, 40) };
+        Plan {
+            duration: Duration::from_secs(self.duration.unwrap_or(d)),
+            clients: self.clients.unwrap_or(c).max(1),
+            fault_every: Duration::from_secs(self.fault_every.unwrap_or(f).max(1)),
+        }
+    }
+}
+
+/// The simulator's instruments (`sim:spot:BTC/USDT`, …) and their Binance symbols.
+fn instruments() -> Vec<(String, String)> {
+    SymbolSpec::catalog()
+        .iter()
+        .map(|s| (format!("sim:spot:{}/{}", s.base, s.quote), format!("{}{}", s.base, s.quote)))
+        .collect()
+}
+
+/// What a client received of one series: the open times of the closed candles, in order.
+type Closed = HashMap<String, Vec<i64>>;
+
+/// The values of a closed candle (fixed-point; compared exactly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Values {
+    o: Price,
+    h: Price,
+    l: Price,
+    c: Price,
+    v: Volume,
+    n: u64,
+}
+
+/// What every client adds to.
+#[derive(Default)]
+struct Tally {
+    /// Clients whose subscription was accepted at least once.
+    subscribed: AtomicU64,
+    /// Closes with code 4000 and `lagging` errors.
+    fell_behind: AtomicU64,
+    /// Other ends of a connection (closes, read errors).
+    disconnects: AtomicU64,
+    /// Connections opened again after the first.
+    reconnects: AtomicU64,
+    /// Refused subscriptions other than `lagging`.
+    refused: AtomicU64,
+    /// Frames that did not decode.
+    undecodable: AtomicU64,
+    /// Closed candles received (all clients).
+    closed: AtomicU64,
+    /// Forming updates received.
+    forming: AtomicU64,
+    /// `depth_update` pushes received.
+    depth: AtomicU64,
+    /// Closed candles whose values differ from another client's copy of the same minute.
+    mismatched: AtomicU64,
+    /// The first values seen of each (series, open time).
+    values: Mutex<HashMap<(String, i64), Values>>,
+    /// Why the last disconnects happened (a few, for the report).
+    last_errors: Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn note(&self, what: String) {
+        let mut e = self.last_errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if e.len() < 20 {
+            e.push(what);
+        }
+    }
+
+    fn record(&self, series: &str, ev: &KlineEvent) {
+        let k = &ev.k;
+        let v = Values { o: k.o, h: k.h, l: k.l, c: k.c, v: k.v, n: k.n };
+        let mut m = self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first = *m.entry((series.to_string(), k.t)).or_insert(v);
+        if first != v {
+            self.mismatched.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// One browser-like client: subscribes to `topics`, keeps the open times of the closed candles
+/// it receives, reconnects when the connection ends; returns them when `stop` is set.
+async fn client(url: String, topics: Vec<String>, stop: Arc<AtomicBool>, t: Arc<Tally>) -> Closed {
+    let mut closed = Closed::new();
+    let mut first = true;
+    let mut counted = false;
+    while !stop.load(Relaxed) {
+        if !first {
+            t.reconnects.fetch_add(1, Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        first = false;
+        let mut ws = match tokio_tungstenite::connect_async(&url).await {
+            Ok((ws, _)) => ws,
+            Err(e) => {
+                t.disconnects.fetch_add(1, Relaxed);
+                t.note(format!("connect: {e}"));
+                continue;
+            }
+        };
+        let request = json!({"method": "SUBSCRIBE", "params": topics, "id": 1});
+        if ws.send(Message::text(request.to_string())).await.is_err() {
+            t.disconnects.fetch_add(1, Relaxed);
+            continue;
+        }
+        while !stop.load(Relaxed) {
+            let msg = match tokio::time::timeout(Duration::from_millis(500), ws.next()).await {
+                Err(_) => continue,
+                Ok(Some(Ok(m))) => m,
+                Ok(other) => {
+                    t.disconnects.fetch_add(1, Relaxed);
+                    t.note(format!("connection ended: {other:?}"));
+                    break;
+                }
+            };
+            let text = match msg {
+                Message::Text(text) => text,
+                Message::Close(frame) => {
+                    match &frame {
+                        Some(f) if f.code == CloseCode::from(4000) => {
+                            t.fell_behind.fetch_add(1, Relaxed)
+                        }
+                        _ => t.disconnects.fetch_add(1, Relaxed),
+                    };
+                    t.note(format!("closed by the server: {frame:?}"));
+                    break;
+                }
+                _ => continue,
+            };
+            match serde_json::from_str::<ServerFrame>(text.as_str()) {
+                Ok(ServerFrame::Reply(r)) => match r.error {
+                    None if !counted => {
+                        counted = true;
+                        t.subscribed.fetch_add(1, Relaxed);
+                    }
+                    None => {}
+                    Some(e) if e.code == ErrorCode::Lagging => {
+                        t.fell_behind.fetch_add(1, Relaxed);
+                    }
+                    Some(e) => {
+                        t.refused.fetch_add(1, Relaxed);
+                        t.note(format!("refused: {}", e.msg));
+                    }
+                },
+                Ok(ServerFrame::Push(p)) => match p.stream {
+                    Stream::Kline(series) => match serde_json::from_value::<KlineEvent>(p.data) {
+                        Ok(ev) if ev.k.x => {
+                            t.closed.fetch_add(1, Relaxed);
+                            let series = series.to_string();
+                            t.record(&series, &ev);
+                            closed.entry(series).or_default().push(ev.k.t);
+                        }
+                        Ok(_) => {
+                            t.forming.fetch_add(1, Relaxed);
+                        }
+                        Err(_) => {
+                            t.undecodable.fetch_add(1, Relaxed);
+                        }
+                    },
+                    Stream::DepthUpdate(_) => {
+                        t.depth.fetch_add(1, Relaxed);
+                    }
+                    _ => {}
+                },
+                Err(_) => {
+                    t.undecodable.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+    closed
+}
+
+/// What the clients' candles of one series show.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+struct SeriesCheck {
+    clients: usize,
+    /// Closed candles delivered to clients.
+    delivered: u64,
+    /// A minute a client received twice.
+    duplicated: u64,
+    /// A minute missing between a client's first and last candle of the series.
+    lost: u64,
+    /// Candles that arrived after a later minute (late gap fills).
+    out_of_order: u64,
+    /// Minutes of the run (first to last seen by any client).
+    minutes: u64,
+    /// Minutes stored by the server in that span.
+    stored: u64,
+    /// Minutes of the span missing in the store, or stored twice.
+    store_gaps: u64,
+    store_duplicates: u64,
+    /// Minutes clients saw that the store does not hold, or holds with other values.
+    not_stored: u64,
+    store_differs: u64,
+}
+
+/// Checks every client's open times of every series (one minute apart): none twice, none
+/// missing from its first up to `newest` (the newest stored minute of the series when the run
+/// ended).
+fn check_clients(all: &[Closed], newest: &BTreeMap<String, i64>) -> BTreeMap<String, SeriesCheck> {
+    const MINUTE: i64 = 60_000;
+    let mut out: BTreeMap<String, SeriesCheck> = BTreeMap::new();
+    for closed in all {
+        for (series, times) in closed {
+            let c = out.entry(series.clone()).or_default();
+            c.clients += 1;
+            c.delivered += times.len() as u64;
+            let mut max = i64::MIN;
+            for &t in times {
+                if t < max {
+                    c.out_of_order += 1;
+                }
+                max = max.max(t);
+            }
+            let mut sorted = times.clone();
+            sorted.sort_unstable();
+            for w in sorted.windows(2) {
+                match w[1] - w[0] {
+                    0 => c.duplicated += 1,
+                    d if d > MINUTE => c.lost += (d / MINUTE - 1) as u64,
+                    _ => {}
+                }
+            }
+            if let (Some(&end), Some(&last)) = (newest.get(series), sorted.last()) {
+                c.lost += ((end - last).max(0) / MINUTE) as u64;
+            }
+        }
+    }
+    out
+}
+
+/// `GET /api/v1/klines` of `series` from `start` to `end` (open times, inclusive), all pages.
+async fn stored(
+    http: &reqwest::Client,
+    base: &str,
+    series: &str,
+    start: i64,
+    end: i64,
+) -> anyhow::Result<Vec<(i64, Values)>> {
+    let mut rows = Vec::new();
+    let mut from = start;
+    loop {
+        let url = format!("{base}/api/v1/klines");
+        let q = [
+            ("series", series.to_string()),
+            ("startTime", from.to_string()),
+            ("endTime", end.to_string()),
+            ("limit", "1000".to_string()),
+        ];
+        let page: Vec<Value> =
+            http.get(&url).query(&q).send().await?.error_for_status()?.json().await?;
+        let n = page.len();
+        for r in page {
+            let p = |i: usize| -> anyhow::Result<String> {
+                Ok(r[i].as_str().with_context(|| format!("kline row {r}"))?.to_string())
+            };
+            let t = r[0].as_i64().context("open time")?;
+            let values = Values {
+                o: p(1)?.parse()?,
+                h: p(2)?.parse()?,
+                l: p(3)?.parse()?,
+                c: p(4)?.parse()?,
+                v: p(5)?.parse()?,
+                n: r[8].as_u64().context("trades")?,
+            };
+            from = t + 1;
+            rows.push((t, values));
+        }
+        if n < 1000 {
+            return Ok(rows);
+        }
+    }
+}
+
+/// Compares the clients' candles of each series with the store.
+async fn check_store(
+    base: &str,
+    checks: &mut BTreeMap<String, SeriesCheck>,
+    tally: &Tally,
+) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let values = std::mem::take(&mut *tally.values.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut seen: BTreeMap<&str, BTreeMap<i64, Values>> = BTreeMap::new();
+    for ((series, t), v) in &values {
+        seen.entry(series.as_str()).or_default().insert(*t, *v);
+    }
+    for (series, minutes) in seen {
+        let (Some((&first, _)), Some((&last, _))) =
+            (minutes.first_key_value(), minutes.last_key_value())
+        else {
+            continue;
+        };
+        let rows = stored(&http, base, series, first, last).await?;
+        let c = checks.entry(series.to_string()).or_default();
+        c.minutes = ((last - first) / 60_000 + 1) as u64;
+        c.stored = rows.len() as u64;
+        let mut by_time: BTreeMap<i64, Values> = BTreeMap::new();
+        for w in rows.windows(2) {
+            match w[1].0 - w[0].0 {
+                0 => c.store_duplicates += 1,
+                d if d > 60_000 => c.store_gaps += (d / 60_000 - 1) as u64,
+                _ => {}
+            }
+        }
+        for (t, v) in rows {
+            by_time.insert(t, v);
+        }
+        if by_time.first_key_value().is_some_and(|(&t, _)| t > first) {
+            c.store_gaps +=
+                ((by_time.first_key_value().map_or(first, |(&t, _)| t) - first) / 60_000) as u64;
+        }
+        for (t, v) in &minutes {
+            match by_time.get(t) {
+                None => c.not_stored += 1,
+                Some(s) if s != v => c.store_differs += 1,
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The upstream faults, in the order they are injected (then again from the start).
+fn faults() -> Vec<(&'static str, Value)> {
+    vec![
+        ("drop every upstream connection", json!({"action": "drop"})),
+        ("stall kline streams 3 s", json!({"action": "stall", "kind": "kline", "ms": 3000})),
+        ("skip 20 kline messages", json!({"action": "skip", "kind": "kline", "count": 20})),
+        (
+            "REST 429 x5 (Retry-After 1) + drop",
+            json!([{"action": "rest_fail", "count": 5, "status": 429, "retry_after": 1},
+                   {"action": "drop"}]),
+        ),
+        (
+            "duplicate 20 kline messages",
+            json!({"action": "duplicate", "kind": "kline", "count": 20}),
+        ),
+        ("reorder 10 kline messages", json!({"action": "reorder", "kind": "kline", "count": 10})),
+        ("10 malformed messages", json!({"action": "malformed", "count": 10})),
+        ("corrupt 3 depth diffs", json!({"action": "corrupt", "kind": "depth", "count": 3})),
+        (
+            "REST 500 x3 + drop BTCUSDT",
+            json!([{"action": "rest_fail", "count": 3, "status": 500},
+                   {"action": "drop", "symbol": "BTCUSDT"}]),
+        ),
+        ("stall depth streams 5 s", json!({"action": "stall", "kind": "depth", "ms": 5000})),
+    ]
+}
+
+async fn post_fault(http: &reqwest::Client, sim: &str, body: &Value) -> anyhow::Result<()> {
+    let r =
+        http.post(format!("{sim}/sim/faults")).bearer_auth(ADMIN_TOKEN).json(body).send().await?;
+    let status = r.status();
+    if !status.is_success() {
+        bail!("POST /sim/faults {body}: {status} {}", r.text().await.unwrap_or_default());
+    }
+    Ok(())
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
+    let plan = args.plan();
+    let nofile = raise_nofile_limit();
+    let bin = match &args.bin {
+        Some(b) => b.clone(),
+        None => tools::child::millrace_beside_me()?,
+    };
+    let dir = std::env::temp_dir().join(format!("millrace-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (port, sim_port) = (free_port()?, free_port()?);
+    let instruments = instruments();
+    let mut config = Config::default();
+    config.server.addr = format!("127.0.0.1:{port}").parse()?;
+    config.server.data_dir = dir.join("data");
+    config.server.admin_token = Some(ADMIN_TOKEN.into());
+    config.ingest.pinned = instruments.iter().map(|(i, _)| i.clone()).collect();
+    config.depth.pinned = config.ingest.pinned.clone();
+    config.backfill = vec![];
+    let connections = plan.clients * 2 + 1000;
+    config.limits.max_connections_per_ip = connections;
+    config.limits.max_job_starts_per_min_per_connection = 1000;
+    config.limits.max_job_starts_per_min_per_ip = 100_000;
+    config.sources = vec![SourceConfig {
+        name: "sim".into(),
+        kind: SourceKind::Sim,
+        speed: args.sim_speed,
+        seed: args.seed,
+        sim_addr: format!("127.0.0.1:{sim_port}").parse()?,
+        ..SourceConfig::default()
+    }];
+    let server = start(&bin, &dir, "server", &["serve"], &config)?;
+    let pid = server.id();
+    if let Err(e) = wait_healthy(port).await {
+        let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+        bail!("{e:#}; the server's log:\n{log}");
+    }
+    let base = format!("http://127.0.0.1:{port}");
+    let sim = format!("http://127.0.0.1:{sim_port}");
+    let addr: SocketAddr = config.server.addr;
+    println!(
+        "millrace-soak: {} clients, {} s, a fault every {} s, simulator speed {}, server pid {pid} ({}), log {}",
+        plan.clients,
+        plan.duration.as_secs(),
+        plan.fault_every.as_secs(),
+        args.sim_speed,
+        bin.display(),
+        dir.join("server.log").display()
+    );
+
+    // clients: two 1m kline streams each, every fourth also a depth_update stream
+    let (stop, tally) = (Arc::new(AtomicBool::new(false)), Arc::new(Tally::default()));
+    let n = instruments.len();
+    let mut tasks = Vec::with_capacity(plan.clients);
+    for i in 0..plan.clients {
+        let mut topics = vec![
+            format!("kline@{}:1m", instruments[i % n].0),
+            format!("kline@{}:1m", instruments[(i / n + i + 1) % n].0),
+        ];
+        topics.dedup();
+        if i % 4 == 0 {
+            topics.push(format!("depth_update@{}", instruments[(i / 4) % n].0));
+        }
+        let url = format!("ws://127.0.0.1:{port}/ws");
+        tasks.push(tokio::spawn(client(url, topics, stop.clone(), tally.clone())));
+        if i % 100 == 99 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while tally.subscribed.load(Relaxed) < plan.clients as u64 {
+        if Instant::now() > deadline {
+            stop.store(true, Relaxed);
+            bail!(
+                "only {} of {} clients subscribed within 120 s",
+                tally.subscribed.load(Relaxed),
+                plan.clients
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let metrics0 = tokio::task::spawn_blocking(move || metrics(addr)).await??;
+
+    // the run: RSS every 10 s, a fault every `fault_every`
+    let t0 = Instant::now();
+    let (cpu0, busy0) = (cpu_time(pid).context("server CPU")?, machine_busy().unwrap_or_default());
+    let rss0 = rss_bytes(pid).context("server RSS")?;
+    let anon = || rss_anon_bytes(pid).unwrap_or(0);
+    let mut rss_samples = vec![(0u64, rss0)];
+    let mut anon_samples = vec![(0u64, anon())];
+    println!(
+        "{:>6} s  RSS {:>7.1} MiB (anon {:.1})  (all {} clients subscribed)",
+        0,
+        mib(rss0),
+        mib(anon_samples[0].1),
+        plan.clients
+    );
+    let http = reqwest::Client::new();
+    let rotation = faults();
+    let mut injected: Vec<Value> = Vec::new();
+    let mut fault_errors = 0u64;
+    let mut next_fault = plan.fault_every;
+    let mut next_rss = Duration::from_secs(10);
+    let quiet = Duration::from_secs(20).min(plan.duration / 4);
+    let last_fault = plan.duration.saturating_sub(quiet);
+    loop {
+        let now = t0.elapsed();
+        if now >= plan.duration {
+            break;
+        }
+        if now >= next_fault && next_fault <= last_fault {
+            let (name, body) = &rotation[injected.len() % rotation.len()];
+            match post_fault(&http, &sim, body).await {
+                Ok(()) => println!("{:>6} s  fault: {name}", now.as_secs()),
+                Err(e) => {
+                    fault_errors += 1;
+                    println!("{:>6} s  fault {name} not injected: {e:#}", now.as_secs());
+                }
+            }
+            injected.push(json!({"at_s": now.as_secs(), "fault": name}));
+            next_fault += plan.fault_every;
+        }
+        if now >= next_rss {
+            let rss = rss_bytes(pid).context("server RSS (did it exit?)")?;
+            rss_samples.push((next_rss.as_secs(), rss));
+            anon_samples.push((next_rss.as_secs(), anon()));
+            println!(
+                "{:>6} s  RSS {:>7.1} MiB (anon {:.1})  closed {} fell behind {} disconnects {}",
+                next_rss.as_secs(),
+                mib(rss),
+                mib(anon()),
+                tally.closed.load(Relaxed),
+                tally.fell_behind.load(Relaxed),
+                tally.disconnects.load(Relaxed)
+            );
+            next_rss += Duration::from_secs(10);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let rss_end = rss_bytes(pid).context("server RSS at the end")?;
+    rss_samples.push((plan.duration.as_secs(), rss_end));
+    anon_samples.push((plan.duration.as_secs(), anon()));
+    let cpu = (cpu_time(pid).context("server CPU")? - cpu0).as_secs_f64();
+    let busy = (machine_busy().unwrap_or_default().saturating_sub(busy0)).as_secs_f64();
+    let load = loadavg();
+    let metrics1 = tokio::task::spawn_blocking(move || metrics(addr)).await??;
+    let _ = post_fault(&http, &sim, &json!({"action": "clear"})).await;
+    let sim_faults: Value = http
+        .get(format!("{sim}/sim/faults"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await?
+        .json()
+        .await
+        .unwrap_or(Value::Null);
+
+    // the newest minute stored of each series; 3 s later every client must have it
+    let mut newest = BTreeMap::new();
+    for (instrument, _) in &instruments {
+        let series = format!("{instrument}:1m");
+        let q = [("series", series.as_str()), ("limit", "1")];
+        let rows: Vec<Value> = http
+            .get(format!("{base}/api/v1/klines"))
+            .query(&q)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        if let Some(t) = rows.first().and_then(|r| r[0].as_i64()) {
+            newest.insert(series, t);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Relaxed);
+    let mut all = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        all.push(t.await?);
+    }
+    let mut checks = check_clients(&all, &newest);
+    check_store(&base, &mut checks, &tally).await?;
+    drop(server);
+
+    let delta = |m: &str| tools::child::metric(&metrics1, m) - tools::child::metric(&metrics0, m);
+    let sum = |f: fn(&SeriesCheck) -> u64| checks.values().map(f).sum::<u64>();
+    let lost = sum(|c| c.lost);
+    let duplicated = sum(|c| c.duplicated);
+    let store_bad = sum(|c| c.store_gaps + c.store_duplicates + c.not_stored + c.store_differs);
+    let mismatched = tally.mismatched.load(Relaxed);
+    let fell_behind = tally.fell_behind.load(Relaxed);
+    let delivered = sum(|c| c.delivered);
+    let slow_send = delta("millrace_ws_dropped_slow_send_total");
+    let ok = lost == 0
+        && slow_send == 0.0
+        && duplicated == 0
+        && store_bad == 0
+        && mismatched == 0
+        && fell_behind == 0
+        && delivered > 0
+        && fault_errors == 0;
+    let at = |samples: &[(u64, u64)], s: u64| {
+        samples.iter().rev().find(|(t, _)| *t <= s).map(|(_, b)| mib(*b)).unwrap_or(0.0)
+    };
+    let half = plan.duration.as_secs() / 2;
+    let interesting = |k: &str| {
+        [
+            "lagging",
+            "slow_send",
+            "refused",
+            "gap",
+            "resync",
+            "reconnect",
+            "repair",
+            "error",
+            "timed_out",
+        ]
+        .iter()
+        .any(|w| k.contains(w))
+    };
+    let total = |prefix: &str| -> f64 {
+        metrics1.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum()
+    };
+    let server_metrics: BTreeMap<&String, f64> =
+        metrics1.iter().filter(|(k, _)| interesting(k)).map(|(k, v)| (k, *v)).collect();
+    let r = json!({
+        "ok": ok,
+        "clients": plan.clients,
+        "duration_s": elapsed,
+        "sim_speed": args.sim_speed,
+        "nofile": nofile,
+        "rss_mib": {
+            "start": mib(rss0),
+            "half": at(&rss_samples, half),
+            "anon_start": at(&anon_samples, 0),
+            "anon_half": at(&anon_samples, half),
+            "anon_end": at(&anon_samples, u64::MAX),
+            "half_at_s": half,
+            "end": mib(rss_end),
+            "max": rss_samples.iter().map(|(_, b)| mib(*b)).fold(0.0, f64::max),
+            "samples": rss_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
+            "anon_samples": anon_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
+        },
+        "server_cpu_pct_of_one_core": 100.0 * cpu / elapsed,
+        "machine_busy_cores": busy / elapsed,
+        "loadavg_at_end": load,
+        "closed_candles_delivered": delivered,
+        "lost": lost,
+        "duplicated": duplicated,
+        "mismatched_between_clients": mismatched,
+        "store_problems": store_bad,
+        "out_of_order": sum(|c| c.out_of_order),
+        "fell_behind": fell_behind,
+        "disconnects": tally.disconnects.load(Relaxed),
+        "reconnects": tally.reconnects.load(Relaxed),
+        "refused": tally.refused.load(Relaxed),
+        "undecodable": tally.undecodable.load(Relaxed),
+        "forming_updates": tally.forming.load(Relaxed),
+        "depth_updates": tally.depth.load(Relaxed),
+        "server_lagging_drops": delta("millrace_ws_dropped_lagging_total"),
+        "server_slow_send_drops": slow_send,
+        "server_messages_sent": delta("millrace_ws_messages_sent_total"),
+        "server_gap_filled_candles": total("millrace_job_gap_filled_candles_total"),
+        "server_book_resyncs": total("millrace_book_resyncs_total"),
+        "server_metrics": server_metrics,
+        "faults": injected,
+        "fault_errors": fault_errors,
+        "sim_faults": sim_faults,
+        "series": checks,
+        "client_errors": *tally.last_errors.lock().unwrap_or_else(|e| e.into_inner()),
+    });
+    if ok {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok((r, ok))
+}
+
+fn table(r: &Value) {
+    let f = |k: &str| r[k].to_string();
+    let rss = &r["rss_mib"];
+    println!();
+    println!("| measure                                   | value |");
+    println!("|-------------------------------------------|-------|");
+    println!(
+        "| clients / run (s)                          | {} / {:.0} |",
+        f("clients"),
+        r["duration_s"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "| server RSS start / {} s / end (MiB)        | {:.1} / {:.1} / {:.1} (max {:.1}) |",
+        rss["half_at_s"],
+        rss["start"].as_f64().unwrap_or(0.0),
+        rss["half"].as_f64().unwrap_or(0.0),
+        rss["end"].as_f64().unwrap_or(0.0),
+        rss["max"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "| server anonymous RSS start / {} s / end     | {:.1} / {:.1} / {:.1} |",
+        rss["half_at_s"],
+        rss["anon_start"].as_f64().unwrap_or(0.0),
+        rss["anon_half"].as_f64().unwrap_or(0.0),
+        rss["anon_end"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "| server CPU (% of one core)                 | {:.1} (machine busy {:.2} cores) |",
+        r["server_cpu_pct_of_one_core"].as_f64().unwrap_or(0.0),
+        r["machine_busy_cores"].as_f64().unwrap_or(0.0)
+    );
+    for k in [
+        "closed_candles_delivered",
+        "lost",
+        "duplicated",
+        "mismatched_between_clients",
+        "store_problems",
+        "out_of_order",
+        "fell_behind",
+        "server_lagging_drops",
+        "server_slow_send_drops",
+        "disconnects",
+        "reconnects",
+        "refused",
+        "fault_errors",
+        "server_gap_filled_candles",
+        "server_book_resyncs",
+    ] {
+        println!("| {k:<42} | {} |", f(k));
+    }
+    println!(
+        "| faults injected                            | {} |",
+        r["faults"].as_array().map_or(0, Vec::len)
+    );
+    println!();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match soak(&args).await {
+        Ok((r, ok)) => {
+            table(&r);
+            println!("RESULT {r}");
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "millrace-soak: FAILED (see lost / duplicated / store_problems / fell_behind)"
+                );
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("millrace-soak: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_check_finds_lost_duplicated_and_late_candles() {
+        const M: i64 = 60_000;
+        let s = "sim:spot:BTC/USDT:1m".to_string();
+        let newest = BTreeMap::from([(s.clone(), 9 * M)]);
+        let clean = Closed::from([(s.clone(), (0..10).map(|i| i * M).collect())]);
+        // minute 3 twice, minute 5 missing, minute 7 late, the last two never came
+        let bad = Closed::from([(
+            s.clone(),
+            vec![0, M, 2 * M, 3 * M, 3 * M, 4 * M, 6 * M, 8 * M, 7 * M],
+        )]);
+        let c = &check_clients(std::slice::from_ref(&clean), &newest)[&s];
+        assert_eq!((c.lost, c.duplicated, c.out_of_order, c.delivered), (0, 0, 0, 10));
+        let c = &check_clients(&[clean, bad], &newest)[&s];
+        assert_eq!((c.clients, c.lost, c.duplicated, c.out_of_order), (2, 2, 1, 1));
+    }
+}

@@ -1,0 +1,73 @@
+//! `/proc` readers the load tools measure a process and the machine with (Linux).
+
+use std::time::Duration;
+
+/// Raises `RLIMIT_NOFILE` to its hard limit (thousands of sockets per process); returns the new
+/// soft limit.
+pub fn raise_nofile_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    let (Some(cur), max) = (r.current, r.maximum) else { return u64::MAX };
+    if max.is_none_or(|m| cur < m)
+        && setrlimit(Resource::Nofile, Rlimit { current: max, maximum: max }).is_ok()
+    {
+        return max.unwrap_or(u64::MAX);
+    }
+    cur
+}
+
+/// Clock ticks per second of `/proc`'s CPU times.
+fn clock_ticks() -> u64 {
+    rustix::param::clock_ticks_per_second().max(1)
+}
+
+/// Resident set size of `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The anonymous part of [`rss_bytes`] (`RssAnon`: heap and stacks, without the binary's and
+/// other files' pages).
+pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "RssAnon:")
+}
+
+/// A `kB` field of `/proc/<pid>/status`, in bytes.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// User + system CPU time of `pid` (all threads), from `/proc/<pid>/stat`.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces; fields after it are space-separated.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime 14, stime 15 (1-based in proc(5)).
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let tck = clock_ticks();
+    Some(Duration::from_micros((utime + stime) * 1_000_000 / tck))
+}
+
+/// CPU time the whole machine spent busy (every state of the `cpu` line of `/proc/stat` but
+/// idle and iowait), so a window can tell how much CPU processes other than ours took.
+pub fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user)
+    let busy = v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)? + v.get(7).unwrap_or(&0);
+    let tck = clock_ticks();
+    Some(Duration::from_micros(busy * 1_000_000 / tck))
+}
+
+/// The three load averages of `/proc/loadavg`.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

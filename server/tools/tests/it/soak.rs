@@ -1,0 +1,31 @@
+//! The soak tool, small: `millrace-soak --quick` for 20 s with 40 clients and an upstream fault
+//! every 3 s against a real `millrace serve`. Checks that it measures and checks — candles
+//! delivered and compared with the store, faults injected, RSS and CPU read — and that the
+//! server passes at this size; the 10-minute figures are in BENCHMARKS.md ("Soak").
+
+use std::process::Command;
+
+#[test]
+fn a_short_soak_injects_faults_checks_every_candle_and_passes() {
+    let bin = testkit::millrace_bin();
+    assert!(bin.exists(), "{} is built by `cargo test --workspace`", bin.display());
+    let r = crate::result_of(
+        Command::new(env!("CARGO_BIN_EXE_millrace-soak"))
+            .args(["--quick", "--duration", "20", "--clients", "40", "--fault-every", "3"])
+            .arg("--bin")
+            .arg(&bin),
+    );
+    assert_eq!(r["ok"], true, "{r:#}");
+    assert_eq!(r["clients"], 40, "{r:#}");
+    assert!(r["closed_candles_delivered"].as_u64().unwrap() > 40, "{r:#}");
+    assert_eq!(r["series"].as_object().unwrap().len(), 8, "{r:#}");
+    for (series, c) in r["series"].as_object().unwrap() {
+        assert!(c["stored"].as_u64().unwrap() > 0, "{series}: {r:#}");
+        assert_eq!(c["stored"], c["minutes"], "{series}: {r:#}");
+    }
+    assert!(r["faults"].as_array().unwrap().len() >= 4, "{r:#}");
+    assert_eq!(r["fault_errors"], 0, "{r:#}");
+    assert_eq!(r["fell_behind"], 0, "{r:#}");
+    assert!(r["rss_mib"]["start"].as_f64().unwrap() > 0.0, "{r:#}");
+    assert!(r["server_cpu_pct_of_one_core"].as_f64().unwrap() > 0.0, "{r:#}");
+}
