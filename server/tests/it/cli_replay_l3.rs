@@ -54,19 +54,15 @@ fn replay_sse_on_the_real_sample() {
     assert_eq!(out.status.code(), Some(1));
 }
 
-#[test]
-fn replay_sse_bad_row_names_file_and_line() {
-    let d = temp_dir("sse");
+/// `millrace replay sse` over an order file of `rows` (after the header) and no trades, in a
+/// temp dir of `tag`: the dir, the order file and the output.
+fn replay_sse_orders(tag: &str, rows: &str) -> (PathBuf, PathBuf, Output) {
+    let d = temp_dir(tag);
     let orders = d.join("orders.csv");
     let trades = d.join("trades.csv");
-    std::fs::write(
-        &orders,
-        "MDTime,OrderType,OrderPrice,OrderQty,OrderBSFlag,ChannelNo,ApplSeqNum,OrderNO,SecurityID\n\
-         09:31:00.000,2,10.01,100,1,1,1,1,600000.SH\n\
-         09:31:00.000,2,10.01,100,1,1,2,2,600000.SH\n\
-         09:31:00.000,5,10.01,100,1,1,3,3,600000.SH\n",
-    )
-    .unwrap();
+    let header =
+        "MDTime,OrderType,OrderPrice,OrderQty,OrderBSFlag,ChannelNo,ApplSeqNum,OrderNO,SecurityID";
+    std::fs::write(&orders, format!("{header}\n{rows}")).unwrap();
     std::fs::write(
         &trades,
         "MDTime,TradeBuyNo,TradeSellNo,TradeBSFlag,TradePrice,TradeQty,ChannelNo,ApplSeqNum,SecurityID\n",
@@ -80,6 +76,17 @@ fn replay_sse_bad_row_names_file_and_line() {
         "--trades",
         trades.to_str().unwrap(),
     ]);
+    (d, orders, out)
+}
+
+#[test]
+fn replay_sse_bad_row_names_file_and_line() {
+    let (d, orders, out) = replay_sse_orders(
+        "sse",
+        "09:31:00.000,2,10.01,100,1,1,1,1,600000.SH\n\
+         09:31:00.000,2,10.01,100,1,1,2,2,600000.SH\n\
+         09:31:00.000,5,10.01,100,1,1,3,3,600000.SH\n",
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr.contains(&format!("{}:4", orders.display())), "{stderr}");
@@ -161,29 +168,11 @@ const CAP_MIB: u64 = 160;
 /// printed a wrong price with `ok: true`, exit 0. Now exit 2 with file:line.
 #[test]
 fn replay_sse_overflowing_price_exits_2_with_file_and_line() {
-    let d = temp_dir("sse-overflow");
-    let orders = d.join("orders.csv");
-    let trades = d.join("trades.csv");
-    std::fs::write(
-        &orders,
-        "MDTime,OrderType,OrderPrice,OrderQty,OrderBSFlag,ChannelNo,ApplSeqNum,OrderNO,SecurityID\n\
-         09:31:00.000,2,10.01,100,1,1,1,1,600000.SH\n\
+    let (d, orders, out) = replay_sse_orders(
+        "sse-overflow",
+        "09:31:00.000,2,10.01,100,1,1,1,1,600000.SH\n\
          09:31:00.000,2,3402823669209384634633746074332,100,2,1,2,2,600000.SH\n",
-    )
-    .unwrap();
-    std::fs::write(
-        &trades,
-        "MDTime,TradeBuyNo,TradeSellNo,TradeBSFlag,TradePrice,TradeQty,ChannelNo,ApplSeqNum,SecurityID\n",
-    )
-    .unwrap();
-    let out = millrace(&[
-        "replay",
-        "sse",
-        "--orders",
-        orders.to_str().unwrap(),
-        "--trades",
-        trades.to_str().unwrap(),
-    ]);
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stdout: {}", String::from_utf8_lossy(&out.stdout));
     assert!(stderr.contains(&format!("{}:3", orders.display())), "{stderr}");
