@@ -18,6 +18,7 @@ pub mod jobs;
 pub mod l3;
 pub mod lock;
 pub mod metrics;
+pub mod rate;
 pub mod shutdown;
 pub mod sources;
 pub mod store;

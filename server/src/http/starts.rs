@@ -14,38 +14,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::lock::lock;
+pub use crate::rate::Bucket;
 
-/// Refill period: a bucket's capacity per this long.
-const PER: Duration = Duration::from_secs(60);
-
-/// A token bucket of job starts.
-#[derive(Debug, Clone, Copy)]
-pub struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    pub fn full(capacity: u32) -> Self {
-        Self { tokens: f64::from(capacity), at: Instant::now() }
-    }
-
-    fn refill(&mut self, capacity: u32, now: Instant) {
-        let rate = f64::from(capacity) / PER.as_secs_f64();
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * rate).min(f64::from(capacity));
-        self.at = now;
-    }
-
-    fn has(&self, n: usize) -> bool {
-        self.tokens >= n as f64
-    }
-
-    /// Seconds until `n` tokens are there (for the refusal's message).
-    fn wait_for(&self, n: usize, capacity: u32) -> u64 {
-        let missing = (n as f64 - self.tokens).max(0.0);
-        (missing * PER.as_secs_f64() / f64::from(capacity.max(1))).ceil() as u64
-    }
+/// Whole seconds to wait, for a refusal's message.
+fn secs(wait: Duration) -> u64 {
+    u64::try_from(wait.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
 /// The per-IP buckets, shared by every session.
@@ -78,31 +51,24 @@ impl IpStarts {
         ip: Option<IpAddr>,
     ) -> Result<(), TooManyStarts> {
         let now = Instant::now();
-        connection.refill(per_connection, now);
-        if !connection.has(n) {
-            let wait_s = connection.wait_for(n, per_connection);
-            return Err(TooManyStarts::Connection { limit: per_connection, wait_s });
-        }
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        connection
+            .check(n, now)
+            .map_err(|w| TooManyStarts::Connection { limit: per_connection, wait_s: secs(w) })?;
         if let Some(ip) = ip {
             let mut buckets = lock(&self.buckets);
             // Forget addresses whose bucket has filled up again, so the table stays as large as
             // the set of recently active addresses.
             if buckets.len() > 4096 {
-                let capacity = self.capacity;
-                buckets.retain(|_, b| {
-                    b.refill(capacity, now);
-                    !b.has(capacity as usize)
-                });
+                buckets.retain(|_, b| !b.is_full(now));
             }
-            let bucket = buckets.entry(ip).or_insert_with(|| Bucket::full(self.capacity));
-            bucket.refill(self.capacity, now);
-            if !bucket.has(n) {
-                let wait_s = bucket.wait_for(n, self.capacity);
-                return Err(TooManyStarts::Ip { limit: self.capacity, wait_s });
-            }
-            bucket.tokens -= n as f64;
+            let bucket = buckets.entry(ip).or_insert_with(|| Bucket::full(self.capacity, now));
+            bucket
+                .check(n, now)
+                .map_err(|w| TooManyStarts::Ip { limit: self.capacity, wait_s: secs(w) })?;
+            bucket.take(n);
         }
-        connection.tokens -= n as f64;
+        connection.take(n);
         Ok(())
     }
 }
@@ -115,8 +81,8 @@ mod tests {
     async fn buckets_refill_at_their_rate_and_refuse_whole_requests() {
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let starts = IpStarts::new(5);
-        let mut a = Bucket::full(3);
-        let mut b = Bucket::full(3);
+        let mut a = Bucket::full(3, Instant::now());
+        let mut b = Bucket::full(3, Instant::now());
         starts.take(2, &mut a, 3, Some(ip)).unwrap();
         // Two more from `a` exceed its 3.
         let e = starts.take(2, &mut a, 3, Some(ip)).unwrap_err();
@@ -127,8 +93,10 @@ mod tests {
         let e = starts.take(1, &mut b, 3, Some(ip)).unwrap_err();
         assert!(matches!(e, TooManyStarts::Ip { limit: 5, .. }), "{e:?}");
         // Another address is not affected; a minute later all is full again.
-        starts.take(1, &mut Bucket::full(3), 3, Some("10.0.0.2".parse().unwrap())).unwrap();
-        tokio::time::advance(PER).await;
+        starts
+            .take(1, &mut Bucket::full(3, Instant::now()), 3, Some("10.0.0.2".parse().unwrap()))
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(60)).await;
         starts.take(3, &mut b, 3, Some(ip)).unwrap();
     }
 }

@@ -105,7 +105,10 @@ impl Drop for Session {
 impl Session {
     /// A session of a client at `ip` (`None`: not limited per IP).
     pub fn new(sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) -> Self {
-        let starts = Bucket::full(sessions.limits.max_job_starts_per_min_per_connection);
+        let starts = Bucket::full(
+            sessions.limits.max_job_starts_per_min_per_connection,
+            tokio::time::Instant::now(),
+        );
         Self { sessions, heartbeat: None, subs: BTreeMap::new(), ip, starts }
     }
 

@@ -259,7 +259,7 @@ impl Supervisor {
             admission: Admission::new(
                 config.ondemand_max_jobs_per_ip,
                 config.max_job_starts_per_min,
-                now_ms(),
+                tokio::time::Instant::now(),
             ),
         };
         let inner =
@@ -358,7 +358,7 @@ impl Supervisor {
             let held = owner.map_or(0, |ip| {
                 st.jobs.values().filter(|j| !j.pinned && j.holders.contains_key(&ip)).count()
             });
-            if let Err(refused) = st.admission.admit(owner, held, now_ms()) {
+            if let Err(refused) = st.admission.admit(owner, held, tokio::time::Instant::now()) {
                 st.rate_limited += 1;
                 tracing::info!(instrument = %instrument, kind = self.inner.kind.as_str(), ?owner, ?refused, "job start refused");
                 return Err(match refused {
