@@ -45,7 +45,6 @@ use shared::protocol::ops::{BackfillState, BackfillTask};
 use shared::protocol::SeriesId;
 use tracing::Instrument as _;
 
-use super::kline_job::retry_wait;
 use super::writer::{CandleWriter, Derive};
 use crate::clock::wall_clock_ms as now_ms;
 use crate::config::BackfillTaskConfig;
@@ -425,7 +424,7 @@ impl Run {
                         return Ended::Failed(e.to_string());
                     }
                     let delay = backoff.next_delay(jitter.draw());
-                    if self.pause(retry_wait(&e).unwrap_or(delay)).await {
+                    if self.pause(e.retry_after().unwrap_or(delay)).await {
                         return Ended::Stopped;
                     }
                 }
@@ -479,7 +478,7 @@ impl Run {
                             return Ended::Failed(e.to_string());
                         }
                         let wait =
-                            retry_wait(&e).unwrap_or_else(|| backoff.next_delay(jitter.draw()));
+                            e.retry_after().unwrap_or_else(|| backoff.next_delay(jitter.draw()));
                         tracing::warn!("backfill request failed, retrying in {wait:?}: {e}");
                         if self.pause(wait).await {
                             return Ended::Stopped;

@@ -164,7 +164,7 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
             health.crash(format!("REST gap fill: {e}"));
             health.connected.store(false, Relaxed);
             pipeline.flush(now_ms()).await;
-            if ctx.sleep(retry_wait(&e).unwrap_or_else(|| backoff.next_delay(jitter.draw()))).await
+            if ctx.sleep(e.retry_after().unwrap_or_else(|| backoff.next_delay(jitter.draw()))).await
             {
                 break;
             }
@@ -251,11 +251,6 @@ async fn wait_for_store(ctx: &JobContext, pipeline: &mut CandlePipeline) -> bool
     }
     tracing::info!("the store takes closed candles again; ingest resumes");
     false
-}
-
-/// How long a rate limit (the exchange's, or the REST client's weight budget) asks us to wait.
-pub fn retry_wait(e: &RestError) -> Option<Duration> {
-    e.retry_after()
 }
 
 async fn on_event(
