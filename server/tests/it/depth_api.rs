@@ -83,6 +83,32 @@ async fn published_at(history: &History, id: u64) -> (Vec<Level>, Vec<Level>) {
     panic!("update id {id} was never published");
 }
 
+/// The next frame on `ws` if it is a push (`None` for anything else); fails if nothing arrives
+/// for 2 s.
+async fn next_push(ws: &mut Ws) -> Option<shared::protocol::Push<serde_json::Value>> {
+    let msg = tokio::time::timeout(Duration::from_secs(2), ws.next())
+        .await
+        .expect("pushes keep coming")
+        .unwrap()
+        .unwrap();
+    let Message::Text(text) = msg else { return None };
+    match serde_json::from_str(&text).unwrap() {
+        ServerFrame::Push(push) => Some(push),
+        _ => None,
+    }
+}
+
+/// Applies a delta; the machine must see neither a gap nor a checksum mismatch.
+fn apply_without_gap(client: &mut BookSync, ev: &DepthUpdateEvent) {
+    client.handle_delta(ev.into(), 0);
+    while let Some(e) = client.poll_event() {
+        assert!(
+            !matches!(e, SyncEvent::GapDetected { .. } | SyncEvent::ChecksumMismatch { .. }),
+            "{e:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_client_over_ws_and_rest_stays_equal_to_the_published_book() {
     let server = TestServer::start(test_config(vec![embedded_sim_source(1.0)])).await;
@@ -107,26 +133,11 @@ async fn a_seed_client_over_ws_and_rest_stays_equal_to_the_published_book() {
     let (mut deltas, mut checked, mut snapshots) = (0, 0, 0);
     let deadline = Instant::now() + Duration::from_secs(4);
     while Instant::now() < deadline {
-        let msg = tokio::time::timeout(Duration::from_secs(2), ws.next())
-            .await
-            .expect("pushes keep coming")
-            .unwrap()
-            .unwrap();
-        let Message::Text(text) = msg else { continue };
-        let ServerFrame::Push(push) = serde_json::from_str(&text).unwrap() else { continue };
+        let Some(push) = next_push(&mut ws).await else { continue };
         if push.stream.to_string() == name {
             let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
             deltas += 1;
-            client.handle_delta((&ev).into(), 0);
-            while let Some(e) = client.poll_event() {
-                assert!(
-                    !matches!(
-                        e,
-                        SyncEvent::GapDetected { .. } | SyncEvent::ChecksumMismatch { .. }
-                    ),
-                    "{e:?}"
-                );
-            }
+            apply_without_gap(&mut client, &ev);
             if client.is_synced() {
                 let expected = published_at(&history, client.last_update_id()).await;
                 assert_eq!(
@@ -204,13 +215,7 @@ async fn a_snapshot_from_the_first_depth_push_bridges_the_delta_stream() {
     let (mut snapshot_at, mut checked, mut top_checked) = (None, 0, false);
     let deadline = Instant::now() + Duration::from_secs(4);
     while Instant::now() < deadline {
-        let msg = tokio::time::timeout(Duration::from_secs(2), ws.next())
-            .await
-            .expect("pushes keep coming")
-            .unwrap()
-            .unwrap();
-        let Message::Text(text) = msg else { continue };
-        let ServerFrame::Push(push) = serde_json::from_str(&text).unwrap() else { continue };
+        let Some(push) = next_push(&mut ws).await else { continue };
         if push.stream.to_string() == snap_name {
             if snapshot_at.is_none() {
                 // the first push is the snapshot (steps 3-4); later ones are not needed
@@ -221,13 +226,7 @@ async fn a_snapshot_from_the_first_depth_push_bridges_the_delta_stream() {
             continue;
         }
         let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
-        client.handle_delta((&ev).into(), 0);
-        while let Some(e) = client.poll_event() {
-            assert!(
-                !matches!(e, SyncEvent::GapDetected { .. } | SyncEvent::ChecksumMismatch { .. }),
-                "{e:?}"
-            );
-        }
+        apply_without_gap(&mut client, &ev);
         if !client.is_synced() {
             continue;
         }
