@@ -20,6 +20,9 @@
 //! 80 % of the product's limit: 4,800 of spot's 6,000, 1,920 of futures' 2,400). Such a call fails
 //! at once with [`RestError::WeightBudget`] and the time to the next minute, so no caller's
 //! behaviour (subscription churn, gap fills, snapshots) can take the IP to a 429 and a ban.
+//! Binance's minutes turn on its own clock, which may lie a little off ours: a call sent within
+//! [`MINUTE_EDGE_MS`] of a minute's edge counts in both minutes, so it fits whichever the
+//! exchange puts it in.
 //!
 //! ## Errors
 //! [`RestError`] says whether a failure is worth retrying ([`RestError::is_retryable`]): rate
@@ -137,13 +140,44 @@ pub fn request_weight(product: Product, endpoint: &str, limit: u16) -> u32 {
     }
 }
 
-/// The client's weight ledger for the current minute.
+/// How far the exchange's minute may lie from this machine's: a call sent within this much of a
+/// minute's edge may land in either minute on the exchange's clock, so the ledger counts it in
+/// both (and the exchange's reported weight, likewise, in both).
+pub const MINUTE_EDGE_MS: i64 = 1_000;
+
+/// The client's weight ledger: the weight of each minute a call may still land in.
 #[derive(Debug, Default)]
 struct Ledger {
-    /// Minutes since the epoch.
-    minute: i64,
-    /// Weight sent (or reported by the exchange, if more) in `minute`.
-    used: u32,
+    /// (minute since the epoch, weight sent in it or reported by the exchange, if more), for at
+    /// most the few minutes around now.
+    minutes: Vec<(i64, u32)>,
+}
+
+impl Ledger {
+    /// The minutes a call sent at `now` may be counted in by an exchange whose clock is within
+    /// [`MINUTE_EDGE_MS`] of ours: one, or two near an edge.
+    fn candidates(now: i64) -> [i64; 2] {
+        [(now - MINUTE_EDGE_MS).div_euclid(60_000), (now + MINUTE_EDGE_MS).div_euclid(60_000)]
+    }
+
+    fn used(&self, minute: i64) -> u32 {
+        self.minutes.iter().find(|(m, _)| *m == minute).map_or(0, |(_, u)| *u)
+    }
+
+    /// The most any minute around `now` has used.
+    fn used_at(&self, now: i64) -> u32 {
+        Self::candidates(now).iter().map(|m| self.used(*m)).max().unwrap_or(0)
+    }
+
+    /// Sets `minute`'s weight to `f` of its current one, dropping minutes that are over.
+    fn update(&mut self, now: i64, minute: i64, f: impl Fn(u32) -> u32) {
+        let oldest = Self::candidates(now)[0];
+        self.minutes.retain(|(m, _)| *m >= oldest);
+        match self.minutes.iter_mut().find(|(m, _)| *m == minute) {
+            Some((_, used)) => *used = f(*used),
+            None => self.minutes.push((minute, f(0))),
+        }
+    }
 }
 
 fn wall_clock_ms() -> i64 {
@@ -303,9 +337,8 @@ impl RestClient {
 
     /// The weight this client counts as used in the current minute, and its budget.
     pub fn weight_ledger(&self) -> (u32, u32) {
-        let minute = wall_clock_ms().div_euclid(60_000);
         let ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-        (if ledger.minute == minute { ledger.used } else { 0 }, self.budget)
+        (ledger.used_at(wall_clock_ms()), self.budget)
     }
 
     /// Calls refused by the weight budget since the start.
@@ -322,22 +355,24 @@ impl RestClient {
         if self.budget == 0 {
             return Ok(());
         }
-        let minute = now.div_euclid(60_000);
+        let minutes = Ledger::candidates(now);
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-        if ledger.minute != minute {
-            *ledger = Ledger { minute, used: 0 };
-        }
-        if ledger.used.saturating_add(weight) > self.budget {
+        // the call must fit every minute it may land in; it can go once the last full one is over
+        if let Some(full) =
+            minutes.iter().rev().find(|m| ledger.used(**m).saturating_add(weight) > self.budget)
+        {
             self.budget_refusals.fetch_add(1, Ordering::Relaxed);
-            let to_next = u64::try_from((minute + 1) * 60_000 - now).unwrap_or(0);
+            let to_free = u64::try_from((full + 1) * 60_000 + MINUTE_EDGE_MS - now).unwrap_or(0);
             return Err(RestError::WeightBudget {
                 needed: weight,
-                used: ledger.used,
+                used: ledger.used_at(now),
                 budget: self.budget,
-                retry_after: Duration::from_millis(to_next),
+                retry_after: Duration::from_millis(to_free),
             });
         }
-        ledger.used += weight;
+        for minute in minutes.iter().skip(usize::from(minutes[0] == minutes[1])) {
+            ledger.update(now, *minute, |used| used + weight);
+        }
         Ok(())
     }
 
@@ -438,10 +473,12 @@ impl RestClient {
         {
             self.used_weight.store(w as u64, Ordering::Relaxed);
             // the exchange counts calls this client did not make (other processes on the IP)
-            let minute = wall_clock_ms().div_euclid(60_000);
+            // which minute the exchange meant is only known away from an edge: near one, both
+            let now = wall_clock_ms();
+            let minutes = Ledger::candidates(now);
             let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-            if ledger.minute == minute {
-                ledger.used = ledger.used.max(w);
+            for minute in minutes.iter().skip(usize::from(minutes[0] == minutes[1])) {
+                ledger.update(now, *minute, |used| used.max(w));
             }
         }
     }
@@ -539,10 +576,32 @@ mod tests {
         let e = c.reserve_at(50, t + 2).unwrap_err();
         assert!(matches!(e, RestError::WeightBudget { needed: 50, used: 100, budget: 120, .. }));
         assert!(e.is_rate_limit() && e.is_retryable());
-        assert_eq!(e.retry_after(), Some(Duration::from_millis(49_998)));
+        // free once the minute is over on any clock within the edge of ours
+        assert_eq!(e.retry_after(), Some(Duration::from_millis(49_998 + 1_000)));
         c.reserve_at(20, t + 3).unwrap();
         assert_eq!(c.budget_refusals(), 1);
-        // the next minute starts a new ledger
-        c.reserve_at(120, t + 50_000).unwrap();
+        // the next minute starts a new ledger, once clear of the edge
+        c.reserve_at(120, t + 51_000).unwrap();
+    }
+
+    /// The exchange's minute need not turn when ours does: a call near the edge may land in
+    /// either, so it counts in both, and neither may pass the budget.
+    #[test]
+    fn calls_near_a_minute_edge_count_in_both_minutes() {
+        let mut config = RestConfig::new(Product::Spot, "http://127.0.0.1:9");
+        config.weight_budget_1m = 300;
+        let c = RestClient::new(config).unwrap();
+        let edge = 1_700_000_040_000; // a minute's start
+        c.reserve_at(250, edge - 5_000).unwrap();
+        // 400 ms before our minute turns: the exchange may already count the next one, or not
+        let e = c.reserve_at(250, edge - 400).unwrap_err();
+        assert_eq!(e.retry_after(), Some(Duration::from_millis(1_400)));
+        c.reserve_at(40, edge - 400).unwrap(); // fits both: 290 and 40
+                                               // 300 ms into ours: the exchange may still be in the old minute (290 used)
+        assert!(c.reserve_at(250, edge + 300).is_err());
+        // clear of the edge only the new minute counts, and it holds the 40 sent near the edge
+        c.reserve_at(250, edge + 1_000).unwrap();
+        assert!(c.reserve_at(20, edge + 1_001).is_err());
+        assert_eq!(c.budget_refusals(), 3);
     }
 }

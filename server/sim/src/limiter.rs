@@ -1,4 +1,8 @@
 //! [`RateLimiter`]: Binance's per-IP request weight in fixed windows, with 429s and bans.
+//!
+//! As on Binance, a window is a span of the wall clock (a minute from :00 to :59.999 by
+//! default), not of the time since the simulator started, so a client that keeps its own
+//! ledger by the clock's minutes agrees with the simulator on which minute a call falls in.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -13,7 +17,6 @@ pub(crate) struct RateLimiter {
     window: Duration,
     ban_after: u32,
     ban_for: Duration,
-    origin: Instant,
     /// Per-IP state; a lock because requests run concurrently (held for a few operations).
     ips: Mutex<HashMap<IpAddr, IpState>>,
 }
@@ -44,17 +47,22 @@ impl RateLimiter {
             window: window.max(Duration::from_millis(1)),
             ban_after,
             ban_for,
-            origin: Instant::now(),
             ips: Mutex::new(HashMap::new()),
         }
     }
 
     /// Charges `weight` to `ip`; the used weight of the window, or why not.
     pub(crate) fn charge(&self, ip: IpAddr, weight: u64) -> Result<u64, Refusal> {
+        self.charge_at(ip, weight, crate::clock::wall_clock_ms())
+    }
+
+    fn charge_at(&self, ip: IpAddr, weight: u64, now_ms: i64) -> Result<u64, Refusal> {
         let now = Instant::now();
-        let since = now.duration_since(self.origin);
-        let window = (since.as_nanos() / self.window.as_nanos()) as u64;
-        let window_end = self.origin + self.window * (window as u32 + 1);
+        let window_ms = i64::try_from(self.window.as_millis()).unwrap_or(i64::MAX).max(1);
+        let index = now_ms.div_euclid(window_ms);
+        let window = index as u64;
+        let to_end = (index.saturating_add(1)).saturating_mul(window_ms).saturating_sub(now_ms);
+        let window_end = now + Duration::from_millis(u64::try_from(to_end).unwrap_or(0));
         let secs_to =
             |t: Instant| t.saturating_duration_since(now).as_secs_f64().ceil().max(1.0) as u64;
         let mut ips = self.ips.lock().unwrap_or_else(|e| e.into_inner());
@@ -112,5 +120,20 @@ mod tests {
         assert!(matches!(l.charge(ip, 1), Err(Refusal::Banned { .. })));
         let other = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
         assert!(l.charge(other, 1).is_ok());
+    }
+
+    #[test]
+    fn windows_are_minutes_of_the_wall_clock() {
+        let l = RateLimiter::new(10, Duration::from_secs(60), 5, Duration::from_secs(120));
+        let ip = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let minute = 1_700_000_040_000; // a minute's start on the wall clock
+        assert_eq!(l.charge_at(ip, 8, minute - 1).ok(), Some(8));
+        assert!(matches!(
+            l.charge_at(ip, 8, minute - 1),
+            Err(Refusal::TooMany { retry_after: 1, .. })
+        ));
+        // the window turns with the clock's minute, however long the simulator has run
+        assert_eq!(l.charge_at(ip, 8, minute).ok(), Some(8));
+        assert_eq!(l.charge_at(ip, 2, minute + 59_999).ok(), Some(10));
     }
 }
