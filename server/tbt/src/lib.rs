@@ -142,6 +142,9 @@ pub struct TbtStatus {
     pub clients: usize,
     /// Clients disconnected for falling behind, so far.
     pub lagging_drops: u64,
+    /// Messages kept per symbol for `/tbt/replay` (a ring: full once a symbol's `seq` reaches it).
+    #[serde(default)]
+    pub history: usize,
     pub symbols: Vec<SymbolStatus>,
 }
 

@@ -432,6 +432,7 @@ impl TbtHandle {
             paused: st.paused,
             clients: st.subs.len(),
             lagging_drops: st.lagging_drops,
+            history: cfg.history,
             symbols: st
                 .stocks
                 .iter()

@@ -78,6 +78,10 @@ struct Args {
     /// Simulator seed.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Skip filling the embedded simulator's tick-by-tick replay rings before the first memory
+    /// reading (then the rings' filling shows as RSS growth during the run).
+    #[arg(long)]
+    no_tbt_fill: bool,
     /// The `millrace` binary [default: beside this one].
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -451,6 +455,73 @@ async fn post_fault(http: &reqwest::Client, sim: &str, body: &Value) -> anyhow::
     Ok(())
 }
 
+/// Symbols made hot at once while filling the replay rings: enough to finish in seconds, few
+/// enough that the generator and the server's L3 engine keep up.
+const FILL_AT_ONCE: usize = 8;
+
+/// Fills the embedded tick-by-tick simulator's replay rings (`history` messages per symbol, kept
+/// for `/tbt/replay`) before the first memory reading, so the run's RSS is not the rings filling:
+/// a few symbols at a time are made hot through `POST /tbt/control` until each has generated
+/// `history` messages (`GET /tbt/status`), then cooled again. Returns (symbols, ring size,
+/// seconds taken); (0, 0, 0) when the simulator has no tick-by-tick feed.
+async fn fill_tbt_history(http: &reqwest::Client, sim: &str) -> anyhow::Result<(usize, u64, f64)> {
+    let t0 = Instant::now();
+    let Some(st) = tbt_status(http, sim).await? else { return Ok((0, 0, 0.0)) };
+    let history = st["history"].as_u64().context("GET /tbt/status has no history size")?;
+    let symbols: Vec<String> = st["symbols"]
+        .as_array()
+        .context("GET /tbt/status has no symbols")?
+        .iter()
+        .filter_map(|s| s["symbol"].as_str().map(str::to_string))
+        .collect();
+    let hot = |symbol: &str, hot: bool| {
+        let body = json!({"hotspot": {"symbol": symbol, "hot": hot}});
+        let url = format!("{sim}/tbt/control");
+        let http = http.clone();
+        async move {
+            let r = http.post(&url).bearer_auth(ADMIN_TOKEN).json(&body).send().await?;
+            let code = r.status();
+            if !code.is_success() {
+                bail!("POST /tbt/control {body}: {code} {}", r.text().await.unwrap_or_default());
+            }
+            anyhow::Ok(())
+        }
+    };
+    for batch in symbols.chunks(FILL_AT_ONCE) {
+        for symbol in batch {
+            hot(symbol, true).await?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let st = tbt_status(http, sim).await?.context("GET /tbt/status went away")?;
+            let full = st["symbols"].as_array().into_iter().flatten().all(|s| {
+                let name = s["symbol"].as_str().unwrap_or_default();
+                !batch.iter().any(|b| b == name) || s["seq"].as_u64().unwrap_or(0) >= history
+            });
+            if full {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the tick-by-tick rings of {batch:?} did not fill in 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for symbol in batch {
+            hot(symbol, false).await?;
+        }
+    }
+    Ok((symbols.len(), history, t0.elapsed().as_secs_f64()))
+}
+
+/// `GET /tbt/status`, or `None` when the simulator has no tick-by-tick feed.
+async fn tbt_status(http: &reqwest::Client, sim: &str) -> anyhow::Result<Option<Value>> {
+    let r = http.get(format!("{sim}/tbt/status")).send().await?;
+    if r.status() == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    Ok(Some(r.error_for_status()?.json().await?))
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
@@ -504,6 +575,17 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         dir.join("server.log").display()
     );
 
+    let http = reqwest::Client::new();
+    let tbt_fill = if args.no_tbt_fill {
+        json!(null)
+    } else {
+        let (symbols, history, secs) = fill_tbt_history(&http, &sim).await?;
+        println!(
+            "filled the simulator's tick-by-tick replay rings: {symbols} symbols × {history} messages in {secs:.1} s"
+        );
+        json!({"symbols": symbols, "history": history, "seconds": secs})
+    };
+
     // clients: two 1m kline streams each, every fourth also a depth_update stream
     let (stop, tally) = (Arc::new(AtomicBool::new(false)), Arc::new(Tally::default()));
     let n = instruments.len();
@@ -552,7 +634,6 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         mib(anon_samples[0].1),
         plan.clients
     );
-    let http = reqwest::Client::new();
     let rotation = faults();
     let mut injected: Vec<Value> = Vec::new();
     let mut fault_errors = 0u64;
@@ -686,6 +767,7 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         "duration_s": elapsed,
         "sim_speed": args.sim_speed,
         "nofile": nofile,
+        "tbt_fill": tbt_fill,
         "rss_mib": {
             "start": mib(rss0),
             "half": at(&rss_samples, half),

@@ -1,6 +1,7 @@
 //! The soak tool, small: `millrace-soak --quick` for 20 s with 40 clients and an upstream fault
 //! every 3 s against a real `millrace serve`. Checks that it measures and checks — candles
-//! delivered and compared with the store, faults injected, RSS and CPU read — and that the
+//! delivered and compared with the store, faults injected, the simulator's tick-by-tick replay
+//! rings filled first, RSS and CPU read — and that the
 //! server passes at this size; the 10-minute figures are in BENCHMARKS.md ("Soak").
 
 use std::process::Command;
@@ -26,6 +27,9 @@ fn a_short_soak_injects_faults_checks_every_candle_and_passes() {
     assert!(r["faults"].as_array().unwrap().len() >= 4, "{r:#}");
     assert_eq!(r["fault_errors"], 0, "{r:#}");
     assert_eq!(r["fell_behind"], 0, "{r:#}");
+    // the simulator's tick-by-tick replay rings were full before the first memory reading
+    assert_eq!(r["tbt_fill"]["symbols"], 40, "{r:#}");
+    assert_eq!(r["tbt_fill"]["history"], 20_000, "{r:#}");
     assert!(r["rss_mib"]["start"].as_f64().unwrap() > 0.0, "{r:#}");
     assert!(r["server_cpu_pct_of_one_core"].as_f64().unwrap() > 0.0, "{r:#}");
 }
