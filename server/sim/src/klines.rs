@@ -1,6 +1,8 @@
 //! Klines of the simulated exchange: candles built from the engine's trades, with the extra
 //! columns Binance publishes (quote volume, taker volumes, trade ids).
 
+use std::collections::VecDeque;
+
 use shared::candle::{merge, Candle, Timeframe, MINUTE_MS};
 use shared::fixed::SCALE;
 use shared::{Price, Volume};
@@ -106,23 +108,41 @@ impl SimCandle {
     }
 }
 
-/// The live 1m klines of one symbol: every closed minute since the engine started (the
-/// oracle), and the forming one.
+/// Closed live minutes kept per symbol: 32 days, more than the longest bucket (a month of 31
+/// days) that is merged from them, so every timeframe's candles stay whole. ~6.6 MB per symbol
+/// once full (at speed 60, after ~12 hours); older live minutes are forgotten, so a simulator
+/// that runs for weeks stays bounded.
+pub const LIVE_KEPT_MINUTES: usize = 32 * 1_440;
+const _: () = assert!(LIVE_KEPT_MINUTES > 31 * 1_440, "a month's bucket merges from kept minutes");
+
+/// The live 1m klines of one symbol: the closed minutes since the engine started (the oracle;
+/// the last [`LIVE_KEPT_MINUTES`] of them), and the forming one.
 #[derive(Debug, Clone)]
 pub struct LiveKlines {
     /// Open time of the first live minute.
     first_minute: i64,
-    /// Closed minutes, contiguous from `first_minute`.
-    closed: Vec<SimCandle>,
+    /// Open time of `closed`'s first minute (`first_minute` until minutes are forgotten).
+    first_kept: i64,
+    /// Closed minutes, contiguous from `first_kept`.
+    closed: VecDeque<SimCandle>,
+    /// Most closed minutes kept.
+    keep: usize,
     forming: SimCandle,
 }
 
 impl LiveKlines {
     /// Starts at the minute `first_minute` (aligned), flat at `price` until the first trade.
     pub fn new(first_minute: i64, price: Price) -> Self {
+        Self::keeping(first_minute, price, LIVE_KEPT_MINUTES)
+    }
+
+    /// [`LiveKlines::new`] keeping at most `keep` closed minutes.
+    pub fn keeping(first_minute: i64, price: Price, keep: usize) -> Self {
         LiveKlines {
             first_minute,
-            closed: Vec::new(),
+            first_kept: first_minute,
+            closed: VecDeque::new(),
+            keep: keep.max(1),
             forming: SimCandle::flat(first_minute, price),
         }
     }
@@ -142,7 +162,11 @@ impl LiveKlines {
     pub fn close_until(&mut self, t_ms: i64, out: &mut Vec<SimCandle>) {
         while self.forming.candle.open_time + MINUTE_MS <= t_ms {
             let done = self.forming;
-            self.closed.push(done);
+            if self.closed.len() == self.keep {
+                self.closed.pop_front();
+                self.first_kept += MINUTE_MS;
+            }
+            self.closed.push_back(done);
             out.push(done);
             self.forming = SimCandle::flat(done.candle.open_time + MINUTE_MS, done.candle.close);
         }
@@ -158,18 +182,19 @@ impl LiveKlines {
         self.forming.add_trade(t);
     }
 
-    /// Closed minutes with open time in `[start_ms, end_ms]`.
-    pub fn closed_between(&self, start_ms: i64, end_ms: i64) -> &[SimCandle] {
+    /// Closed minutes with open time in `[start_ms, end_ms]`, of those still kept.
+    pub fn closed_between(
+        &self,
+        start_ms: i64,
+        end_ms: i64,
+    ) -> impl ExactSizeIterator<Item = SimCandle> + '_ {
         let idx = |t: i64| {
-            let minutes = t.saturating_sub(self.first_minute).div_euclid(MINUTE_MS).max(0) as usize;
+            let minutes = t.saturating_sub(self.first_kept).div_euclid(MINUTE_MS).max(0) as usize;
             minutes.min(self.closed.len())
         };
         let a = idx(start_ms.saturating_add(MINUTE_MS - 1));
-        let b = idx(end_ms.saturating_add(MINUTE_MS));
-        if a >= b {
-            return &[];
-        }
-        &self.closed[a..b]
+        let b = idx(end_ms.saturating_add(MINUTE_MS)).max(a);
+        self.closed.range(a..b).copied()
     }
 }
 
@@ -216,13 +241,28 @@ mod tests {
         assert_eq!(out[1], SimCandle::flat(120_000, Price::from_units(10)));
         assert_eq!(out[2].candle.open_time, 180_000);
         assert_eq!(k.forming().candle.open_time, 240_000);
+        let between = |a, b| k.closed_between(a, b).collect::<Vec<_>>();
         assert_eq!(k.closed_between(0, i64::MAX).len(), 3);
-        assert_eq!(k.closed_between(120_000, 120_000), &out[1..2]);
-        assert_eq!(k.closed_between(119_999, 180_001), &out[1..3]);
-        assert!(k.closed_between(240_000, 500_000).is_empty());
+        assert_eq!(between(120_000, 120_000), &out[1..2]);
+        assert_eq!(between(119_999, 180_001), &out[1..3]);
+        assert!(between(240_000, 500_000).is_empty());
         let m = SimCandle::merge(Timeframe::M3, &out).unwrap();
         assert_eq!(m.candle.open_time, 0);
         assert_eq!(m.candle.volume, Volume::from_units(4));
         assert_eq!((m.first_trade_id, m.last_trade_id), (1, 3));
+    }
+
+    /// A simulator that runs for weeks keeps a bounded number of live minutes: the newest ones.
+    #[test]
+    fn only_the_newest_live_minutes_are_kept() {
+        let mut k = LiveKlines::keeping(0, Price::from_units(10), 3);
+        let mut out = Vec::new();
+        k.close_until(10 * MINUTE_MS, &mut out);
+        assert_eq!(out.len(), 10, "every minute is still published");
+        let kept: Vec<i64> = k.closed_between(0, i64::MAX).map(|c| c.candle.open_time).collect();
+        assert_eq!(kept, [7, 8, 9].map(|m| m * MINUTE_MS));
+        assert_eq!(k.closed_between(0, 6 * MINUTE_MS).len(), 0, "forgotten");
+        assert_eq!(k.closed_between(0, 8 * MINUTE_MS).len(), 2);
+        assert_eq!(k.first_minute(), 0, "the live start does not move");
     }
 }

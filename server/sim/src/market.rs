@@ -263,7 +263,7 @@ impl SimMarket {
     pub fn closed_klines(&self, start_ms: i64, end_ms: i64) -> Vec<SimCandle> {
         let live_first = self.history.end_minute_ms();
         let mut out = self.history.candles(start_ms, end_ms.min(live_first - 1));
-        out.extend_from_slice(self.lock().klines.closed_between(start_ms.max(live_first), end_ms));
+        out.extend(self.lock().klines.closed_between(start_ms.max(live_first), end_ms));
         out
     }
 
@@ -303,7 +303,7 @@ impl SimMarket {
         }
         let last_minute = hi + d - MINUTE_MS;
         let live: Vec<SimCandle> =
-            s.klines.closed_between(lo.max(live_first), last_minute).to_vec();
+            s.klines.closed_between(lo.max(live_first), last_minute).collect();
         drop(s);
         let mut out = Vec::new();
         let mut bucket: Vec<SimCandle> = Vec::new();
@@ -595,7 +595,7 @@ fn produce(m: &SimMarket, now: i64, tick: u64, wants: &[Want]) -> Vec<(usize, Pa
                         let mut minutes = m
                             .history
                             .candles(b, c.candle.open_time.min(m.history.end_minute_ms() - 1));
-                        minutes.extend_from_slice(
+                        minutes.extend(
                             st.klines.closed_between(
                                 b.max(st.klines.first_minute()),
                                 c.candle.open_time,
@@ -616,7 +616,7 @@ fn produce(m: &SimMarket, now: i64, tick: u64, wants: &[Want]) -> Vec<(usize, Pa
                             let mut minutes = m
                                 .history
                                 .candles(b, f.candle.open_time.min(m.history.end_minute_ms()) - 1);
-                            minutes.extend_from_slice(st.klines.closed_between(
+                            minutes.extend(st.klines.closed_between(
                                 b.max(st.klines.first_minute()),
                                 f.candle.open_time,
                             ));

@@ -14,6 +14,7 @@
 //! (`tokio::task::spawn_blocking`), SQLite being a blocking library.
 
 pub mod dir_lock;
+pub mod health;
 pub mod postgres;
 pub mod sqlite;
 

@@ -52,6 +52,7 @@ use shared::candle::Candle;
 use shared::fixed::{Price, Volume};
 use shared::protocol::SeriesId;
 
+use super::health::StoreHealth;
 use super::{
     backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
     RangeQuery, SeriesInfo, SeriesRows, StoreError,
@@ -120,6 +121,8 @@ pub struct PostgresStore {
     readers: Mutex<Vec<Client>>,
     /// Series name -> id, for series whose row is committed.
     ids: Mutex<HashMap<String, i32>>,
+    /// What went wrong lately, for `/healthz` ([`CandleStore::problems`]).
+    health: StoreHealth,
 }
 
 const READERS_KEPT: usize = 4;
@@ -184,6 +187,7 @@ impl PostgresStore {
             writers: Mutex::new(Vec::new()),
             readers: Mutex::new(Vec::new()),
             ids: Mutex::new(HashMap::new()),
+            health: StoreHealth::default(),
         };
         let mut client = store.connect()?;
         migrate(&mut client, &store.display)?;
@@ -211,9 +215,12 @@ impl PostgresStore {
         let pooled = lock(&self.readers).pop();
         let mut client = match pooled {
             Some(c) if !c.is_closed() => c,
-            _ => self.connect()?,
+            _ => self.connect().inspect_err(|e| self.failed(false, e))?,
         };
         let out = f(&mut client);
+        if let Err(e) = &out {
+            self.failed(false, e);
+        }
         if !client.is_closed() && !out.as_ref().is_err_and(connection_suspect) {
             let mut pool = lock(&self.readers);
             if pool.len() < READERS_KEPT {
@@ -221,6 +228,13 @@ impl PostgresStore {
             }
         }
         out
+    }
+
+    /// Notes a failed read or write for [`CandleStore::problems`]; a row that does not decode
+    /// is damaged data.
+    fn failed(&self, write: bool, e: &StoreError) {
+        let corrupt = matches!(e, StoreError::Corrupt { .. });
+        self.health.failed(&self.display, write, corrupt, e);
     }
 
     /// Runs `f` in one transaction on a writer connection (an idle one, or a new one when
@@ -232,7 +246,7 @@ impl PostgresStore {
         let idle = lock(&self.writers).pop().filter(|c| !c.is_closed());
         let mut client = match idle {
             Some(c) => c,
-            None => self.connect()?,
+            None => self.connect().inspect_err(|e| self.failed(true, e))?,
         };
         let result = (|| {
             let mut tx = client.transaction().map_err(db("beginning a transaction"))?;
@@ -240,6 +254,10 @@ impl PostgresStore {
             tx.commit().map_err(db("committing"))?;
             Ok(out)
         })();
+        match &result {
+            Ok(_) => self.health.wrote(&self.display),
+            Err(e) => self.failed(true, e),
+        }
         if !client.is_closed() && !result.as_ref().is_err_and(connection_suspect) {
             let mut pool = lock(&self.writers);
             if pool.len() < WRITERS_KEPT {
@@ -664,6 +682,10 @@ impl CandleStore for PostgresStore {
             }
             Ok(out)
         })
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.health.problems(&self.display, "find the rows that do not decode and repair them")
     }
 
     fn check(&self) -> Result<(), StoreError> {

@@ -86,6 +86,7 @@ use shared::protocol::SeriesId;
 
 use crate::lock::lock;
 
+use super::health::StoreHealth;
 use super::{
     backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
     RangeQuery, SeriesInfo, SeriesRows, StoreError,
@@ -193,23 +194,7 @@ pub struct SqliteStore {
     /// it is part of the store, not of the service's tasks).
     checkpointer: Mutex<Option<JoinHandle<()>>>,
     /// What went wrong lately, for `/healthz` ([`CandleStore::problems`]).
-    health: Mutex<Health>,
-}
-
-/// How long a failed read keeps the store reported in `/healthz` after it failed.
-const READ_FAILURE_SHOWN: Duration = Duration::from_secs(60);
-
-/// The store's recent failures (see [`CandleStore::problems`]).
-#[derive(Debug, Default)]
-struct Health {
-    /// The first error that said the file is corrupt: reported until the process ends (the
-    /// file does not heal; see [`SqliteStore::quick_check`]).
-    corrupt: Option<String>,
-    /// Since when (wall-clock ms) writes fail, and the last error; cleared by a write that
-    /// commits.
-    write_failing: Option<(i64, String)>,
-    /// When (wall-clock ms) a read last failed, and why.
-    read_failed: Option<(i64, String)>,
+    health: StoreHealth,
 }
 
 /// Whether `e` says the database file is damaged (`SQLITE_CORRUPT`, `SQLITE_NOTADB`).
@@ -364,7 +349,7 @@ impl SqliteStore {
             readers: Mutex::new(Vec::new()),
             checkpoints: Arc::new(CheckpointSignal::default()),
             checkpointer: Mutex::new(None),
-            health: Mutex::default(),
+            health: StoreHealth::default(),
         };
         let conn = store.open_connection()?;
         let (writer, signal, file) =
@@ -410,19 +395,8 @@ impl SqliteStore {
 
     /// Notes a failed read or write for [`CandleStore::problems`].
     fn failed(&self, write: bool, e: &StoreError) {
-        let now = crate::clock::wall_clock_ms();
-        let why = crate::error::report(e);
-        let mut h = lock(&self.health);
-        if is_corruption(e) && h.corrupt.is_none() {
-            tracing::error!(path = %self.path.display(), error = %why, "the store is corrupt");
-            h.corrupt = Some(why.clone());
-        }
-        if write {
-            let since = h.write_failing.as_ref().map_or(now, |(t, _)| *t);
-            h.write_failing = Some((since, why));
-        } else {
-            h.read_failed = Some((now, why));
-        }
+        let location = self.path.display().to_string();
+        self.health.failed(&location, write, is_corruption(e), e);
     }
 
     /// A connection to the file for reading or checkpointing (not for writing candles).
@@ -460,7 +434,7 @@ impl SqliteStore {
         let pooled = lock(&self.readers).pop();
         let conn = match pooled {
             Some(c) => c,
-            None => self.open_reader()?,
+            None => self.open_reader().inspect_err(|e| self.failed(false, e))?,
         };
         let result = f(&conn);
         if let Err(e) = &result {
@@ -504,10 +478,7 @@ impl SqliteStore {
         match &result {
             Ok(_) => {
                 self.checkpoints.committed();
-                if let Some((since, _)) = lock(&self.health).write_failing.take() {
-                    let secs = (crate::clock::wall_clock_ms() - since) / 1000;
-                    tracing::info!(path = %self.path.display(), "store writes succeed again after {secs} s");
-                }
+                self.health.wrote(&self.path.display().to_string());
             }
             // The transaction rolled back (dropped): series it created are gone.
             Err(e) => {
@@ -770,33 +741,10 @@ impl CandleStore for SqliteStore {
     }
 
     fn problems(&self) -> Vec<String> {
-        let now = crate::clock::wall_clock_ms();
-        let path = self.path.display();
-        let h = lock(&self.health);
-        let mut out = Vec::new();
-        if let Some(why) = &h.corrupt {
-            out.push(format!(
-                "the store {path} is corrupt ({why}); stop the server and restore the file from \
-                 a backup, or move it aside"
-            ));
-        }
-        if let Some((since, why)) = &h.write_failing {
-            let secs = (now - since).max(0) / 1000;
-            out.push(format!(
-                "writes to the store {path} have failed for {secs} s ({why}); closed candles are \
-                 kept and written again"
-            ));
-        }
-        if let Some((at, why)) = &h.read_failed {
-            let ago = Duration::from_millis(u64::try_from(now - at).unwrap_or(0));
-            if ago < READ_FAILURE_SHOWN {
-                out.push(format!(
-                    "a read of the store {path} failed {} s ago ({why})",
-                    ago.as_secs()
-                ));
-            }
-        }
-        out
+        self.health.problems(
+            &self.path.display().to_string(),
+            "stop the server and restore the file from a backup, or move it aside",
+        )
     }
 
     /// With neither bound, the newest `limit` candles (like Binance). Rows come back oldest first.

@@ -86,6 +86,41 @@ fn a_failing_batch_leaves_nothing() {
     assert_eq!(all(&store, &c), cc);
 }
 
+/// `/healthz` reflects the PostgreSQL store as it does the SQLite one: failing writes until one
+/// commits, a failed read for a while, and a row that does not decode for good.
+#[test]
+fn failing_writes_and_corrupt_rows_reach_the_health_report() {
+    let db = PgDb::fresh("health");
+    let store = open(&db, WriteMethod::default());
+    let s = sid("sim:spot:BTC/USDT:1m");
+    store.write(&[rows(&s, &run(0, 10, 1))]).unwrap();
+    assert_eq!(store.problems(), Vec::<String>::new());
+    let mut admin = db.client();
+    admin
+        .batch_execute(
+            "CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;
+             CREATE TRIGGER fail_candles BEFORE INSERT ON candles
+               FOR EACH ROW EXECUTE FUNCTION fail();",
+        )
+        .unwrap();
+    assert!(store.write(&[rows(&s, &run(10 * MIN, 1, 1))]).is_err());
+    let problems = store.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].starts_with("writes to the store postgres://"), "{problems:?}");
+    assert!(problems[0].contains("injected failure"), "{problems:?}");
+    admin.batch_execute("DROP TRIGGER fail_candles ON candles").unwrap();
+    store.write(&[rows(&s, &run(10 * MIN, 1, 1))]).unwrap();
+    assert_eq!(store.problems(), Vec::<String>::new(), "a committed write clears it");
+
+    admin.batch_execute("UPDATE candles SET minutes = -1 WHERE open_time = 0").unwrap();
+    let err = store.candles(&s, Some(0), None, 100).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{}", report(&err));
+    let problems = store.problems();
+    assert!(problems.iter().any(|p| p.contains("is corrupt (")), "{problems:?}");
+    assert!(problems.iter().any(|p| p.starts_with("a read of the store")), "{problems:?}");
+}
+
 #[test]
 fn migrations_race_once_and_a_newer_schema_is_refused() {
     let db = PgDb::fresh("migrate");
