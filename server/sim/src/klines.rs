@@ -141,7 +141,9 @@ impl LiveKlines {
         LiveKlines {
             first_minute,
             first_kept: first_minute,
-            closed: VecDeque::new(),
+            // exactly `keep`, so the ring's buffer never grows past it (pages are touched only
+            // as minutes close)
+            closed: VecDeque::with_capacity(keep.max(1)),
             keep: keep.max(1),
             forming: SimCandle::flat(first_minute, price),
         }

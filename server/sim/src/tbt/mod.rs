@@ -214,7 +214,7 @@ impl TbtHandle {
                 credit: 0.0,
                 drop_left: 0,
                 dropped: 0,
-                history: VecDeque::new(),
+                history: VecDeque::with_capacity(config.history),
                 history_first: 1,
             };
             for m in opening {
@@ -518,11 +518,17 @@ impl Stock {
     /// Gives `m` the next seq and keeps it in the history ring; returns the seq.
     fn record(&mut self, m: Msg, cap: usize) -> u64 {
         self.seq += 1;
-        self.history.push_back(m);
-        if self.history.len() > cap {
+        if cap == 0 {
+            self.history_first = self.seq + 1;
+            return self.seq;
+        }
+        // make room first: the ring never holds more than `cap`, so its buffer (allocated for
+        // exactly `cap`) never grows, and the memory it touches stops growing once it is full
+        if self.history.len() >= cap {
             self.history.pop_front();
             self.history_first += 1;
         }
+        self.history.push_back(m);
         self.seq
     }
 }
