@@ -25,7 +25,8 @@ struct State {
     /// Since when (wall-clock ms) writes fail, and the last error; cleared by a write that
     /// commits.
     write_failing: Option<(i64, String)>,
-    /// When (wall-clock ms) a read last failed, and why.
+    /// When (wall-clock ms) a read last failed, and why; cleared by a read that succeeds, and
+    /// shown for at most [`READ_FAILURE_SHOWN`].
     read_failed: Option<(i64, String)>,
 }
 
@@ -46,6 +47,11 @@ impl StoreHealth {
         } else {
             h.read_failed = Some((now, why));
         }
+    }
+
+    /// Notes a read that succeeded: reads are no longer failing.
+    pub fn read(&self) {
+        lock(&self.state).read_failed = None;
     }
 
     /// Notes a write that committed: writes are no longer failing.
@@ -104,9 +110,13 @@ mod tests {
         assert!(p[0].starts_with("writes to the store db have failed for 0 s"), "{p:?}");
         assert!(p[1].starts_with("a read of the store db failed 0 s ago"), "{p:?}");
         h.wrote("db");
-        assert_eq!(h.problems("db", "restore it").len(), 1, "the read stays shown for a while");
+        assert_eq!(h.problems("db", "restore it").len(), 1, "reads still failing");
+        h.read();
+        assert!(h.problems("db", "restore it").is_empty());
         h.failed("db", false, true, &err());
+        h.read();
         let p = h.problems("db", "restore it");
+        assert_eq!(p.len(), 1, "corrupt data stays reported: {p:?}");
         assert!(p[0].starts_with("the store db is corrupt (") && p[0].ends_with("; restore it"));
     }
 }

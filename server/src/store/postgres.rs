@@ -218,8 +218,9 @@ impl PostgresStore {
             _ => self.connect().inspect_err(|e| self.failed(false, e))?,
         };
         let out = f(&mut client);
-        if let Err(e) = &out {
-            self.failed(false, e);
+        match &out {
+            Ok(_) => self.health.read(),
+            Err(e) => self.failed(false, e),
         }
         if !client.is_closed() && !out.as_ref().is_err_and(connection_suspect) {
             let mut pool = lock(&self.readers);

@@ -437,8 +437,9 @@ impl SqliteStore {
             None => self.open_reader().inspect_err(|e| self.failed(false, e))?,
         };
         let result = f(&conn);
-        if let Err(e) = &result {
-            self.failed(false, e);
+        match &result {
+            Ok(_) => self.health.read(),
+            Err(e) => self.failed(false, e),
         }
         let mut idle = lock(&self.readers);
         if idle.len() < MAX_IDLE_READERS {

@@ -119,6 +119,11 @@ fn failing_writes_and_corrupt_rows_reach_the_health_report() {
     let problems = store.problems();
     assert!(problems.iter().any(|p| p.contains("is corrupt (")), "{problems:?}");
     assert!(problems.iter().any(|p| p.starts_with("a read of the store")), "{problems:?}");
+    // a read that works clears the failed read; the corrupt row stays reported
+    assert_eq!(store.candles(&s, Some(MIN), None, 100).unwrap().len(), 10);
+    let problems = store.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("is corrupt ("), "{problems:?}");
 }
 
 #[test]
