@@ -19,6 +19,18 @@ fn open(db: &PgDb, method: WriteMethod) -> PostgresStore {
     PostgresStore::open_with(db.url(), method).unwrap()
 }
 
+/// Creates `fail()`, a trigger function that raises "injected failure", and runs `trigger`
+/// (a `CREATE TRIGGER … EXECUTE FUNCTION fail()`).
+fn inject_failure(admin: &mut postgres::Client, trigger: &str) {
+    admin
+        .batch_execute(
+            "CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;",
+        )
+        .and_then(|()| admin.batch_execute(trigger))
+        .unwrap();
+}
+
 #[test]
 fn every_store_behaviour_with_both_write_methods() {
     for method in [WriteMethod::CopyStaging, WriteMethod::Unnest] {
@@ -43,14 +55,11 @@ fn a_failing_batch_leaves_nothing() {
         (sid("sim:spot:BTC/USDT:1m"), sid("sim:spot:BTC/USDT:5m"), sid("sim:spot:ETH/USDT:1m"));
     store.write(&[rows(&a, &run(0, 10, 1))]).unwrap();
     let mut admin = db.client();
-    admin
-        .batch_execute(
-            "CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;
-             CREATE TRIGGER fail_series BEFORE INSERT ON series
-               FOR EACH ROW WHEN (NEW.name = 'sim:spot:ETH/USDT:1m') EXECUTE FUNCTION fail();",
-        )
-        .unwrap();
+    inject_failure(
+        &mut admin,
+        "CREATE TRIGGER fail_series BEFORE INSERT ON series
+           FOR EACH ROW WHEN (NEW.name = 'sim:spot:ETH/USDT:1m') EXECUTE FUNCTION fail();",
+    );
     let ca = run(5 * MIN, 10, 2);
     let cb = run(0, 300, 3);
     let cc = run(998 * MIN, 2, 4);
@@ -87,7 +96,7 @@ fn a_failing_batch_leaves_nothing() {
 }
 
 /// `/healthz` reflects the PostgreSQL store as it does the SQLite one: failing writes until one
-/// commits, a failed read for a while, and a row that does not decode for good.
+/// commits, failing reads until one succeeds, and a row that does not decode for good.
 #[test]
 fn failing_writes_and_corrupt_rows_reach_the_health_report() {
     let db = PgDb::fresh("health");
@@ -96,14 +105,10 @@ fn failing_writes_and_corrupt_rows_reach_the_health_report() {
     store.write(&[rows(&s, &run(0, 10, 1))]).unwrap();
     assert_eq!(store.problems(), Vec::<String>::new());
     let mut admin = db.client();
-    admin
-        .batch_execute(
-            "CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;
-             CREATE TRIGGER fail_candles BEFORE INSERT ON candles
-               FOR EACH ROW EXECUTE FUNCTION fail();",
-        )
-        .unwrap();
+    inject_failure(
+        &mut admin,
+        "CREATE TRIGGER fail_candles BEFORE INSERT ON candles FOR EACH ROW EXECUTE FUNCTION fail();",
+    );
     assert!(store.write(&[rows(&s, &run(10 * MIN, 1, 1))]).is_err());
     let problems = store.problems();
     assert_eq!(problems.len(), 1, "{problems:?}");
