@@ -166,16 +166,20 @@ impl Ledger {
 
     /// The most any minute around `now` has used.
     fn used_at(&self, now: i64) -> u32 {
-        Self::candidates(now).iter().map(|m| self.used(*m)).max().unwrap_or(0)
+        let [oldest, newest] = Self::candidates(now);
+        (oldest..=newest).map(|m| self.used(m)).max().unwrap_or(0)
     }
 
-    /// Sets `minute`'s weight to `f` of its current one, dropping minutes that are over.
-    fn update(&mut self, now: i64, minute: i64, f: impl Fn(u32) -> u32) {
-        let oldest = Self::candidates(now)[0];
+    /// Sets the weight of every minute a call at `now` may land in to `f` of its current one,
+    /// dropping minutes that are over.
+    fn update(&mut self, now: i64, f: impl Fn(u32) -> u32) {
+        let [oldest, newest] = Self::candidates(now);
         self.minutes.retain(|(m, _)| *m >= oldest);
-        match self.minutes.iter_mut().find(|(m, _)| *m == minute) {
-            Some((_, used)) => *used = f(*used),
-            None => self.minutes.push((minute, f(0))),
+        for minute in oldest..=newest {
+            match self.minutes.iter_mut().find(|(m, _)| *m == minute) {
+                Some((_, used)) => *used = f(*used),
+                None => self.minutes.push((minute, f(0))),
+            }
         }
     }
 }
@@ -355,11 +359,11 @@ impl RestClient {
         if self.budget == 0 {
             return Ok(());
         }
-        let minutes = Ledger::candidates(now);
+        let [oldest, newest] = Ledger::candidates(now);
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         // the call must fit every minute it may land in; it can go once the last full one is over
         if let Some(full) =
-            minutes.iter().rev().find(|m| ledger.used(**m).saturating_add(weight) > self.budget)
+            (oldest..=newest).rev().find(|m| ledger.used(*m).saturating_add(weight) > self.budget)
         {
             self.budget_refusals.fetch_add(1, Ordering::Relaxed);
             let to_free = u64::try_from((full + 1) * 60_000 + MINUTE_EDGE_MS - now).unwrap_or(0);
@@ -370,9 +374,7 @@ impl RestClient {
                 retry_after: Duration::from_millis(to_free),
             });
         }
-        for minute in minutes.iter().skip(usize::from(minutes[0] == minutes[1])) {
-            ledger.update(now, *minute, |used| used + weight);
-        }
+        ledger.update(now, |used| used + weight);
         Ok(())
     }
 
@@ -474,12 +476,8 @@ impl RestClient {
             self.used_weight.store(w as u64, Ordering::Relaxed);
             // the exchange counts calls this client did not make (other processes on the IP)
             // which minute the exchange meant is only known away from an edge: near one, both
-            let now = wall_clock_ms();
-            let minutes = Ledger::candidates(now);
             let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-            for minute in minutes.iter().skip(usize::from(minutes[0] == minutes[1])) {
-                ledger.update(now, *minute, |used| used.max(w));
-            }
+            ledger.update(wall_clock_ms(), |used| used.max(w));
         }
     }
 }
@@ -596,8 +594,9 @@ mod tests {
         // 400 ms before our minute turns: the exchange may already count the next one, or not
         let e = c.reserve_at(250, edge - 400).unwrap_err();
         assert_eq!(e.retry_after(), Some(Duration::from_millis(1_400)));
-        c.reserve_at(40, edge - 400).unwrap(); // fits both: 290 and 40
-                                               // 300 ms into ours: the exchange may still be in the old minute (290 used)
+        // fits both: 290 and 40
+        c.reserve_at(40, edge - 400).unwrap();
+        // 300 ms into ours: the exchange may still be in the old minute (290 used)
         assert!(c.reserve_at(250, edge + 300).is_err());
         // clear of the edge only the new minute counts, and it holds the 40 sent near the edge
         c.reserve_at(250, edge + 1_000).unwrap();

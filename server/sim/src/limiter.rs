@@ -61,7 +61,7 @@ impl RateLimiter {
         let window_ms = i64::try_from(self.window.as_millis()).unwrap_or(i64::MAX).max(1);
         let index = now_ms.div_euclid(window_ms);
         let window = index as u64;
-        let to_end = (index.saturating_add(1)).saturating_mul(window_ms).saturating_sub(now_ms);
+        let to_end = index.saturating_add(1).saturating_mul(window_ms).saturating_sub(now_ms);
         let window_end = now + Duration::from_millis(u64::try_from(to_end).unwrap_or(0));
         let secs_to =
             |t: Instant| t.saturating_duration_since(now).as_secs_f64().ceil().max(1.0) as u64;
