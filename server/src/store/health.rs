@@ -12,8 +12,12 @@ use crate::lock::lock;
 pub const READ_FAILURE_SHOWN: Duration = Duration::from_secs(60);
 
 /// A store's recent failures.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StoreHealth {
+    /// Where the store is (a file, a URL without its password), for the log and the report.
+    location: String,
+    /// What to do about corrupt data, for the report.
+    remedy: &'static str,
     state: Mutex<State>,
 }
 
@@ -31,14 +35,18 @@ struct State {
 }
 
 impl StoreHealth {
-    /// Notes a failed read or write of the store at `location`; `corrupt` when the error says
-    /// the stored data is damaged.
-    pub fn failed(&self, location: &str, write: bool, corrupt: bool, e: &StoreError) {
+    /// No failures yet, of the store at `location`; `remedy` is what to do about corrupt data.
+    pub fn new(location: String, remedy: &'static str) -> Self {
+        StoreHealth { location, remedy, state: Mutex::default() }
+    }
+
+    /// Notes a failed read or write; `corrupt` when the error says the stored data is damaged.
+    pub fn failed(&self, write: bool, corrupt: bool, e: &StoreError) {
         let now = crate::clock::wall_clock_ms();
         let why = crate::error::report(e);
         let mut h = lock(&self.state);
         if corrupt && h.corrupt.is_none() {
-            tracing::error!(store = location, error = %why, "the store is corrupt");
+            tracing::error!(store = self.location, error = %why, "the store is corrupt");
             h.corrupt = Some(why.clone());
         }
         if write {
@@ -55,16 +63,16 @@ impl StoreHealth {
     }
 
     /// Notes a write that committed: writes are no longer failing.
-    pub fn wrote(&self, location: &str) {
+    pub fn wrote(&self) {
         if let Some((since, _)) = lock(&self.state).write_failing.take() {
             let secs = (crate::clock::wall_clock_ms() - since) / 1000;
-            tracing::info!(store = location, "store writes succeed again after {secs} s");
+            tracing::info!(store = self.location, "store writes succeed again after {secs} s");
         }
     }
 
-    /// What is wrong with the store at `location` now, one sentence each; `remedy` is what to
-    /// do about corrupt data.
-    pub fn problems(&self, location: &str, remedy: &str) -> Vec<String> {
+    /// What is wrong with the store now, one sentence each.
+    pub fn problems(&self) -> Vec<String> {
+        let (location, remedy) = (&self.location, self.remedy);
         let now = crate::clock::wall_clock_ms();
         let h = lock(&self.state);
         let mut out = Vec::new();
@@ -101,21 +109,21 @@ mod tests {
 
     #[test]
     fn failures_are_reported_until_they_clear() {
-        let h = StoreHealth::default();
-        assert!(h.problems("db", "restore it").is_empty());
-        h.failed("db", true, false, &err());
-        h.failed("db", false, false, &err());
-        let p = h.problems("db", "restore it");
+        let h = StoreHealth::new("db".into(), "restore it");
+        assert!(h.problems().is_empty());
+        h.failed(true, false, &err());
+        h.failed(false, false, &err());
+        let p = h.problems();
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(p[0].starts_with("writes to the store db have failed for 0 s"), "{p:?}");
         assert!(p[1].starts_with("a read of the store db failed 0 s ago"), "{p:?}");
-        h.wrote("db");
-        assert_eq!(h.problems("db", "restore it").len(), 1, "reads still failing");
+        h.wrote();
+        assert_eq!(h.problems().len(), 1, "reads still failing");
         h.read();
-        assert!(h.problems("db", "restore it").is_empty());
-        h.failed("db", false, true, &err());
+        assert!(h.problems().is_empty());
+        h.failed(false, true, &err());
         h.read();
-        let p = h.problems("db", "restore it");
+        let p = h.problems();
         assert_eq!(p.len(), 1, "corrupt data stays reported: {p:?}");
         assert!(p[0].starts_with("the store db is corrupt (") && p[0].ends_with("; restore it"));
     }

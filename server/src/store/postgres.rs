@@ -180,6 +180,8 @@ impl PostgresStore {
         let config: postgres::Config = url
             .parse()
             .map_err(|e| StoreError::db(format!("parsing the PostgreSQL URL {display}"), e))?;
+        let health =
+            StoreHealth::new(display.clone(), "find the rows that do not decode and repair them");
         let store = PostgresStore {
             config,
             display,
@@ -187,7 +189,7 @@ impl PostgresStore {
             writers: Mutex::new(Vec::new()),
             readers: Mutex::new(Vec::new()),
             ids: Mutex::new(HashMap::new()),
-            health: StoreHealth::default(),
+            health,
         };
         let mut client = store.connect()?;
         migrate(&mut client, &store.display)?;
@@ -235,7 +237,7 @@ impl PostgresStore {
     /// is damaged data.
     fn failed(&self, write: bool, e: &StoreError) {
         let corrupt = matches!(e, StoreError::Corrupt { .. });
-        self.health.failed(&self.display, write, corrupt, e);
+        self.health.failed(write, corrupt, e);
     }
 
     /// Runs `f` in one transaction on a writer connection (an idle one, or a new one when
@@ -256,7 +258,7 @@ impl PostgresStore {
             Ok(out)
         })();
         match &result {
-            Ok(_) => self.health.wrote(&self.display),
+            Ok(_) => self.health.wrote(),
             Err(e) => self.failed(true, e),
         }
         if !client.is_closed() && !result.as_ref().is_err_and(connection_suspect) {
@@ -686,7 +688,7 @@ impl CandleStore for PostgresStore {
     }
 
     fn problems(&self) -> Vec<String> {
-        self.health.problems(&self.display, "find the rows that do not decode and repair them")
+        self.health.problems()
     }
 
     fn check(&self) -> Result<(), StoreError> {

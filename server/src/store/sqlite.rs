@@ -349,7 +349,10 @@ impl SqliteStore {
             readers: Mutex::new(Vec::new()),
             checkpoints: Arc::new(CheckpointSignal::default()),
             checkpointer: Mutex::new(None),
-            health: StoreHealth::default(),
+            health: StoreHealth::new(
+                path.display().to_string(),
+                "stop the server and restore the file from a backup, or move it aside",
+            ),
         };
         let conn = store.open_connection()?;
         let (writer, signal, file) =
@@ -395,8 +398,7 @@ impl SqliteStore {
 
     /// Notes a failed read or write for [`CandleStore::problems`].
     fn failed(&self, write: bool, e: &StoreError) {
-        let location = self.path.display().to_string();
-        self.health.failed(&location, write, is_corruption(e), e);
+        self.health.failed(write, is_corruption(e), e);
     }
 
     /// A connection to the file for reading or checkpointing (not for writing candles).
@@ -479,7 +481,7 @@ impl SqliteStore {
         match &result {
             Ok(_) => {
                 self.checkpoints.committed();
-                self.health.wrote(&self.path.display().to_string());
+                self.health.wrote();
             }
             // The transaction rolled back (dropped): series it created are gone.
             Err(e) => {
@@ -742,10 +744,7 @@ impl CandleStore for SqliteStore {
     }
 
     fn problems(&self) -> Vec<String> {
-        self.health.problems(
-            &self.path.display().to_string(),
-            "stop the server and restore the file from a backup, or move it aside",
-        )
+        self.health.problems()
     }
 
     /// With neither bound, the newest `limit` candles (like Binance). Rows come back oldest first.
