@@ -446,11 +446,20 @@ fn faults() -> Vec<(&'static str, Value)> {
 }
 
 async fn post_fault(http: &reqwest::Client, sim: &str, body: &Value) -> anyhow::Result<()> {
-    let r =
-        http.post(format!("{sim}/sim/faults")).bearer_auth(ADMIN_TOKEN).json(body).send().await?;
+    post_control(http, sim, "/sim/faults", body).await
+}
+
+/// One of the simulator's control POSTs (`/sim/faults`, `/tbt/control`): admin token, JSON.
+async fn post_control(
+    http: &reqwest::Client,
+    sim: &str,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<()> {
+    let r = http.post(format!("{sim}{path}")).bearer_auth(ADMIN_TOKEN).json(body).send().await?;
     let status = r.status();
     if !status.is_success() {
-        bail!("POST /sim/faults {body}: {status} {}", r.text().await.unwrap_or_default());
+        bail!("POST {path} {body}: {status} {}", r.text().await.unwrap_or_default());
     }
     Ok(())
 }
@@ -467,25 +476,11 @@ const FILL_AT_ONCE: usize = 8;
 async fn fill_tbt_history(http: &reqwest::Client, sim: &str) -> anyhow::Result<(usize, u64, f64)> {
     let t0 = Instant::now();
     let Some(st) = tbt_status(http, sim).await? else { return Ok((0, 0, 0.0)) };
-    let history = st["history"].as_u64().context("GET /tbt/status has no history size")?;
-    let symbols: Vec<String> = st["symbols"]
-        .as_array()
-        .context("GET /tbt/status has no symbols")?
-        .iter()
-        .filter_map(|s| s["symbol"].as_str().map(str::to_string))
-        .collect();
+    let history = st.history as u64;
+    let symbols: Vec<String> = st.symbols.into_iter().map(|s| s.symbol).collect();
     let hot = |symbol: &str, hot: bool| {
         let body = json!({"hotspot": {"symbol": symbol, "hot": hot}});
-        let url = format!("{sim}/tbt/control");
-        let http = http.clone();
-        async move {
-            let r = http.post(&url).bearer_auth(ADMIN_TOKEN).json(&body).send().await?;
-            let code = r.status();
-            if !code.is_success() {
-                bail!("POST /tbt/control {body}: {code} {}", r.text().await.unwrap_or_default());
-            }
-            anyhow::Ok(())
-        }
+        async move { post_control(http, sim, "/tbt/control", &body).await }
     };
     for batch in symbols.chunks(FILL_AT_ONCE) {
         for symbol in batch {
@@ -494,10 +489,8 @@ async fn fill_tbt_history(http: &reqwest::Client, sim: &str) -> anyhow::Result<(
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let st = tbt_status(http, sim).await?.context("GET /tbt/status went away")?;
-            let full = st["symbols"].as_array().into_iter().flatten().all(|s| {
-                let name = s["symbol"].as_str().unwrap_or_default();
-                !batch.iter().any(|b| b == name) || s["seq"].as_u64().unwrap_or(0) >= history
-            });
+            let full =
+                st.symbols.iter().filter(|s| batch.contains(&s.symbol)).all(|s| s.seq >= history);
             if full {
                 break;
             }
@@ -514,7 +507,7 @@ async fn fill_tbt_history(http: &reqwest::Client, sim: &str) -> anyhow::Result<(
 }
 
 /// `GET /tbt/status`, or `None` when the simulator has no tick-by-tick feed.
-async fn tbt_status(http: &reqwest::Client, sim: &str) -> anyhow::Result<Option<Value>> {
+async fn tbt_status(http: &reqwest::Client, sim: &str) -> anyhow::Result<Option<tbt::TbtStatus>> {
     let r = http.get(format!("{sim}/tbt/status")).send().await?;
     if r.status() == reqwest::StatusCode::NOT_FOUND {
         return Ok(None);
