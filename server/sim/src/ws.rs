@@ -37,6 +37,8 @@ use crate::market::supported;
 use crate::rest::Fail;
 use crate::state::Srv;
 
+/// Bytes a stream connection reads per syscall (see `upgrade`).
+const READ_BUFFER_BYTES: usize = 4096;
 /// Payload of the server's pings.
 const PING_PAYLOAD: &[u8] = b"millrace-sim";
 
@@ -182,7 +184,10 @@ fn upgrade(
             srv.config.max_streams_per_connection
         ));
     }
-    up.on_upgrade(move |socket| session(socket, srv, flavour, combined, initial))
+    // Clients send the exchange little (SUBSCRIBE requests, pongs): a small read buffer, instead
+    // of tungstenite's 128 KiB allocated and zero-filled for every connection and reconnect.
+    up.read_buffer_size(READ_BUFFER_BYTES)
+        .on_upgrade(move |socket| session(socket, srv, flavour, combined, initial))
 }
 
 /// Sends `msg` unless the connection is killed first; false if it could not be sent.

@@ -330,23 +330,17 @@ async fn next_push(
 }
 
 impl Session {
-    /// Up to `max` more frames already buffered on any subscription, without waiting, so a
-    /// burst goes out in one socket write.
-    fn drain_ready(
-        &mut self,
-        max: usize,
-        out: &mut Vec<bytes::Bytes>,
-    ) -> Result<(), (String, u64)> {
+    /// One more frame already buffered on any subscription, without waiting, so a burst goes
+    /// out in one socket flush.
+    fn next_ready(&mut self) -> Result<Option<bytes::Bytes>, (String, u64)> {
         for (name, sub) in self.subs.iter_mut() {
-            while out.len() < max {
-                match sub.rx.try_recv() {
-                    Ok(Some(msg)) => out.push(msg.payload),
-                    Ok(None) | Err(RecvError::Closed) => break,
-                    Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
-                }
+            match sub.rx.try_recv() {
+                Ok(Some(msg)) => return Ok(Some(msg.payload)),
+                Ok(None) | Err(RecvError::Closed) => {}
+                Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
             }
         }
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -374,11 +368,11 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
     let metrics = sessions.metrics.clone();
     let shutdown = sessions.shutdown.clone();
     let mut session = Session::new(sessions, ip);
-    // Allocated on the first push, so idle connections do not pay for it.
-    let mut batch: Vec<bytes::Bytes> = Vec::new();
     tracing::debug!("websocket session started");
     loop {
-        batch.clear();
+        // The frame this turn writes first, and whether more buffered pushes follow it.
+        let mut first: Option<bytes::Bytes> = None;
+        let mut drain = false;
         let mut lagged: Option<(String, u64)> = None;
         let reply: Option<Message> = tokio::select! {
             msg = socket.recv() => match msg {
@@ -400,16 +394,14 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                 }
             },
             frame = next_heartbeat(&mut session.heartbeat) => {
-                batch.push(bytes::Bytes::copy_from_slice(frame.as_bytes()));
+                first = Some(bytes::Bytes::copy_from_slice(frame.as_bytes()));
                 None
             }
             push = next_push(&mut session.subs, &metrics) => {
                 match push {
                     Ok(payload) => {
-                        batch.push(payload);
-                        if let Err(l) = session.drain_ready(WRITE_BATCH, &mut batch) {
-                            lagged = Some(l);
-                        }
+                        first = Some(payload);
+                        drain = true;
                     }
                     Err(l) => lagged = Some(l),
                 }
@@ -421,6 +413,49 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                 break;
             }
         };
+        if lagged.is_none() {
+            // Frames are fed as they are taken from the bus (up to WRITE_BATCH); the transport
+            // collects them and sends them in one write at the flush.
+            let write = async {
+                let mut pushes = 0u64;
+                if let Some(r) = reply {
+                    socket.feed(r).await?;
+                }
+                let mut next = first;
+                let mut taken = 0;
+                while let Some(payload) = next.take() {
+                    taken += 1;
+                    // Payloads are JSON text serialised by our publishers.
+                    if let Ok(text) = Utf8Bytes::try_from(payload) {
+                        socket.feed(Message::Text(text)).await?;
+                        pushes += 1;
+                    }
+                    if drain && taken < WRITE_BATCH {
+                        match session.next_ready() {
+                            Ok(more) => next = more,
+                            Err(l) => lagged = Some(l),
+                        }
+                    }
+                }
+                socket.flush().await.map(|()| pushes)
+            };
+            match tokio::time::timeout(send_timeout, write).await {
+                Ok(Ok(pushes)) => {
+                    metrics.ws_messages_sent.fetch_add(pushes, Relaxed);
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!("websocket write failed: {e}");
+                    break;
+                }
+                Err(_) => {
+                    metrics.ws_dropped_slow_send.fetch_add(1, Relaxed);
+                    tracing::info!(
+                        "dropping a client whose send took longer than {send_timeout:?}"
+                    );
+                    break;
+                }
+            }
+        }
         if let Some((stream, skipped)) = lagged {
             metrics.ws_dropped_lagging.fetch_add(1, Relaxed);
             tracing::info!(%stream, skipped, "dropping a client that fell behind");
@@ -431,33 +466,6 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
             let _ =
                 tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
             break;
-        }
-        let pushes = batch.len() as u64;
-        let write = async {
-            if let Some(r) = reply {
-                socket.feed(r).await?;
-            }
-            for payload in batch.drain(..) {
-                // Payloads are JSON text serialised by our publishers.
-                if let Ok(text) = Utf8Bytes::try_from(payload) {
-                    socket.feed(Message::Text(text)).await?;
-                }
-            }
-            socket.flush().await
-        };
-        match tokio::time::timeout(send_timeout, write).await {
-            Ok(Ok(())) => {
-                metrics.ws_messages_sent.fetch_add(pushes, Relaxed);
-            }
-            Ok(Err(e)) => {
-                tracing::debug!("websocket write failed: {e}");
-                break;
-            }
-            Err(_) => {
-                metrics.ws_dropped_slow_send.fetch_add(1, Relaxed);
-                tracing::info!("dropping a client whose send took longer than {send_timeout:?}");
-                break;
-            }
         }
     }
     tracing::debug!("websocket session ended");
