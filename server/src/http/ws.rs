@@ -433,7 +433,11 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                     if drain && taken < WRITE_BATCH {
                         match session.next_ready() {
                             Ok(more) => next = more,
-                            Err(l) => lagged = Some(l),
+                            // Closed below as lagging; the close frame flushes what was fed.
+                            Err(l) => {
+                                lagged = Some(l);
+                                return Ok(pushes);
+                            }
                         }
                     }
                 }
