@@ -37,8 +37,9 @@ use crate::market::supported;
 use crate::rest::Fail;
 use crate::state::Srv;
 
-/// Bytes a stream connection reads per syscall (see `upgrade`).
-const READ_BUFFER_BYTES: usize = 4096;
+/// Bytes a WebSocket connection to the simulator reads per syscall: its clients send little
+/// (requests, pongs), so not tungstenite's 128 KiB allocated and zero-filled per connection.
+pub(crate) const READ_BUFFER_BYTES: usize = 4096;
 /// Payload of the server's pings.
 const PING_PAYLOAD: &[u8] = b"millrace-sim";
 
@@ -184,8 +185,6 @@ fn upgrade(
             srv.config.max_streams_per_connection
         ));
     }
-    // Clients send the exchange little (SUBSCRIBE requests, pongs): a small read buffer, instead
-    // of tungstenite's 128 KiB allocated and zero-filled for every connection and reconnect.
     up.read_buffer_size(READ_BUFFER_BYTES)
         .on_upgrade(move |socket| session(socket, srv, flavour, combined, initial))
 }

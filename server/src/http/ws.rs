@@ -330,12 +330,16 @@ async fn next_push(
 }
 
 impl Session {
-    /// One more frame already buffered on any subscription, without waiting, so a burst goes
-    /// out in one socket flush.
-    fn next_ready(&mut self) -> Result<Option<bytes::Bytes>, (String, u64)> {
-        for (name, sub) in self.subs.iter_mut() {
+    /// One more frame already buffered on a subscription, without waiting, so a burst goes out
+    /// in one socket flush. Looks from the `from`-th subscription on and leaves `from` at the one
+    /// that had it, so a burst asks each empty subscription once.
+    fn next_ready(&mut self, from: &mut usize) -> Result<Option<bytes::Bytes>, (String, u64)> {
+        for (i, (name, sub)) in self.subs.iter_mut().enumerate().skip(*from) {
             match sub.rx.try_recv() {
-                Ok(Some(msg)) => return Ok(Some(msg.payload)),
+                Ok(Some(msg)) => {
+                    *from = i;
+                    return Ok(Some(msg.payload));
+                }
                 Ok(None) | Err(RecvError::Closed) => {}
                 Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
             }
@@ -423,6 +427,7 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                 }
                 let mut next = first;
                 let mut taken = 0;
+                let mut from = 0;
                 while let Some(payload) = next.take() {
                     taken += 1;
                     // Payloads are JSON text serialised by our publishers.
@@ -431,7 +436,7 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                         pushes += 1;
                     }
                     if drain && taken < WRITE_BATCH {
-                        match session.next_ready() {
+                        match session.next_ready(&mut from) {
                             Ok(more) => next = more,
                             // Closed below as lagging; the close frame flushes what was fed.
                             Err(l) => {

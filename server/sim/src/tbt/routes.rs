@@ -81,9 +81,8 @@ async fn ws(
         Err(e) => return tbt_fail(e),
     };
     let timeout = ctx.tbt.config().send_timeout;
-    // Subscribers send nothing but control frames: a small read buffer instead of tungstenite's
-    // 128 KiB per connection.
-    up.read_buffer_size(4096).on_upgrade(move |socket| session(socket, sub, ctx.stop, timeout))
+    up.read_buffer_size(crate::ws::READ_BUFFER_BYTES)
+        .on_upgrade(move |socket| session(socket, sub, ctx.stop, timeout))
 }
 
 async fn session(
