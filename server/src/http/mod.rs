@@ -24,6 +24,7 @@ mod error;
 mod heartbeat;
 pub mod origin;
 pub mod starts;
+mod upgrade;
 pub mod ws;
 
 use std::future::Future;
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -42,6 +43,7 @@ use axum::{Json, Router};
 use shared::protocol::ops::{ApiErrorCode, Health, HealthStatus, VersionInfo};
 use shared::protocol::InstrumentId;
 use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tower_http::services::ServeDir;
 
 pub use dashboard::Dashboard;
@@ -228,7 +230,7 @@ static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 /// `GET /ws`. Connections per IP are counted (and capped) at accept, before the upgrade
 /// ([`conn`]); a web page of an origin not allowed gets 403 before the upgrade.
 async fn ws_upgrade(
-    upgrade: WebSocketUpgrade,
+    upgrade: upgrade::Upgrade,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -249,28 +251,30 @@ async fn ws_upgrade(
     let sessions = state.sessions.clone();
     let id = NEXT_SESSION.fetch_add(1, Relaxed);
     let span = tracing::info_span!("session", id, peer = %peer);
-    // Counts as a running task of the sessions' part from the upgrade on.
-    let alive = sessions.shutdown.guard();
-    upgrade
+    let config = WebSocketConfig::default()
         // The transport's hard cap; requests over `limits.max_message_bytes` get a `too_large`
         // reply.
-        .max_message_size(ws::MAX_TRANSPORT_BYTES)
-        .max_frame_size(ws::MAX_TRANSPORT_BYTES)
+        .max_message_size(Some(ws::MAX_TRANSPORT_BYTES))
+        .max_frame_size(Some(ws::MAX_TRANSPORT_BYTES))
         // Memory and CPU per connection: tungstenite zero-fills up to this much of its read
         // buffer at every read attempt, i.e. each time the session polls for a request (128 KiB
         // by default: ~141 KB of RSS per idle connection, docs/bench-fanout.md). Browsers send
         // a few small requests; a larger frame still arrives whole (the buffer grows to it).
         .read_buffer_size(ws::READ_BUFFER_BYTES)
-        .on_upgrade(move |socket| {
-            async move {
-                let _alive = alive;
-                sessions.metrics.ws_connections.fetch_add(1, Relaxed);
-                sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
-                ws::session(socket, sessions.clone(), Some(peer.ip().to_canonical())).await;
-                sessions.metrics.ws_connections.fetch_sub(1, Relaxed);
-            }
-            .instrument(span)
-        })
+        // The write buffer keeps the capacity of the most it ever held, per connection: written
+        // out past this much, with pushes fragmented (ws::FRAGMENT_BYTES), it stays small.
+        .write_buffer_size(ws::WRITE_BUFFER_BYTES);
+    // The session is a task of the sessions' part from the upgrade on.
+    let tasks = sessions.shutdown.clone();
+    upgrade.on_upgrade(config, &tasks, move |socket| {
+        async move {
+            sessions.metrics.ws_connections.fetch_add(1, Relaxed);
+            sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
+            ws::session(socket, sessions.clone(), Some(peer.ip().to_canonical())).await;
+            sessions.metrics.ws_connections.fetch_sub(1, Relaxed);
+        }
+        .instrument(span)
+    })
 }
 
 /// Starts the service, serves on `listener` until `shutdown` completes, then drains open

@@ -23,11 +23,16 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use bytes::Bytes;
+use futures_util::{SinkExt as _, StreamExt as _};
 use shared::protocol::{ClientRequest, ErrorCode, Method, Reply, Stream};
 use tokio::sync::broadcast;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::{CloseFrame, Frame};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 
 use super::starts::Bucket;
+use super::upgrade::Socket;
 use super::Sessions;
 use crate::bus::{RecvError, Subscription};
 use crate::jobs::{Lease, SubscribeError};
@@ -53,15 +58,13 @@ pub const MESSAGE_TOO_BIG: u16 = 1009;
 
 /// The close frame a failed read calls for: a protocol violation by the client gets its code
 /// and a reason; a connection that is simply gone gets none.
-fn violation_close(e: axum::Error) -> Option<CloseFrame> {
+fn violation_close(e: WsError) -> Option<CloseFrame> {
     use tokio_tungstenite::tungstenite::error::ProtocolError;
-    use tokio_tungstenite::tungstenite::Error;
-    let e = e.into_inner().downcast::<Error>().ok()?;
-    let (code, reason) = match *e {
-        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
-        Error::Protocol(p) => (PROTOCOL_ERROR, format!("protocol error: {p}")),
-        Error::Utf8(_) => (INVALID_PAYLOAD, "a text message that is not valid UTF-8".to_string()),
-        Error::Capacity(_) => (
+    let (code, reason) = match e {
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
+        WsError::Protocol(p) => (PROTOCOL_ERROR, format!("protocol error: {p}")),
+        WsError::Utf8(_) => (INVALID_PAYLOAD, "a text message that is not valid UTF-8".to_string()),
+        WsError::Capacity(_) => (
             MESSAGE_TOO_BIG,
             format!("frames and messages are at most {MAX_TRANSPORT_BYTES} bytes"),
         ),
@@ -72,7 +75,11 @@ fn violation_close(e: axum::Error) -> Option<CloseFrame> {
     while reason.len() > 123 {
         reason.pop();
     }
-    Some(CloseFrame { code, reason: reason.into() })
+    Some(close_frame(code, reason))
+}
+
+fn close_frame(code: u16, reason: impl Into<Utf8Bytes>) -> CloseFrame {
+    CloseFrame { code: code.into(), reason: reason.into() }
 }
 
 /// A live stream subscription of this connection.
@@ -300,7 +307,7 @@ async fn next_heartbeat(heartbeat: &mut Option<broadcast::Receiver<Arc<str>>>) -
 async fn next_push(
     subs: &mut BTreeMap<String, Sub>,
     metrics: &Metrics,
-) -> Result<bytes::Bytes, (String, u64)> {
+) -> Result<Bytes, (String, u64)> {
     loop {
         if subs.is_empty() {
             return std::future::pending().await;
@@ -333,7 +340,7 @@ impl Session {
     /// One more frame already buffered on a subscription, without waiting, so a burst goes out
     /// in one socket flush. Looks from the `from`-th subscription on and leaves `from` at the one
     /// that had it, so a burst asks each empty subscription once.
-    fn next_ready(&mut self, from: &mut usize) -> Result<Option<bytes::Bytes>, (String, u64)> {
+    fn next_ready(&mut self, from: &mut usize) -> Result<Option<Bytes>, (String, u64)> {
         for (i, (name, sub)) in self.subs.iter_mut().enumerate().skip(*from) {
             match sub.rx.try_recv() {
                 Ok(Some(msg)) => {
@@ -351,6 +358,31 @@ impl Session {
 /// Most frames written per socket flush.
 const WRITE_BATCH: usize = 64;
 
+/// Pushes longer than this go out as fragments of this size (RFC 6455 5.4; clients get whole
+/// messages). Together with [`WRITE_BUFFER_BYTES`] it bounds the transport's write buffer, which
+/// keeps the capacity of the most it ever held: unfragmented, one large `depth_update` after a
+/// resync left each depth client holding up to 64 KB for good (docs/soak.md).
+pub const FRAGMENT_BYTES: usize = 4096;
+
+/// The transport writes its buffer to the socket once it holds more than this, before the
+/// burst's flush: 8 KiB is ~25 kline pushes per write, and with fragments each connection's
+/// write buffer stays under 2 × (8 + 4) KiB.
+pub const WRITE_BUFFER_BYTES: usize = 8 * 1024;
+
+/// Feeds one text message (valid UTF-8) to the transport, fragmented when long.
+async fn feed_text<S>(socket: &mut S, mut payload: Bytes) -> Result<(), WsError>
+where
+    S: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    let mut opcode = OpCode::Data(Data::Text);
+    while payload.len() > FRAGMENT_BYTES {
+        let part = payload.split_to(FRAGMENT_BYTES);
+        socket.feed(Message::Frame(Frame::message(part, opcode, false))).await?;
+        opcode = OpCode::Data(Data::Continue);
+    }
+    socket.feed(Message::Frame(Frame::message(payload, opcode, true))).await
+}
+
 /// The request id of an unparseable frame if it has one, else 0.
 fn id_of(text: &str) -> u64 {
     serde_json::from_str::<serde_json::Value>(text)
@@ -366,8 +398,7 @@ fn malformed_msg(e: &serde_json::Error) -> String {
 }
 
 /// Runs one connection until the client leaves, the socket fails, or the server shuts down.
-pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) {
-    use futures_util::SinkExt as _;
+pub async fn session(mut socket: Socket, sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) {
     let send_timeout = Duration::from_millis(sessions.limits.send_timeout_ms);
     let metrics = sessions.metrics.clone();
     let shutdown = sessions.shutdown.clone();
@@ -375,18 +406,18 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
     tracing::debug!("websocket session started");
     loop {
         // The frame this turn writes first, and whether more buffered pushes follow it.
-        let mut first: Option<bytes::Bytes> = None;
+        let mut first: Option<Bytes> = None;
         let mut drain = false;
         let mut lagged: Option<(String, u64)> = None;
         let reply: Option<Message> = tokio::select! {
-            msg = socket.recv() => match msg {
+            msg = socket.next() => match msg {
                 Some(Ok(Message::Text(text))) => Some(reply_frame(session.handle_text(text.as_str()))),
                 Some(Ok(Message::Binary(_))) => Some(reply_frame(Reply::error(
                     0,
                     ErrorCode::Malformed,
                     "binary frames are not accepted; send JSON text frames",
                 ))),
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => None,
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => None,
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Err(e)) => {
                     tracing::debug!("websocket read failed: {e}");
@@ -398,7 +429,7 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                 }
             },
             frame = next_heartbeat(&mut session.heartbeat) => {
-                first = Some(bytes::Bytes::copy_from_slice(frame.as_bytes()));
+                first = Some(Bytes::copy_from_slice(frame.as_bytes()));
                 None
             }
             push = next_push(&mut session.subs, &metrics) => {
@@ -412,7 +443,7 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                 None
             }
             () = shutdown.stopping() => {
-                let close = CloseFrame { code: GOING_AWAY, reason: "server shutting down".into() };
+                let close = close_frame(GOING_AWAY, "server shutting down");
                 let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
                 break;
             }
@@ -431,8 +462,8 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
                 while let Some(payload) = next.take() {
                     taken += 1;
                     // Payloads are JSON text serialised by our publishers.
-                    if let Ok(text) = Utf8Bytes::try_from(payload) {
-                        socket.feed(Message::Text(text)).await?;
+                    if std::str::from_utf8(&payload).is_ok() {
+                        feed_text(&mut socket, payload).await?;
                         pushes += 1;
                     }
                     if drain && taken < WRITE_BATCH {
@@ -471,7 +502,7 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
             let reason =
                 format!("lagging: {skipped} messages of {stream} skipped; reconnect to resync");
             let reason: String = reason.chars().take(120).collect();
-            let close = CloseFrame { code: LAGGING, reason: reason.into() };
+            let close = close_frame(LAGGING, reason);
             let _ =
                 tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
             break;
@@ -482,4 +513,81 @@ pub async fn session(mut socket: WebSocket, sessions: Arc<Sessions>, ip: Option<
 
 fn reply_frame(reply: Reply) -> Message {
     Message::Text(serde_json::to_string(&reply).expect("a reply always serializes").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::SinkExt as _;
+    use tokio::io::AsyncReadExt as _;
+    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket};
+    use tokio_tungstenite::WebSocketStream;
+
+    use super::*;
+
+    /// (FIN, opcode, payload length) of each unmasked frame in `wire`, and the bytes they use.
+    fn frames(wire: &[u8]) -> (Vec<(bool, u8, usize)>, usize) {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while wire.len() >= at + 2 {
+            let (fin, opcode) = (wire[at] & 0x80 != 0, wire[at] & 0x0f);
+            let (len, header) = match wire[at + 1] & 0x7f {
+                126 if wire.len() >= at + 4 => {
+                    (usize::from(u16::from_be_bytes([wire[at + 2], wire[at + 3]])), 4)
+                }
+                126 | 127 => break,
+                n => (usize::from(n), 2),
+            };
+            if wire.len() < at + header + len {
+                break;
+            }
+            out.push((fin, opcode, len));
+            at += header + len;
+        }
+        (out, at)
+    }
+
+    #[tokio::test]
+    async fn long_pushes_go_out_as_fragments_and_arrive_whole() {
+        let (server_io, mut client_io) = tokio::io::duplex(1 << 20);
+        let mut server = WebSocketStream::from_raw_socket(server_io, Role::Server, None).await;
+        let long: String =
+            (0..2 * FRAGMENT_BYTES + 1808).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let exact: String = "x".repeat(FRAGMENT_BYTES);
+        let short = r#"{"short":1}"#;
+        for text in [long.as_str(), exact.as_str(), short] {
+            feed_text(&mut server, Bytes::from(text.to_owned())).await.unwrap();
+        }
+        server.flush().await.unwrap();
+
+        let mut wire = Vec::new();
+        while frames(&wire).0.len() < 5 {
+            let mut buf = [0; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), client_io.read(&mut buf))
+                .await
+                .expect("the frames arrive")
+                .unwrap();
+            assert!(n > 0, "the stream ended early");
+            wire.extend_from_slice(&buf[..n]);
+        }
+        let (got, used) = frames(&wire);
+        const TEXT: u8 = 1;
+        const CONTINUATION: u8 = 0;
+        assert_eq!(
+            got,
+            [
+                (false, TEXT, FRAGMENT_BYTES),
+                (false, CONTINUATION, FRAGMENT_BYTES),
+                (true, CONTINUATION, 1808),
+                (true, TEXT, FRAGMENT_BYTES),
+                (true, TEXT, short.len()),
+            ]
+        );
+        assert_eq!(used, wire.len(), "nothing but those frames");
+
+        // A client reassembles each message.
+        let mut client = WebSocket::from_raw_socket(std::io::Cursor::new(wire), Role::Client, None);
+        for text in [long.as_str(), exact.as_str(), short] {
+            assert_eq!(client.read().unwrap(), Message::Text(text.into()));
+        }
+    }
 }

@@ -104,6 +104,15 @@ async fn healthz_is_ok() {
     assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
 }
 
+/// `/ws` without a WebSocket upgrade is refused by the upgrade's checks, not served as a file.
+#[tokio::test]
+async fn ws_without_an_upgrade_is_refused() {
+    let app = spawn_app().await;
+    let (status, body) = get(app.addr, "/ws").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("upgrade"), "{body}");
+}
+
 #[tokio::test]
 async fn index_html_is_served_at_root() {
     let app = spawn_app().await;
