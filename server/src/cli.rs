@@ -21,6 +21,14 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+impl Cli {
+    /// Whether the command runs until stopped (a server, a simulator, a cluster member), rather
+    /// than a replay that ends by itself.
+    pub fn is_long_running(&self) -> bool {
+        !matches!(self.command, Some(Command::Replay(_)))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server (the default when no subcommand is given).

@@ -17,6 +17,7 @@ pub mod jitter;
 pub mod jobs;
 pub mod l3;
 pub mod lock;
+pub mod malloc;
 pub mod metrics;
 pub mod rate;
 pub mod shutdown;

@@ -6,6 +6,9 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = server::cli::Cli::parse();
+    if cli.is_long_running() {
+        server::malloc::limit_arenas();
+    }
     match server::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {

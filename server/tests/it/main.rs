@@ -27,6 +27,7 @@ mod l3_replay;
 mod l3_service;
 mod l3engine;
 mod log_spans;
+mod malloc_arenas;
 mod seams;
 mod serve_pg_nats;
 mod sim_control;

@@ -74,6 +74,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        // The service in this process runs with the allocator setting of the `millrace` binary.
+        server::malloc::limit_arenas();
+    }
     let result = match cli.command {
         Command::Serve(o) => serve::main(o),
         Command::Clients(o) => clients::main(o),
