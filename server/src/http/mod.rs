@@ -18,6 +18,7 @@
 //! - anything else -> a file from the static directory (`index.html` at `/`)
 
 pub mod api;
+mod batch;
 pub mod conn;
 mod dashboard;
 mod error;
@@ -261,9 +262,10 @@ async fn ws_upgrade(
         // by default: ~141 KB of RSS per idle connection, docs/bench-fanout.md). Browsers send
         // a few small requests; a larger frame still arrives whole (the buffer grows to it).
         .read_buffer_size(ws::READ_BUFFER_BYTES)
-        // The write buffer keeps the capacity of the most it ever held, per connection: written
-        // out past this much, with pushes fragmented (ws::FRAGMENT_BYTES), it stays small.
-        .write_buffer_size(ws::WRITE_BUFFER_BYTES);
+        // Each frame (at most ws::FRAGMENT_BYTES of payload) is handed at once to the
+        // connection's batch (`batch.rs`), which writes a burst with one syscall and then frees
+        // its buffer: tungstenite's own buffer would keep its largest size for good.
+        .write_buffer_size(0);
     // The session is a task of the sessions' part from the upgrade on.
     let tasks = sessions.shutdown.clone();
     upgrade.on_upgrade(config, &tasks, move |socket| {

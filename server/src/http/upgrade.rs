@@ -1,7 +1,8 @@
 //! The WebSocket upgrade of `GET /ws`, done here rather than by axum's `WebSocketUpgrade`
 //! so that the session drives tokio-tungstenite's stream itself: it sends large pushes as
-//! fragments ([`ws::feed_text`](super::ws)), which axum's `Message` cannot express, and that
-//! keeps every connection's write buffer small (docs/soak.md).
+//! fragments ([`ws::feed_text`](super::ws)), which axum's `Message` cannot express, over an
+//! I/O adapter that batches a burst's writes and frees its buffer after ([`super::batch`]).
+//! Both keep an idle connection's write memory small and constant (docs/soak.md).
 //!
 //! The request is checked by axum's own extractor (same refusals, same statuses); the 101
 //! answer and the stream are made here.
@@ -19,11 +20,12 @@ use tokio_tungstenite::WebSocketStream;
 
 use shared::protocol::ErrorCode;
 
+use super::batch::WriteBatch;
 use super::ApiError;
 use crate::shutdown::Shutdown;
 
-/// A server-side WebSocket on an upgraded HTTP/1.1 connection.
-pub type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+/// A server-side WebSocket on an upgraded HTTP/1.1 connection, its writes batched per burst.
+pub type Socket = WebSocketStream<WriteBatch<TokioIo<hyper::upgrade::Upgraded>>>;
 
 /// A valid WebSocket upgrade request, not yet answered.
 pub struct Upgrade {
@@ -73,7 +75,7 @@ impl Upgrade {
         tasks.spawn(async move {
             match on_upgrade.await {
                 Ok(upgraded) => {
-                    let io = TokioIo::new(upgraded);
+                    let io = WriteBatch::new(TokioIo::new(upgraded));
                     session(WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await)
                         .await;
                 }

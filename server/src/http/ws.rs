@@ -359,15 +359,11 @@ impl Session {
 const WRITE_BATCH: usize = 64;
 
 /// Pushes longer than this go out as fragments of this size (RFC 6455 5.4; clients get whole
-/// messages). Together with [`WRITE_BUFFER_BYTES`] it bounds the transport's write buffer, which
-/// keeps the capacity of the most it ever held: unfragmented, one large `depth_update` after a
-/// resync left each depth client holding up to 64 KB for good (docs/soak.md).
-pub const FRAGMENT_BYTES: usize = 4096;
-
-/// The transport writes its buffer to the socket once it holds more than this, before the
-/// burst's flush: 8 KiB is ~25 kline pushes per write, and with fragments each connection's
-/// write buffer stays under 2 × (8 + 4) KiB.
-pub const WRITE_BUFFER_BYTES: usize = 8 * 1024;
+/// messages). The transport writes each frame at once into the connection's batch
+/// ([`super::batch`]), but keeps its own frame buffer at the capacity of the largest frame it
+/// ever wrote: unfragmented, one large `depth_update` after a resync left each depth client
+/// holding up to 64 KB for good (docs/soak.md).
+pub const FRAGMENT_BYTES: usize = 2048;
 
 /// Feeds one text message (valid UTF-8) to the transport, fragmented when long.
 async fn feed_text<S>(socket: &mut S, mut payload: Bytes) -> Result<(), WsError>
