@@ -175,6 +175,19 @@ async fn unsubscribe_stops_heartbeats() {
     assert!(quiet.is_err(), "got {quiet:?} after unsubscribing");
 }
 
+/// A ping is answered at once, though the server batches its writes until a burst's flush.
+#[tokio::test]
+async fn a_ping_is_answered_with_its_pong() {
+    let app = spawn_app().await;
+    let mut ws = connect(&app).await;
+    ws.send(Message::Ping(b"are you there".to_vec().into())).await.unwrap();
+    let pong = tokio::time::timeout(Duration::from_secs(5), ws.next()).await;
+    match pong {
+        Ok(Some(Ok(Message::Pong(data)))) => assert_eq!(&data[..], b"are you there"),
+        other => panic!("expected the pong, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn bad_frame_gets_malformed_and_socket_stays_open() {
     let app = spawn_app().await;
