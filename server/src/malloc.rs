@@ -12,8 +12,8 @@
 //! arguments), with `MALLOC_ARENA_MAX` set. A value already in the environment, the
 //! operator's own or that of the first execution, is kept as it is.
 
-/// The arena count set when the environment has none: one per tokio worker on these 2-core
-/// machines would be 2; one arena measured best on the soak (docs/soak.md).
+/// The arena count set when the environment has none: the soak was measured with one arena
+/// against glibc's default of 8 per core (docs/soak.md).
 pub const ARENAS: &str = "1";
 
 /// The variable glibc reads at start.
@@ -23,11 +23,9 @@ pub const VAR: &str = "MALLOC_ARENA_MAX";
 /// nothing needed doing, or if the re-execution failed (then with a warning on stderr, and
 /// glibc's default arenas). Call it first thing in `main`, before any thread exists.
 pub fn limit_arenas() {
-    if !cfg!(all(target_os = "linux", target_env = "gnu")) || std::env::var_os(VAR).is_some() {
-        return;
-    }
-    #[cfg(unix)]
-    {
+    // Only glibc reads the variable; elsewhere there is nothing to do.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os(VAR).is_none() {
         use std::os::unix::process::CommandExt as _;
         let mut args = std::env::args_os();
         let argv0 = args.next().unwrap_or_else(|| "millrace".into());
@@ -38,7 +36,7 @@ pub fn limit_arenas() {
             .env(VAR, ARENAS)
             .exec();
         eprintln!(
-            "millrace: warning: cannot re-execute with {VAR}={ARENAS} ({err}); running with glibc's default malloc arenas"
+            "warning: cannot re-execute with {VAR}={ARENAS} ({err}); running with glibc's default malloc arenas"
         );
     }
 }

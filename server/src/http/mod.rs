@@ -267,8 +267,7 @@ async fn ws_upgrade(
         // its buffer: tungstenite's own buffer would keep its largest size for good.
         .write_buffer_size(0);
     // The session is a task of the sessions' part from the upgrade on.
-    let tasks = sessions.shutdown.clone();
-    upgrade.on_upgrade(config, &tasks, move |socket| {
+    upgrade.on_upgrade(config, &state.sessions.shutdown, move |socket| {
         async move {
             sessions.metrics.ws_connections.fetch_add(1, Relaxed);
             sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
