@@ -34,10 +34,20 @@ pub fn start(
 ) -> anyhow::Result<KillOnDrop> {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml::to_string(config)?)?;
+    let mut args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    args.extend([std::ffi::OsStr::new("--config"), path.as_os_str()]);
+    start_args(bin, dir, name, &args)
+}
+
+/// Starts `millrace <args>` (`RUST_LOG=warn`), its log in `<dir>/<name>.log`.
+pub fn start_args(
+    bin: &Path,
+    dir: &Path,
+    name: &str,
+    args: &[&std::ffi::OsStr],
+) -> anyhow::Result<KillOnDrop> {
     let child = Command::new(bin)
         .args(args)
-        .arg("--config")
-        .arg(&path)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
@@ -48,16 +58,20 @@ pub fn start(
 
 /// Waits (at most 60 s) until `GET /healthz` on 127.0.0.1:`port` answers 2xx.
 pub async fn wait_healthy(port: u16) -> anyhow::Result<()> {
-    let url = format!("http://127.0.0.1:{port}/healthz");
+    wait_ok(&format!("http://127.0.0.1:{port}/healthz")).await
+}
+
+/// Waits (at most 60 s) until `GET url` answers 2xx.
+pub async fn wait_ok(url: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(r) = reqwest::get(&url).await {
+        if let Ok(r) = reqwest::get(url).await {
             if r.status().is_success() {
                 return Ok(());
             }
         }
         if Instant::now() > deadline {
-            bail!("the server on port {port} did not become healthy in 60 s");
+            bail!("{url} did not answer 2xx within 60 s");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -6,7 +6,9 @@
 //!   `--bin`) on a fresh data dir, with its embedded simulator at `--sim-speed` (60: a 1m candle
 //!   closes every second), the simulator's 8 instruments pinned for klines and depth, an admin
 //!   token (the simulator's fault endpoint takes it) and the connection and job-start limits
-//!   raised for many loopback clients.
+//!   raised for many loopback clients. With `--separate-sim` the simulator is a `millrace sim`
+//!   process of its own, which the server reaches as a remote exchange, so that the server's
+//!   RSS and CPU are its own (the simulator's are reported beside them).
 //! - `--clients` WebSocket clients in this process (one tokio runtime) each subscribe to the 1m
 //!   klines of two instruments, and every fourth also to an instrument's `depth_update@`. Each
 //!   keeps every closed candle (`"x":true`) it receives; a close with code 4000 or a `lagging`
@@ -47,10 +49,11 @@ use shared::protocol::{ErrorCode, KlineEvent, ServerFrame, Stream};
 use sim::SymbolSpec;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
-use tools::child::{free_port, metrics, start, wait_healthy};
+use tools::child::{free_port, metrics, start, start_args, wait_healthy, wait_ok};
 use tools::procfs::{
     cpu_time, loadavg, machine_busy, raise_nofile_limit, rss_anon_bytes, rss_bytes,
 };
+use tools::KillOnDrop;
 
 /// The admin token of the server under test (its simulator's control endpoints take it).
 const ADMIN_TOKEN: &str = "soak-admin-token";
@@ -82,6 +85,11 @@ struct Args {
     /// reading (then the rings' filling shows as RSS growth during the run).
     #[arg(long)]
     no_tbt_fill: bool,
+    /// Run the simulator as a process of its own (`millrace sim`, which the server reaches over
+    /// loopback as it would a remote exchange) instead of embedded in the server, so that the
+    /// server's RSS and CPU are the server's alone; the simulator's are reported beside them.
+    #[arg(long)]
+    separate_sim: bool,
     /// The `millrace` binary [default: beside this one].
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -541,14 +549,41 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     config.limits.max_connections_per_ip = connections;
     config.limits.max_job_starts_per_min_per_connection = 1000;
     config.limits.max_job_starts_per_min_per_ip = 100_000;
-    config.sources = vec![SourceConfig {
+    let sim = format!("http://127.0.0.1:{sim_port}");
+    let mut source = SourceConfig {
         name: "sim".into(),
         kind: SourceKind::Sim,
         speed: args.sim_speed,
         seed: args.seed,
         sim_addr: format!("127.0.0.1:{sim_port}").parse()?,
         ..SourceConfig::default()
-    }];
+    };
+    // the separate simulator: a child of its own, with the same speed, seed and control token
+    let separate = if args.separate_sim {
+        let (addr, speed, seed) =
+            (source.sim_addr.to_string(), args.sim_speed.to_string(), args.seed.to_string());
+        let sim_args = [
+            "sim",
+            "--addr",
+            &addr,
+            "--speed",
+            &speed,
+            "--seed",
+            &seed,
+            "--control-token",
+            ADMIN_TOKEN,
+        ]
+        .map(std::ffi::OsStr::new);
+        let child = start_args(&bin, &dir, "sim", &sim_args)?;
+        wait_ok(&format!("{sim}/api/v3/ping")).await.context("the separate simulator")?;
+        source.rest_base = Some(sim.clone());
+        source.ws_base = Some(format!("ws://127.0.0.1:{sim_port}"));
+        Some(child)
+    } else {
+        None
+    };
+    let sim_pid = separate.as_ref().map(KillOnDrop::id);
+    config.sources = vec![source];
     let server = start(&bin, &dir, "server", &["serve"], &config)?;
     let pid = server.id();
     if let Err(e) = wait_healthy(port).await {
@@ -556,14 +591,14 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         bail!("{e:#}; the server's log:\n{log}");
     }
     let base = format!("http://127.0.0.1:{port}");
-    let sim = format!("http://127.0.0.1:{sim_port}");
     let addr: SocketAddr = config.server.addr;
     println!(
-        "millrace-soak: {} clients, {} s, a fault every {} s, simulator speed {}, server pid {pid} ({}), log {}",
+        "millrace-soak: {} clients, {} s, a fault every {} s, simulator speed {} ({}), server pid {pid} ({}), log {}",
         plan.clients,
         plan.duration.as_secs(),
         plan.fault_every.as_secs(),
         args.sim_speed,
+        sim_pid.map_or("embedded".to_string(), |p| format!("separate, pid {p}")),
         bin.display(),
         dir.join("server.log").display()
     );
@@ -617,6 +652,9 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let t0 = Instant::now();
     let (cpu0, busy0) = (cpu_time(pid).context("server CPU")?, machine_busy().unwrap_or_default());
     let rss0 = rss_bytes(pid).context("server RSS")?;
+    let sim_cpu0 = sim_pid.and_then(cpu_time);
+    let sim_rss = || sim_pid.and_then(rss_bytes);
+    let mut sim_samples: Vec<(u64, u64)> = sim_rss().map(|b| (0, b)).into_iter().collect();
     let anon = || rss_anon_bytes(pid).unwrap_or(0);
     let mut rss_samples = vec![(0u64, rss0)];
     let mut anon_samples = vec![(0u64, anon())];
@@ -655,11 +693,14 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
             let rss = rss_bytes(pid).context("server RSS (did it exit?)")?;
             rss_samples.push((next_rss.as_secs(), rss));
             anon_samples.push((next_rss.as_secs(), anon()));
+            let sim_now = sim_rss();
+            sim_samples.extend(sim_now.map(|b| (next_rss.as_secs(), b)));
             println!(
-                "{:>6} s  RSS {:>7.1} MiB (anon {:.1})  closed {} fell behind {} disconnects {}",
+                "{:>6} s  RSS {:>7.1} MiB (anon {:.1}{})  closed {} fell behind {} disconnects {}",
                 next_rss.as_secs(),
                 mib(rss),
                 mib(anon()),
+                sim_now.map_or(String::new(), |b| format!("; simulator {:.1}", mib(b))),
                 tally.closed.load(Relaxed),
                 tally.fell_behind.load(Relaxed),
                 tally.disconnects.load(Relaxed)
@@ -672,7 +713,9 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let rss_end = rss_bytes(pid).context("server RSS at the end")?;
     rss_samples.push((plan.duration.as_secs(), rss_end));
     anon_samples.push((plan.duration.as_secs(), anon()));
+    sim_samples.extend(sim_rss().map(|b| (plan.duration.as_secs(), b)));
     let cpu = (cpu_time(pid).context("server CPU")? - cpu0).as_secs_f64();
+    let sim_cpu = sim_pid.zip(sim_cpu0).and_then(|(p, c0)| Some((cpu_time(p)? - c0).as_secs_f64()));
     let busy = (machine_busy().unwrap_or_default().saturating_sub(busy0)).as_secs_f64();
     let load = loadavg();
     let metrics1 = tokio::task::spawn_blocking(move || metrics(addr)).await??;
@@ -712,6 +755,7 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let mut checks = check_clients(&all, &newest);
     check_store(&base, &mut checks, &tally).await?;
     drop(server);
+    drop(separate);
 
     let delta = |m: &str| tools::child::metric(&metrics1, m) - tools::child::metric(&metrics0, m);
     let sum = |f: fn(&SeriesCheck) -> u64| checks.values().map(f).sum::<u64>();
@@ -774,6 +818,17 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
             "anon_samples": anon_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
         },
         "server_cpu_pct_of_one_core": 100.0 * cpu / elapsed,
+        "simulator": match sim_pid {
+            None => json!("embedded in the server (its RSS and CPU are in the server's)"),
+            Some(_) => json!({
+                "rss_mib": {
+                    "start": at(&sim_samples, 0),
+                    "half": at(&sim_samples, half),
+                    "end": at(&sim_samples, u64::MAX),
+                },
+                "cpu_pct_of_one_core": sim_cpu.map(|c| 100.0 * c / elapsed),
+            }),
+        },
         "machine_busy_cores": busy / elapsed,
         "loadavg_at_end": load,
         "closed_candles_delivered": delivered,
@@ -833,6 +888,16 @@ fn table(r: &Value) {
         rss["anon_half"].as_f64().unwrap_or(0.0),
         rss["anon_end"].as_f64().unwrap_or(0.0)
     );
+    if let Some(sim) = r["simulator"].as_object() {
+        println!(
+            "| separate simulator RSS start / {} s / end  | {:.1} / {:.1} / {:.1}; CPU {:.1} % |",
+            rss["half_at_s"],
+            sim["rss_mib"]["start"].as_f64().unwrap_or(0.0),
+            sim["rss_mib"]["half"].as_f64().unwrap_or(0.0),
+            sim["rss_mib"]["end"].as_f64().unwrap_or(0.0),
+            sim["cpu_pct_of_one_core"].as_f64().unwrap_or(0.0)
+        );
+    }
     println!(
         "| server CPU (% of one core)                 | {:.1} (machine busy {:.2} cores) |",
         r["server_cpu_pct_of_one_core"].as_f64().unwrap_or(0.0),

@@ -2,7 +2,8 @@
 //! every 3 s against a real `millrace serve`. Checks that it measures and checks — candles
 //! delivered and compared with the store, faults injected, the simulator's tick-by-tick replay
 //! rings filled first, RSS and CPU read — and that the
-//! server passes at this size; the 10-minute figures are in BENCHMARKS.md ("Soak").
+//! server passes at this size, with its simulator embedded or separate; the 10-minute figures
+//! are in BENCHMARKS.md ("Soak").
 
 use std::process::Command;
 
@@ -32,4 +33,30 @@ fn a_short_soak_injects_faults_checks_every_candle_and_passes() {
     assert_eq!(r["tbt_fill"]["history"], 20_000, "{r:#}");
     assert!(r["rss_mib"]["start"].as_f64().unwrap() > 0.0, "{r:#}");
     assert!(r["server_cpu_pct_of_one_core"].as_f64().unwrap() > 0.0, "{r:#}");
+}
+
+/// `--separate-sim`: the simulator runs as `millrace sim`, which the server reaches as a remote
+/// exchange (klines, depth and the tick-by-tick feed), and the two processes are measured apart.
+#[test]
+fn a_soak_against_a_separate_simulator_measures_each_process() {
+    let bin = testkit::millrace_bin();
+    assert!(bin.exists(), "{} is built by `cargo test --workspace`", bin.display());
+    let r = crate::result_of(
+        Command::new(env!("CARGO_BIN_EXE_millrace-soak"))
+            .args(["--quick", "--duration", "12", "--clients", "20", "--fault-every", "3"])
+            .arg("--separate-sim")
+            .arg("--bin")
+            .arg(&bin),
+    );
+    assert_eq!(r["ok"], true, "{r:#}");
+    assert!(r["closed_candles_delivered"].as_u64().unwrap() > 20, "{r:#}");
+    assert!(r["faults"].as_array().unwrap().len() >= 2, "{r:#}");
+    assert_eq!(r["fault_errors"], 0, "{r:#}");
+    assert_eq!(r["tbt_fill"]["symbols"], 40, "{r:#}");
+    let sim = &r["simulator"];
+    for at in ["start", "half", "end"] {
+        assert!(sim["rss_mib"][at].as_f64().unwrap() > 0.0, "{at}: {r:#}");
+    }
+    assert!(sim["cpu_pct_of_one_core"].as_f64().unwrap() > 0.0, "{r:#}");
+    assert!(r["rss_mib"]["start"].as_f64().unwrap() > 0.0, "{r:#}");
 }
