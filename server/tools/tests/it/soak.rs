@@ -7,16 +7,22 @@
 
 use std::process::Command;
 
-#[test]
-fn a_short_soak_injects_faults_checks_every_candle_and_passes() {
+/// `millrace-soak --quick <args> --bin <the workspace's millrace>`: its result.
+fn soak(args: &[&str]) -> serde_json::Value {
     let bin = testkit::millrace_bin();
     assert!(bin.exists(), "{} is built by `cargo test --workspace`", bin.display());
-    let r = crate::result_of(
+    crate::result_of(
         Command::new(env!("CARGO_BIN_EXE_millrace-soak"))
-            .args(["--quick", "--duration", "20", "--clients", "40", "--fault-every", "3"])
+            .arg("--quick")
+            .args(args)
             .arg("--bin")
             .arg(&bin),
-    );
+    )
+}
+
+#[test]
+fn a_short_soak_injects_faults_checks_every_candle_and_passes() {
+    let r = soak(&["--duration", "20", "--clients", "40", "--fault-every", "3"]);
     assert_eq!(r["ok"], true, "{r:#}");
     assert_eq!(r["clients"], 40, "{r:#}");
     assert!(r["closed_candles_delivered"].as_u64().unwrap() > 40, "{r:#}");
@@ -39,15 +45,7 @@ fn a_short_soak_injects_faults_checks_every_candle_and_passes() {
 /// exchange (klines, depth and the tick-by-tick feed), and the two processes are measured apart.
 #[test]
 fn a_soak_against_a_separate_simulator_measures_each_process() {
-    let bin = testkit::millrace_bin();
-    assert!(bin.exists(), "{} is built by `cargo test --workspace`", bin.display());
-    let r = crate::result_of(
-        Command::new(env!("CARGO_BIN_EXE_millrace-soak"))
-            .args(["--quick", "--duration", "12", "--clients", "20", "--fault-every", "3"])
-            .arg("--separate-sim")
-            .arg("--bin")
-            .arg(&bin),
-    );
+    let r = soak(&["--duration", "12", "--clients", "20", "--fault-every", "3", "--separate-sim"]);
     assert_eq!(r["ok"], true, "{r:#}");
     assert!(r["closed_candles_delivered"].as_u64().unwrap() > 20, "{r:#}");
     assert!(r["faults"].as_array().unwrap().len() >= 2, "{r:#}");
