@@ -180,7 +180,12 @@ fn random_migrations_keep_order_and_books() {
     for seed in 0..12u64 {
         let mut rng = Rng::new(seed);
         let mut engine = Engine::start(
-            EngineConfig { max_batch: 1 + rng.below(300) as usize, ..config(2, 6) },
+            EngineConfig {
+                max_batch: 1 + rng.below(300) as usize,
+                // no pool, a pool smaller than the batches in flight, and the default
+                recycle_batches: [0, 1, 8, 1024][seed as usize % 4],
+                ..config(2, 6)
+            },
             &Shutdown::new(),
         )
         .unwrap();
@@ -465,6 +470,11 @@ fn refusals_are_typed() {
     assert_eq!(h.stats().unknown_symbol_events, 1);
     assert!(Engine::start(EngineConfig { shards: 0, ..EngineConfig::default() }, &Shutdown::new())
         .is_err());
+    let huge_pool = EngineConfig { recycle_batches: (1 << 20) + 1, ..EngineConfig::default() };
+    assert_eq!(
+        huge_pool.validate(),
+        Err(EngineError::Config("recycle_batches must be at most 1048576".into()))
+    );
     drop(d);
     engine.shutdown();
 }

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use super::shard::{Batch, Shard, ShardMsg, SymbolState};
 use super::stats::{Registry, ShardShared, SymbolShared};
-use super::{EngineConfig, EngineError, L3Snapshot, SymbolIdx, Target, TickEvent};
+use super::{EngineConfig, EngineError, L3Snapshot, SymbolIdx, Target, TickEvent, FIRST_BATCH};
 
 /// A control request, from [`super::EngineHandle`] to the dispatcher.
 pub(crate) enum Control {
@@ -33,10 +33,6 @@ struct ShardLink {
 }
 
 const NO_ROUTE: u32 = u32::MAX;
-/// Emptied batch vectors kept for reuse. A burst that queues far ahead of the shards would
-/// otherwise allocate fresh (page-faulting) memory for every batch and hand it back to the OS
-/// afterwards; this keeps up to `RECYCLE * max_batch` events' worth (58 MB at the default 1024).
-const RECYCLE: usize = 1024;
 /// Events counted per pass: the per-symbol pending counters are raised for a chunk before any of
 /// its events is queued, so a shard never sees a symbol's pending go below zero.
 const CHUNK: usize = 8192;
@@ -76,7 +72,7 @@ impl Dispatcher {
         threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
         shutdown: Shutdown,
     ) -> Result<Self, EngineError> {
-        let (recycle_tx, recycle_rx) = mpsc::sync_channel(RECYCLE);
+        let (recycle_tx, recycle_rx) = mpsc::sync_channel(cfg.recycle_batches);
         let mut d = Self {
             reg,
             control_rx,
@@ -169,8 +165,7 @@ impl Dispatcher {
     }
 
     fn send_batch(&mut self, r: usize) {
-        let fresh =
-            self.recycle_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(self.cfg.max_batch));
+        let fresh = self.recycle_rx.try_recv().unwrap_or_else(|_| self.new_batch());
         let events = std::mem::replace(&mut self.bufs[r], fresh);
         let link = &self.shards[r];
         link.shared.queued.fetch_add(events.len() as i64, Relaxed);
@@ -353,6 +348,12 @@ impl Dispatcher {
         self.queued = waiting;
     }
 
+    /// An empty batch for when the pool has none: small, since most batches of a quiet feed
+    /// carry a few events, and the pool keeps every vector at the size it grew to.
+    fn new_batch(&self) -> Vec<TickEvent> {
+        Vec::with_capacity(FIRST_BATCH.min(self.cfg.max_batch))
+    }
+
     /// A new shard thread; returns its id.
     fn spawn_shard(&mut self) -> Result<u32, EngineError> {
         let id = self.shards.len() as u32;
@@ -373,7 +374,8 @@ impl Dispatcher {
         lock(&self.threads).push(handle);
         self.reg.shards.write().unwrap_or_else(|e| e.into_inner()).push(shared.clone());
         self.shards.push(ShardLink { tx, shared });
-        self.bufs.push(Vec::with_capacity(self.cfg.max_batch));
+        let buf = self.new_batch();
+        self.bufs.push(buf);
         self.placed.push(0);
         tracing::info!(shard = id, "l3 shard started");
         Ok(id)

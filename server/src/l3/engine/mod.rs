@@ -177,6 +177,9 @@ pub enum EngineError {
     Config(String),
 }
 
+/// Room for events a new batch vector starts with (it grows to `max_batch` as needed).
+pub const FIRST_BATCH: usize = 64;
+
 /// Engine configuration; every field has the documented default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -190,6 +193,13 @@ pub struct EngineConfig {
     /// Most events in one queue message: bounds how long a shard works before it looks at its
     /// clock and migration flags, and the latency a batch adds.
     pub max_batch: usize,
+    /// Emptied batch vectors kept for reuse, across all shards. A burst queued far ahead of the
+    /// shards reuses them instead of page-faulting fresh memory for every batch; each one keeps
+    /// the capacity it grew to (at most `max_batch` events of 56 bytes), so this bounds the pool
+    /// at `recycle_batches * max_batch * 56` bytes (58 MB at the defaults), held after the
+    /// burst that filled it. A new batch starts with room for [`FIRST_BATCH`] events and grows,
+    /// so a quiet feed keeps small ones. 0 keeps none.
+    pub recycle_batches: usize,
     /// Symbols listed per shard in `top_pending`.
     pub top_n: usize,
     /// Whether the automatic policy starts switched on (it can be toggled at runtime).
@@ -205,6 +215,7 @@ impl Default for EngineConfig {
             max_shards: cores * 4,
             publish_interval_ms: 100,
             max_batch: 1024,
+            recycle_batches: 1024,
             top_n: 5,
             auto_balance: false,
             balance: BalanceConfig::default(),
@@ -230,6 +241,9 @@ impl EngineConfig {
         }
         if self.max_batch == 0 {
             return bad("max_batch must be positive");
+        }
+        if self.recycle_batches > 1 << 20 {
+            return bad("recycle_batches must be at most 1048576");
         }
         self.balance.validate()
     }
