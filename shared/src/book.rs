@@ -514,6 +514,7 @@ impl Ladder {
 
         self.set_tick(g);
         self.base = base as i64;
+        self.reserve_window(len);
         self.qtys.resize(len, Qty::ZERO);
         self.bits.resize(len.div_ceil(64), 0);
         for &(key, qty) in &levels[lo..] {
@@ -531,6 +532,25 @@ impl Ladder {
             self.ntop += 1;
             from = i;
         }
+    }
+
+    /// Makes room for a window of `len` slots. The allocation grows in power-of-two steps (up to
+    /// `MAX_SLOTS`) and is written in full when it does, so a ladder whose span wanders with
+    /// the market settles in one size class at once, instead of writing (and so making
+    /// resident) a few more pages each time its window reaches a new widest span.
+    fn reserve_window(&mut self, len: usize) {
+        if len <= self.qtys.capacity() {
+            return;
+        }
+        let class = len.next_power_of_two().min(MAX_SLOTS).max(len);
+        let (n, words) = (self.qtys.len(), self.bits.len());
+        self.qtys.reserve_exact(class - n);
+        self.qtys.resize(class, Qty::ZERO);
+        self.qtys.truncate(n);
+        let class_words = class.div_ceil(64);
+        self.bits.reserve_exact(class_words.saturating_sub(words));
+        self.bits.resize(class_words.max(words), 0);
+        self.bits.truncate(words);
     }
 
     /// Empties the window, keeping its grid and allocation.
@@ -1371,6 +1391,10 @@ mod tests {
                 _ => 40_000 * 100_000_000,
             };
             for step in 0..3_000 {
+                // the window's allocation grows in whole size classes
+                let cap = ladder.qtys.capacity();
+                assert!(cap == 0 || cap.is_power_of_two(), "seed {seed} step {step}: {cap}");
+                assert!(ladder.bits.capacity() * 64 >= cap, "seed {seed} step {step}");
                 let r = rng.below(1000);
                 if r < 4 {
                     // a trend: the best moves by up to several windows
