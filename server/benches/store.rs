@@ -264,9 +264,12 @@ criterion_group! {
 /// The load tool: `MILLRACE_STORE_LOAD=batches=3000,rows=200,series=8 cargo bench -p server
 /// --bench store` writes that many back-to-back batches into a fresh file and prints sustained
 /// rows/s, the CPU time the process used (writer and checkpointer) and the bytes it wrote: a
-/// steadier figure than wall time on a machine shared with other work.
+/// steadier figure than wall time on a machine shared with other work. `writer_cache_kib=N` sets
+/// the writer's page cache (`store.sqlite_writer_cache_kib`).
 fn load(spec: &str) {
-    let mut cfg = [("batches", 3000usize), ("rows", 200), ("series", 8)];
+    let writer_cache = server::store::sqlite::WRITER_CACHE_KIB as usize;
+    let mut cfg =
+        [("batches", 3000usize), ("rows", 200), ("series", 8), ("writer_cache_kib", writer_cache)];
     for kv in spec.split(',').filter(|kv| !kv.is_empty()) {
         let (k, v) = kv.split_once('=').expect("key=value");
         let slot = cfg
@@ -275,9 +278,9 @@ fn load(spec: &str) {
             .unwrap_or_else(|| panic!("unknown key {k}"));
         slot.1 = v.parse().expect("a number");
     }
-    let [(_, batches), (_, rows), (_, n_series)] = cfg;
+    let [(_, batches), (_, rows), (_, n_series), (_, writer_cache_kib)] = cfg;
     let path = db_path("load");
-    let store = SqliteStore::open(&path).unwrap();
+    let store = SqliteStore::open_with(&path, writer_cache_kib as u32).unwrap();
     let ids = series(n_series);
     let mut bufs = vec![Vec::new(); n_series];
     let mut next = 0;
@@ -294,7 +297,8 @@ fn load(spec: &str) {
     let total = (batches * (rows / n_series) * n_series) as f64;
     let file = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{batches} batches x {rows} rows over {n_series} series: {:.0} rows/s wall ({wall:.2} s), \
+        "{batches} batches x {rows} rows over {n_series} series, writer cache {writer_cache_kib} KiB: \
+         {:.0} rows/s wall ({wall:.2} s), \
          {:.2} us CPU/row, {:.0} bytes written/row, file {:.1} MiB, load {}",
         total / wall,
         cpu / total * 1e6,

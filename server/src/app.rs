@@ -105,8 +105,9 @@ impl Backends {
                 data_lock = Some(Arc::new(DataDirLock::acquire(&config.server.data_dir)?));
                 let path = config.db_path();
                 let (file, check) = (path.clone(), config.store.quick_check);
+                let writer_cache_kib = config.store.sqlite_writer_cache_kib;
                 let store = blocking(move || {
-                    let store = SqliteStore::open(&file)?;
+                    let store = SqliteStore::open_with(&file, writer_cache_kib)?;
                     if check {
                         let started = std::time::Instant::now();
                         store.quick_check()?;

@@ -60,11 +60,19 @@ pub struct StoreConfig {
     /// corrupt one. `false` starts on a damaged file (reads and writes that touch the damage
     /// fail, and `/healthz` reports them).
     pub quick_check: bool,
+    /// SQLite: page cache of the connection that writes candles, in KiB (64 to 1048576). It
+    /// needs each series' newest pages, not the file's history; read connections keep their own.
+    pub sqlite_writer_cache_kib: u32,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { kind: StoreKind::Sqlite, url: None, quick_check: true }
+        StoreConfig {
+            kind: StoreKind::Sqlite,
+            url: None,
+            quick_check: true,
+            sqlite_writer_cache_kib: crate::store::sqlite::WRITER_CACHE_KIB,
+        }
     }
 }
 
@@ -246,6 +254,7 @@ pub fn validate(
             Ok(())
         }
     };
+    range("store.sqlite_writer_cache_kib", u64::from(store.sqlite_writer_cache_kib), 64, 1 << 20)?;
     range("cluster.warmup_s", c.warmup_s, 0, 3600)?;
     range("cluster.tick_ms", c.tick_ms, 10, 60_000)?;
     range("cluster.status_interval_ms", c.status_interval_ms, 10, 60_000)?;
@@ -322,6 +331,11 @@ mod tests {
         let store = StoreConfig { kind: StoreKind::Postgres, url: None, ..Default::default() };
         let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
         assert!(e.to_string().contains("store.url"), "{e}");
+        for kib in [0, 63, (1 << 20) + 1] {
+            let store = StoreConfig { sqlite_writer_cache_kib: kib, ..Default::default() };
+            let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
+            assert!(e.to_string().contains("store.sqlite_writer_cache_kib"), "{e}");
+        }
         let cluster = ClusterConfig { enabled: true, ..ClusterConfig::default() };
         let e = validate(&BusConfig::default(), &StoreConfig::default(), &cluster).unwrap_err();
         assert!(e.to_string().contains("bus.kind"), "{e}");

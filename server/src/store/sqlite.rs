@@ -149,8 +149,17 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 const RESTART_FRAMES: i64 = 8192;
 /// Safety net should the checkpointer fall far behind: the committing writer checkpoints inline.
 const WAL_AUTOCHECKPOINT: i64 = 4 * RESTART_FRAMES;
-/// Page cache per connection, in KiB (negative `cache_size`).
+/// Page cache of each read (and the checkpoint) connection, in KiB (negative `cache_size`).
+/// SQLite empties a WAL reader's cache whenever the file changed since its last read, so this
+/// holds the pages of one query (a chart load), not the file's history.
 const CACHE_KIB: i64 = 32 * 1024;
+/// Page cache of the connection that writes candles, in KiB, unless `store.sqlite_writer_cache_kib`
+/// says otherwise. Its own writes never empty it, so it keeps every page it ever touched up to
+/// this size: as the tables grow, that is their history, while a write needs only each series'
+/// newest leaf and the few pages above it (a series' table is 3 levels deep at ~5 million rows).
+/// 1 MiB keeps those of ~60 series; more series read theirs from the OS page cache
+/// (BENCHMARKS.md, "Storage").
+pub const WRITER_CACHE_KIB: u32 = 1024;
 /// How long a statement waits for a lock held by another process before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle read connections kept open; more concurrent readers open extra connections and close them.
@@ -313,6 +322,12 @@ impl SqliteStore {
     /// Opens (creating if needed, with its parent directory) the database at `path`, switches it
     /// to WAL and brings its schema up to [`SCHEMA_VERSION`].
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, WRITER_CACHE_KIB)
+    }
+
+    /// [`Self::open`] with the writer's page cache of `writer_cache_kib` KiB
+    /// (`store.sqlite_writer_cache_kib`).
+    pub fn open_with(path: &Path, writer_cache_kib: u32) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
                 StoreError::db(format!("cannot create directory {}", dir.display()), e)
@@ -337,7 +352,7 @@ impl SqliteStore {
         }
         conn.execute_batch(&format!(
             "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT}; \
-             PRAGMA cache_size = -{CACHE_KIB}; PRAGMA temp_store = MEMORY;"
+             PRAGMA cache_size = -{writer_cache_kib}; PRAGMA temp_store = MEMORY;"
         ))
         .map_err(with_path)?;
         migrate(&mut conn, path)?;
@@ -886,6 +901,27 @@ mod tests {
             Err(StoreError::SchemaTooNew { found, supported, .. }) if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION
         ));
         assert!(matches!(check_version(p, -1), Err(StoreError::Corrupt { .. })));
+    }
+
+    /// The writer's page cache is the configured one (its own writes never empty it); readers
+    /// keep theirs for chart loads.
+    #[test]
+    fn the_writer_has_its_own_page_cache_size() {
+        let dir =
+            std::env::temp_dir().join(format!("millrace-sqlite-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = |conn: &Connection| -> i64 {
+            conn.pragma_query_value(None, "cache_size", |r| r.get(0)).unwrap()
+        };
+        for (file, store) in [
+            ("default.db", SqliteStore::open(&dir.join("default.db")).unwrap()),
+            ("small.db", SqliteStore::open_with(&dir.join("small.db"), 256).unwrap()),
+        ] {
+            let want = if file == "small.db" { 256 } else { i64::from(WRITER_CACHE_KIB) };
+            assert_eq!(cache(&lock(&store.writer).conn), -want, "{file}");
+            assert_eq!(store.read(|c| Ok(cache(c))).unwrap(), -CACHE_KIB, "{file}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
