@@ -19,8 +19,12 @@
 //!   reordered and malformed messages, corrupt depth diffs and REST 429/500 answers with a drop),
 //!   so the server's recovery paths run under load. None in the last 20 s of the run (a quarter
 //!   of a shorter one).
-//! - Server RSS (`/proc/<pid>/status` `VmRSS`) is read once every client is subscribed, then
-//!   every 10 s; CPU time (`/proc/<pid>/stat` utime + stime) over the run.
+//! - An optional warm-up (`--warmup <s>`) runs the load and the faults before the `start`
+//!   reading, so that the figures compare the server with itself in its steady state.
+//! - Server RSS (`/proc/<pid>/status` `VmRSS`) is read once every client is subscribed (`cold`),
+//!   then every 10 s; the figures are at the end of the warm-up (`start`; `cold` without one),
+//!   halfway through the measured `--duration` and at its end. CPU time (`/proc/<pid>/stat`
+//!   utime + stime) over the measured part.
 //! - At the end, for every series: no client saw a closed candle twice or missed one between its
 //!   first and its last (late gap fills may come out of order; they count once they came); every
 //!   client saw the same values; `GET /api/v1/klines` holds each minute of the run once, without
@@ -29,7 +33,7 @@
 //! Prints a table and a `RESULT {json}` line; exits 1 if a candle was lost, duplicated or
 //! differed, or a client fell behind (closed as lagging, or as too slow to send to).
 //!
-//! Usage: `millrace-soak [--duration 600] [--clients 2000] [--quick]`.
+//! Usage: `millrace-soak [--warmup 0] [--duration 600] [--clients 2000] [--quick]`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -63,9 +67,16 @@ const ADMIN_TOKEN: &str = "soak-admin-token";
 #[derive(Debug, Parser)]
 #[command(name = "millrace-soak", version = server::VERSION)]
 struct Args {
-    /// Seconds of load after every client subscribed [default: 600; 60 with --quick].
+    /// Seconds of load measured, after the warm-up [default: 600; 60 with --quick].
     #[arg(long)]
     duration: Option<u64>,
+    /// Seconds of load (with faults) between every client subscribing and the `start` memory
+    /// and CPU reading, so that the readings compare the server with itself once its buffers
+    /// and caches have been through the faults' recovery paths (docs/soak.md). The reading at
+    /// subscription is reported too (`cold`); every candle of the warm-up is checked like the
+    /// others.
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
     /// WebSocket clients [default: 2000; 200 with --quick].
     #[arg(long)]
     clients: Option<usize>,
@@ -97,6 +108,7 @@ struct Args {
 
 /// The run's settings, defaults applied.
 struct Plan {
+    warmup: Duration,
     duration: Duration,
     clients: usize,
     fault_every: Duration,
@@ -106,6 +118,7 @@ impl Args {
     fn plan(&self) -> Plan {
         let (d, c, f) = if self.quick { (60, 200, 10) } else { (600, 2000, 40) };
         Plan {
+            warmup: Duration::from_secs(self.warmup),
             duration: Duration::from_secs(self.duration.unwrap_or(d)),
             clients: self.clients.unwrap_or(c).max(1),
             fault_every: Duration::from_secs(self.fault_every.unwrap_or(f).max(1)),
@@ -593,8 +606,9 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let base = format!("http://127.0.0.1:{port}");
     let addr: SocketAddr = config.server.addr;
     println!(
-        "millrace-soak: {} clients, {} s, a fault every {} s, simulator speed {} ({}), server pid {pid} ({}), log {}",
+        "millrace-soak: {} clients, {} s warm-up + {} s measured, a fault every {} s, simulator speed {} ({}), server pid {pid} ({}), log {}",
         plan.clients,
+        plan.warmup.as_secs(),
         plan.duration.as_secs(),
         plan.fault_every.as_secs(),
         args.sim_speed,
@@ -648,11 +662,15 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let metrics0 = tokio::task::spawn_blocking(move || metrics(addr)).await??;
 
-    // the run: RSS every 10 s, a fault every `fault_every`
+    // the run: RSS every 10 s, a fault every `fault_every`; the warm-up, then what is measured
     let t0 = Instant::now();
-    let (cpu0, busy0) = (cpu_time(pid).context("server CPU")?, machine_busy().unwrap_or_default());
+    let warmup = plan.warmup.as_secs();
+    let total = plan.warmup + plan.duration;
+    let mut cpu0 = cpu_time(pid).context("server CPU")?;
+    let mut busy0 = machine_busy().unwrap_or_default();
     let rss0 = rss_bytes(pid).context("server RSS")?;
-    let sim_cpu0 = sim_pid.and_then(cpu_time);
+    let mut sim_cpu0 = sim_pid.and_then(cpu_time);
+    let mut measuring = plan.warmup.is_zero();
     let sim_rss = || sim_pid.and_then(rss_bytes);
     let mut sim_samples: Vec<(u64, u64)> = sim_rss().map(|b| (0, b)).into_iter().collect();
     let anon = || rss_anon_bytes(pid).unwrap_or(0);
@@ -671,11 +689,26 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let mut next_fault = plan.fault_every;
     let mut next_rss = Duration::from_secs(10);
     let quiet = Duration::from_secs(20).min(plan.duration / 4);
-    let last_fault = plan.duration.saturating_sub(quiet);
+    let last_fault = total.saturating_sub(quiet);
     loop {
         let now = t0.elapsed();
-        if now >= plan.duration {
+        if now >= total {
             break;
+        }
+        if !measuring && now >= plan.warmup {
+            // CPU from here; RSS is read at the next 10-s mark, as every other reading
+            measuring = true;
+            cpu0 = cpu_time(pid).context("server CPU")?;
+            busy0 = machine_busy().unwrap_or_default();
+            sim_cpu0 = sim_pid.and_then(cpu_time);
+            rss_samples.push((warmup, rss_bytes(pid).context("server RSS (did it exit?)")?));
+            anon_samples.push((warmup, anon()));
+            sim_samples.extend(sim_rss().map(|b| (warmup, b)));
+            println!(
+                "{:>6} s  warm-up over: the measured {} s start",
+                now.as_secs(),
+                plan.duration.as_secs()
+            );
         }
         if now >= next_fault && next_fault <= last_fault {
             let (name, body) = &rotation[injected.len() % rotation.len()];
@@ -709,11 +742,11 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let elapsed = t0.elapsed().as_secs_f64();
+    let elapsed = t0.elapsed().saturating_sub(plan.warmup).as_secs_f64();
     let rss_end = rss_bytes(pid).context("server RSS at the end")?;
-    rss_samples.push((plan.duration.as_secs(), rss_end));
-    anon_samples.push((plan.duration.as_secs(), anon()));
-    sim_samples.extend(sim_rss().map(|b| (plan.duration.as_secs(), b)));
+    rss_samples.push((total.as_secs(), rss_end));
+    anon_samples.push((total.as_secs(), anon()));
+    sim_samples.extend(sim_rss().map(|b| (total.as_secs(), b)));
     let cpu = (cpu_time(pid).context("server CPU")? - cpu0).as_secs_f64();
     let sim_cpu = sim_pid.zip(sim_cpu0).and_then(|(p, c0)| Some((cpu_time(p)? - c0).as_secs_f64()));
     let busy = (machine_busy().unwrap_or_default().saturating_sub(busy0)).as_secs_f64();
@@ -777,7 +810,8 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let at = |samples: &[(u64, u64)], s: u64| {
         samples.iter().rev().find(|(t, _)| *t <= s).map(|(_, b)| mib(*b)).unwrap_or(0.0)
     };
-    let half = plan.duration.as_secs() / 2;
+    // readings at the end of the warm-up, halfway through what is measured, and at its end
+    let half = warmup + plan.duration.as_secs() / 2;
     let interesting = |k: &str| {
         [
             "lagging",
@@ -805,15 +839,22 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         "sim_speed": args.sim_speed,
         "nofile": nofile,
         "tbt_fill": tbt_fill,
+        "warmup_s": warmup,
         "rss_mib": {
-            "start": mib(rss0),
+            "cold": mib(rss0),
+            "anon_cold": at(&anon_samples, 0),
+            "start": at(&rss_samples, warmup),
             "half": at(&rss_samples, half),
-            "anon_start": at(&anon_samples, 0),
+            "anon_start": at(&anon_samples, warmup),
             "anon_half": at(&anon_samples, half),
             "anon_end": at(&anon_samples, u64::MAX),
-            "half_at_s": half,
+            "half_at_s": half - warmup,
             "end": mib(rss_end),
-            "max": rss_samples.iter().map(|(_, b)| mib(*b)).fold(0.0, f64::max),
+            "max": rss_samples
+                .iter()
+                .filter(|(t, _)| *t >= warmup)
+                .map(|(_, b)| mib(*b))
+                .fold(0.0, f64::max),
             "samples": rss_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
             "anon_samples": anon_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
         },
@@ -822,7 +863,7 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
             None => json!("embedded in the server (its RSS and CPU are in the server's)"),
             Some(_) => json!({
                 "rss_mib": {
-                    "start": at(&sim_samples, 0),
+                    "start": at(&sim_samples, warmup),
                     "half": at(&sim_samples, half),
                     "end": at(&sim_samples, u64::MAX),
                 },
@@ -869,9 +910,15 @@ fn table(r: &Value) {
     println!("| measure                                   | value |");
     println!("|-------------------------------------------|-------|");
     println!(
-        "| clients / run (s)                          | {} / {:.0} |",
+        "| clients / warm-up (s) / measured (s)       | {} / {} / {:.0} |",
         f("clients"),
+        f("warmup_s"),
         r["duration_s"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "| server RSS at subscription (MiB)           | {:.1} (anon {:.1}) |",
+        rss["cold"].as_f64().unwrap_or(0.0),
+        rss["anon_cold"].as_f64().unwrap_or(0.0)
     );
     println!(
         "| server RSS start / {} s / end (MiB)        | {:.1} / {:.1} / {:.1} (max {:.1}) |",

@@ -45,7 +45,17 @@ fn a_short_soak_injects_faults_checks_every_candle_and_passes() {
 /// exchange (klines, depth and the tick-by-tick feed), and the two processes are measured apart.
 #[test]
 fn a_soak_against_a_separate_simulator_measures_each_process() {
-    let r = soak(&["--duration", "12", "--clients", "20", "--fault-every", "3", "--separate-sim"]);
+    let r = soak(&[
+        "--warmup",
+        "5",
+        "--duration",
+        "12",
+        "--clients",
+        "20",
+        "--fault-every",
+        "3",
+        "--separate-sim",
+    ]);
     assert_eq!(r["ok"], true, "{r:#}");
     assert!(r["closed_candles_delivered"].as_u64().unwrap() > 20, "{r:#}");
     assert!(r["faults"].as_array().unwrap().len() >= 2, "{r:#}");
@@ -56,5 +66,15 @@ fn a_soak_against_a_separate_simulator_measures_each_process() {
         assert!(sim["rss_mib"][at].as_f64().unwrap() > 0.0, "{at}: {r:#}");
     }
     assert!(sim["cpu_pct_of_one_core"].as_f64().unwrap() > 0.0, "{r:#}");
-    assert!(r["rss_mib"]["start"].as_f64().unwrap() > 0.0, "{r:#}");
+    // the figures start after the warm-up; the reading at subscription is kept beside them
+    assert_eq!(r["warmup_s"], 5, "{r:#}");
+    let rss = &r["rss_mib"];
+    for at in ["cold", "start", "half", "end"] {
+        assert!(rss[at].as_f64().unwrap() > 0.0, "{at}: {r:#}");
+    }
+    let samples = rss["samples"].as_array().unwrap();
+    assert!(samples.iter().any(|s| s[0] == 5), "a reading when the warm-up ends: {r:#}");
+    assert_eq!(rss["half_at_s"], 6, "{r:#}");
+    let measured = r["duration_s"].as_f64().unwrap();
+    assert!((12.0..16.0).contains(&measured), "CPU and duration after the warm-up: {r:#}");
 }
