@@ -157,8 +157,9 @@ const CACHE_KIB: i64 = 32 * 1024;
 /// says otherwise. Its own writes never empty it, so it keeps every page it ever touched up to
 /// this size: as the tables grow, that is their history, while a write needs only each series'
 /// newest leaf and the few pages above it (a series' table is 3 levels deep at ~5 million rows).
-/// 1 MiB keeps those of ~60 series; more series read theirs from the OS page cache
-/// (BENCHMARKS.md, "Storage").
+/// 1 MiB keeps those of ~120 series; more series read theirs from the OS page cache, which costs
+/// CPU: 400 series written together took 1.9 µs per row with 1 MiB against 1.5 µs with 4 MiB
+/// (BENCHMARKS.md, "Soak"). Raise it for hundreds of series.
 pub const WRITER_CACHE_KIB: u32 = 1024;
 /// How long a statement waits for a lock held by another process before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
