@@ -126,6 +126,29 @@ impl Args {
     }
 }
 
+/// Memory readings over the run, `(seconds since every client subscribed, bytes)`: the
+/// server's RSS and its anonymous part, and the separate simulator's RSS.
+#[derive(Default)]
+struct Readings {
+    pid: u32,
+    sim_pid: Option<u32>,
+    rss: Vec<(u64, u64)>,
+    anon: Vec<(u64, u64)>,
+    sim: Vec<(u64, u64)>,
+}
+
+impl Readings {
+    /// Reads all three at `t`; returns the server's and the simulator's RSS.
+    fn take(&mut self, t: u64) -> anyhow::Result<(u64, Option<u64>)> {
+        let rss = rss_bytes(self.pid).context("server RSS (did it exit?)")?;
+        self.rss.push((t, rss));
+        self.anon.push((t, rss_anon_bytes(self.pid).unwrap_or(0)));
+        let sim = self.sim_pid.and_then(rss_bytes);
+        self.sim.extend(sim.map(|b| (t, b)));
+        Ok((rss, sim))
+    }
+}
+
 /// The simulator's instruments (`sim:spot:BTC/USDT`, …) and their Binance symbols.
 fn instruments() -> Vec<(String, String)> {
     SymbolSpec::catalog()
@@ -666,21 +689,23 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     let t0 = Instant::now();
     let warmup = plan.warmup.as_secs();
     let total = plan.warmup + plan.duration;
-    let mut cpu0 = cpu_time(pid).context("server CPU")?;
-    let mut busy0 = machine_busy().unwrap_or_default();
-    let rss0 = rss_bytes(pid).context("server RSS")?;
-    let mut sim_cpu0 = sim_pid.and_then(cpu_time);
+    // CPU counters where the measured part starts (again when a warm-up ends)
+    let cpu_mark = || -> anyhow::Result<_> {
+        Ok((
+            cpu_time(pid).context("server CPU")?,
+            machine_busy().unwrap_or_default(),
+            sim_pid.and_then(cpu_time),
+        ))
+    };
+    let (mut cpu0, mut busy0, mut sim_cpu0) = cpu_mark()?;
     let mut measuring = plan.warmup.is_zero();
-    let sim_rss = || sim_pid.and_then(rss_bytes);
-    let mut sim_samples: Vec<(u64, u64)> = sim_rss().map(|b| (0, b)).into_iter().collect();
-    let anon = || rss_anon_bytes(pid).unwrap_or(0);
-    let mut rss_samples = vec![(0u64, rss0)];
-    let mut anon_samples = vec![(0u64, anon())];
+    let mut readings = Readings { pid, sim_pid, ..Readings::default() };
+    let (rss0, _) = readings.take(0)?;
     println!(
         "{:>6} s  RSS {:>7.1} MiB (anon {:.1})  (all {} clients subscribed)",
         0,
         mib(rss0),
-        mib(anon_samples[0].1),
+        mib(readings.anon[0].1),
         plan.clients
     );
     let rotation = faults();
@@ -696,14 +721,10 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
             break;
         }
         if !measuring && now >= plan.warmup {
-            // CPU from here; RSS is read at the next 10-s mark, as every other reading
+            // CPU from here, and the `start` reading
             measuring = true;
-            cpu0 = cpu_time(pid).context("server CPU")?;
-            busy0 = machine_busy().unwrap_or_default();
-            sim_cpu0 = sim_pid.and_then(cpu_time);
-            rss_samples.push((warmup, rss_bytes(pid).context("server RSS (did it exit?)")?));
-            anon_samples.push((warmup, anon()));
-            sim_samples.extend(sim_rss().map(|b| (warmup, b)));
+            (cpu0, busy0, sim_cpu0) = cpu_mark()?;
+            readings.take(warmup)?;
             println!(
                 "{:>6} s  warm-up over: the measured {} s start",
                 now.as_secs(),
@@ -723,16 +744,12 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
             next_fault += plan.fault_every;
         }
         if now >= next_rss {
-            let rss = rss_bytes(pid).context("server RSS (did it exit?)")?;
-            rss_samples.push((next_rss.as_secs(), rss));
-            anon_samples.push((next_rss.as_secs(), anon()));
-            let sim_now = sim_rss();
-            sim_samples.extend(sim_now.map(|b| (next_rss.as_secs(), b)));
+            let (rss, sim_now) = readings.take(next_rss.as_secs())?;
             println!(
                 "{:>6} s  RSS {:>7.1} MiB (anon {:.1}{})  closed {} fell behind {} disconnects {}",
                 next_rss.as_secs(),
                 mib(rss),
-                mib(anon()),
+                mib(readings.anon.last().map_or(0, |a| a.1)),
                 sim_now.map_or(String::new(), |b| format!("; simulator {:.1}", mib(b))),
                 tally.closed.load(Relaxed),
                 tally.fell_behind.load(Relaxed),
@@ -743,10 +760,8 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let elapsed = t0.elapsed().saturating_sub(plan.warmup).as_secs_f64();
-    let rss_end = rss_bytes(pid).context("server RSS at the end")?;
-    rss_samples.push((total.as_secs(), rss_end));
-    anon_samples.push((total.as_secs(), anon()));
-    sim_samples.extend(sim_rss().map(|b| (total.as_secs(), b)));
+    let (rss_end, _) = readings.take(total.as_secs())?;
+    let Readings { rss: rss_samples, anon: anon_samples, sim: sim_samples, .. } = readings;
     let cpu = (cpu_time(pid).context("server CPU")? - cpu0).as_secs_f64();
     let sim_cpu = sim_pid.zip(sim_cpu0).and_then(|(p, c0)| Some((cpu_time(p)? - c0).as_secs_f64()));
     let busy = (machine_busy().unwrap_or_default().saturating_sub(busy0)).as_secs_f64();
