@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{criterion_group, Criterion, Throughput};
 use server::bus::{Bus, InProcessBus};
-use server::store::sqlite::SqliteStore;
+use server::store::sqlite::{SqliteOptions, SqliteStore};
 use server::store::{CandleStore, SeriesRows};
 use shared::candle::Candle;
 use shared::protocol::SeriesId;
@@ -280,7 +280,11 @@ fn load(spec: &str) {
     }
     let [(_, batches), (_, rows), (_, n_series), (_, writer_cache_kib)] = cfg;
     let path = db_path("load");
-    let store = SqliteStore::open_with(&path, writer_cache_kib as u32).unwrap();
+    let store = SqliteStore::open_with(
+        &path,
+        SqliteOptions { writer_cache_kib: writer_cache_kib as u32, ..SqliteOptions::default() },
+    )
+    .unwrap();
     let ids = series(n_series);
     let mut bufs = vec![Vec::new(); n_series];
     let mut next = 0;

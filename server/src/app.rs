@@ -37,7 +37,7 @@ use crate::shutdown::Shutdown;
 use crate::sources::{Endpoint, Sources};
 use crate::store::dir_lock::{DataDirLock, DirLockError};
 use crate::store::postgres::PostgresStore;
-use crate::store::sqlite::SqliteStore;
+use crate::store::sqlite::{SqliteOptions, SqliteStore};
 use crate::store::{blocking, BackfillStore, CandleStore, StoreError};
 
 /// Why the service could not start. Each names what to fix.
@@ -105,9 +105,12 @@ impl Backends {
                 data_lock = Some(Arc::new(DataDirLock::acquire(&config.server.data_dir)?));
                 let path = config.db_path();
                 let (file, check) = (path.clone(), config.store.quick_check);
-                let writer_cache_kib = config.store.sqlite_writer_cache_kib;
+                let options = SqliteOptions {
+                    writer_cache_kib: config.store.sqlite_writer_cache_kib,
+                    readers: config.store.sqlite_readers as usize,
+                };
                 let store = blocking(move || {
-                    let store = SqliteStore::open_with(&file, writer_cache_kib)?;
+                    let store = SqliteStore::open_with(&file, options)?;
                     if check {
                         let started = std::time::Instant::now();
                         store.quick_check()?;

@@ -64,6 +64,9 @@ pub struct StoreConfig {
     /// needs each series' newest pages (~8 KiB a series), not the file's history: 1024 suits
     /// ~120 series. Read connections keep their own.
     pub sqlite_writer_cache_kib: u32,
+    /// SQLite: read connections at most (1 to 256), each opened when first needed and kept. A
+    /// read that finds them all busy waits up to 10 s for one, then fails naming this key.
+    pub sqlite_readers: u32,
 }
 
 impl Default for StoreConfig {
@@ -73,6 +76,7 @@ impl Default for StoreConfig {
             url: None,
             quick_check: true,
             sqlite_writer_cache_kib: crate::store::sqlite::WRITER_CACHE_KIB,
+            sqlite_readers: crate::store::sqlite::READERS as u32,
         }
     }
 }
@@ -256,6 +260,7 @@ pub fn validate(
         }
     };
     range("store.sqlite_writer_cache_kib", u64::from(store.sqlite_writer_cache_kib), 64, 1 << 20)?;
+    range("store.sqlite_readers", u64::from(store.sqlite_readers), 1, 256)?;
     range("cluster.warmup_s", c.warmup_s, 0, 3600)?;
     range("cluster.tick_ms", c.tick_ms, 10, 60_000)?;
     range("cluster.status_interval_ms", c.status_interval_ms, 10, 60_000)?;
@@ -336,6 +341,11 @@ mod tests {
             let store = StoreConfig { sqlite_writer_cache_kib: kib, ..Default::default() };
             let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
             assert!(e.to_string().contains("store.sqlite_writer_cache_kib"), "{e}");
+        }
+        for readers in [0, 257] {
+            let store = StoreConfig { sqlite_readers: readers, ..Default::default() };
+            let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
+            assert!(e.to_string().contains("store.sqlite_readers"), "{e}");
         }
         let cluster = ClusterConfig { enabled: true, ..ClusterConfig::default() };
         let e = validate(&BusConfig::default(), &StoreConfig::default(), &cluster).unwrap_err();

@@ -48,6 +48,12 @@ pub enum StoreError {
         "schema version {found} of {path} is newer than this millrace understands ({supported})"
     )]
     SchemaTooNew { path: String, found: i64, supported: i64 },
+    /// Every read connection stayed busy for `waited` (`store.sqlite_readers` bounds them).
+    #[error(
+        "all {readers} read connections of {path} stayed busy for {waited:?}; raise \
+         store.sqlite_readers if reads queue this long"
+    )]
+    Busy { path: String, readers: usize, waited: std::time::Duration },
     /// The blocking task that ran the store call panicked.
     #[error("the store task failed")]
     Task(#[source] tokio::task::JoinError),

@@ -76,7 +76,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Statement, TransactionBehavior};
@@ -163,8 +163,28 @@ const CACHE_KIB: i64 = 32 * 1024;
 pub const WRITER_CACHE_KIB: u32 = 1024;
 /// How long a statement waits for a lock held by another process before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// Idle read connections kept open; more concurrent readers open extra connections and close them.
-const MAX_IDLE_READERS: usize = 4;
+/// Read connections at most, unless `store.sqlite_readers` says otherwise. Each is opened when
+/// first needed and kept; a read that finds them all busy waits for one ([`READER_WAIT`]). Before,
+/// such a read opened an extra connection (~0.4 MB with its page cache) and closed it after: a
+/// burst of reads could open one per blocking thread, and each made the heap reach a new peak.
+pub const READERS: usize = 4;
+/// How long a read waits for a free read connection before it fails with [`StoreError::Busy`].
+const READER_WAIT: Duration = Duration::from_secs(10);
+
+/// How a SQLite store is opened (the `[store]` keys that concern it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Page cache of the write connection, in KiB (`store.sqlite_writer_cache_kib`).
+    pub writer_cache_kib: u32,
+    /// Read connections at most (`store.sqlite_readers`, at least 1).
+    pub readers: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions { writer_cache_kib: WRITER_CACHE_KIB, readers: READERS }
+    }
+}
 
 /// Prepared statements kept per connection: a few per series (write: upsert; read: range both
 /// ways, last), so that the active series stay prepared.
@@ -195,9 +215,8 @@ pub struct SqliteStore {
     /// transaction: SQLite has a single writer per file, so queueing here costs nothing.
     /// Shared with the checkpointer, which takes it to hold writers off while it finishes a log.
     writer: Arc<Mutex<Writer>>,
-    /// Idle read connections (WAL readers never block on the writer). Locked only to take or
-    /// return a connection, never while a query runs.
-    readers: Mutex<Vec<Connection>>,
+    /// The read connections (WAL readers never block on the writer).
+    readers: Readers,
     /// Wakes the checkpointer after commits; stops it on drop.
     checkpoints: Arc<CheckpointSignal>,
     /// The checkpointer thread, joined by [`CandleStore::close`] or on drop (the store owns it:
@@ -313,6 +332,78 @@ struct Writer {
     series: HashMap<SeriesId, (i64, String)>,
 }
 
+/// A bounded pool of read connections: at most `max` open, opened on demand and kept.
+struct Readers {
+    /// `(idle connections, connections open: idle and in use)`. Locked only to take or return
+    /// a connection, never while a query runs.
+    state: Mutex<(Vec<Connection>, usize)>,
+    /// Signalled when a connection is returned or a slot freed.
+    returned: Condvar,
+    max: usize,
+    /// How long a read waits for a connection.
+    wait: Duration,
+}
+
+/// What [`Readers::take`] found.
+enum Slot {
+    /// An idle connection.
+    Idle(Connection),
+    /// A free slot: open a connection, or give the slot back with [`Readers::release_slot`].
+    Open,
+    /// All `max` stayed busy for `wait`.
+    Busy,
+}
+
+impl Readers {
+    fn new(max: usize, wait: Duration) -> Self {
+        Readers { state: Mutex::new((Vec::new(), 0)), returned: Condvar::new(), max, wait }
+    }
+
+    fn take(&self) -> Slot {
+        let deadline = Instant::now() + self.wait;
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(conn) = st.0.pop() {
+                return Slot::Idle(conn);
+            }
+            if st.1 < self.max {
+                st.1 += 1;
+                return Slot::Open;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Slot::Busy;
+            }
+            st = self.returned.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        lock(&self.state).0.push(conn);
+        self.returned.notify_one();
+    }
+
+    /// A slot taken with [`Slot::Open`] whose connection could not be opened.
+    fn release_slot(&self) {
+        lock(&self.state).1 -= 1;
+        self.returned.notify_one();
+    }
+}
+
+/// A read connection in use; returned to the pool when dropped (also if the query panicked).
+struct Lease<'a> {
+    conn: Option<Connection>,
+    pool: &'a Readers,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.give_back(conn);
+        }
+    }
+}
+
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore").field("path", &self.path).finish_non_exhaustive()
@@ -323,12 +414,12 @@ impl SqliteStore {
     /// Opens (creating if needed, with its parent directory) the database at `path`, switches it
     /// to WAL and brings its schema up to [`SCHEMA_VERSION`].
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        Self::open_with(path, WRITER_CACHE_KIB)
+        Self::open_with(path, SqliteOptions::default())
     }
 
-    /// [`Self::open`] with the writer's page cache of `writer_cache_kib` KiB
-    /// (`store.sqlite_writer_cache_kib`).
-    pub fn open_with(path: &Path, writer_cache_kib: u32) -> Result<Self, StoreError> {
+    /// [`Self::open`] with the given page cache and read connections.
+    pub fn open_with(path: &Path, options: SqliteOptions) -> Result<Self, StoreError> {
+        let SqliteOptions { writer_cache_kib, readers } = options;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
                 StoreError::db(format!("cannot create directory {}", dir.display()), e)
@@ -362,7 +453,7 @@ impl SqliteStore {
         let store = SqliteStore {
             path: path.to_path_buf(),
             writer: Arc::new(Mutex::new(writer)),
-            readers: Mutex::new(Vec::new()),
+            readers: Readers::new(readers.max(1), READER_WAIT),
             checkpoints: Arc::new(CheckpointSignal::default()),
             checkpointer: Mutex::new(None),
             health: StoreHealth::new(
@@ -380,7 +471,8 @@ impl SqliteStore {
         *lock(&store.checkpointer) = Some(handle);
         // Open one reader now, so a file we cannot read fails here rather than on the first query.
         let reader = store.open_reader()?;
-        lock(&store.readers).push(reader);
+        lock(&store.readers.state).1 += 1;
+        store.readers.give_back(reader);
         Ok(store)
     }
 
@@ -449,19 +541,26 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let pooled = lock(&self.readers).pop();
-        let conn = match pooled {
-            Some(c) => c,
-            None => self.open_reader().inspect_err(|e| self.failed(false, e))?,
+        let conn = match self.readers.take() {
+            Slot::Idle(conn) => conn,
+            Slot::Open => self.open_reader().inspect_err(|e| {
+                self.readers.release_slot();
+                self.failed(false, e);
+            })?,
+            // Load, not a fault of the file: not counted against the store's health.
+            Slot::Busy => {
+                return Err(StoreError::Busy {
+                    path: self.path.display().to_string(),
+                    readers: self.readers.max,
+                    waited: self.readers.wait,
+                })
+            }
         };
-        let result = f(&conn);
+        let lease = Lease { conn: Some(conn), pool: &self.readers };
+        let result = f(lease.conn.as_ref().expect("a lease holds its connection until dropped"));
         match &result {
             Ok(_) => self.health.read(),
             Err(e) => self.failed(false, e),
-        }
-        let mut idle = lock(&self.readers);
-        if idle.len() < MAX_IDLE_READERS {
-            idle.push(conn);
         }
         result
     }
@@ -916,12 +1015,88 @@ mod tests {
         };
         for (file, store) in [
             ("default.db", SqliteStore::open(&dir.join("default.db")).unwrap()),
-            ("small.db", SqliteStore::open_with(&dir.join("small.db"), 256).unwrap()),
+            (
+                "small.db",
+                SqliteStore::open_with(
+                    &dir.join("small.db"),
+                    SqliteOptions { writer_cache_kib: 256, ..SqliteOptions::default() },
+                )
+                .unwrap(),
+            ),
         ] {
             let want = if file == "small.db" { 256 } else { i64::from(WRITER_CACHE_KIB) };
             assert_eq!(cache(&lock(&store.writer).conn), -want, "{file}");
             assert_eq!(store.read(|c| Ok(cache(c))).unwrap(), -CACHE_KIB, "{file}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Reads share at most `store.sqlite_readers` connections, opened when first needed and
+    /// kept: more reads at once wait for one (before, each opened a connection of its own and
+    /// closed it after). A read that waits too long fails as busy, which is load, not a fault of
+    /// the file; a read that panics still returns its connection.
+    #[test]
+    fn reads_share_a_bounded_pool_of_connections() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let dir = std::env::temp_dir().join(format!("millrace-sqlite-pool-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let options = SqliteOptions { readers: 2, ..SqliteOptions::default() };
+        let mut store = SqliteStore::open_with(&dir.join("pool.db"), options).unwrap();
+        let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    store
+                        .read(|_| {
+                            most.fetch_max(now.fetch_add(1, SeqCst) + 1, SeqCst);
+                            std::thread::sleep(Duration::from_millis(50));
+                            now.fetch_sub(1, SeqCst);
+                            Ok(())
+                        })
+                        .unwrap()
+                });
+            }
+        });
+        assert_eq!(most.load(SeqCst), 2, "reads at once");
+        let (idle, open) = {
+            let st = lock(&store.readers.state);
+            (st.0.len(), st.1)
+        };
+        assert_eq!((idle, open), (2, 2), "connections kept and opened");
+
+        store.readers = Readers::new(1, Duration::from_millis(100));
+        let shared = &store;
+        let busy = std::thread::scope(|s| {
+            let (held_tx, held_rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            s.spawn(move || {
+                shared
+                    .read(move |_| {
+                        held_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        Ok(())
+                    })
+                    .unwrap()
+            });
+            held_rx.recv().unwrap();
+            let busy = shared.read(|_| Ok(()));
+            go_tx.send(()).unwrap();
+            busy
+        });
+        match busy {
+            Err(e @ StoreError::Busy { readers: 1, .. }) => {
+                assert!(e.to_string().contains("store.sqlite_readers"), "{e}")
+            }
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        assert!(store.problems().is_empty(), "{:?}", store.problems());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.read(|_| -> Result<(), StoreError> { panic!("a query that panics") })
+        }));
+        assert!(panicked.is_err());
+        store.read(|_| Ok(())).expect("the panicking read returned its connection");
+        assert_eq!(lock(&store.readers.state).1, 1);
+        drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
