@@ -33,6 +33,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -47,6 +48,11 @@ pub const DEFAULT_IDLE_PING_AFTER: Duration = Duration::from_secs(10);
 pub const DEFAULT_PLANNED_RECONNECT_AFTER: Duration = Duration::from_secs(23 * 3600 + 50 * 60);
 /// Default: give up on a connection attempt (TCP, TLS, WebSocket handshake) after this long.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`StreamConfig::read_buffer_bytes`]. tungstenite's own default, 128 KiB, is allocated
+/// whole by every new connection (so a reconnect holds two for a moment) and zero-filled up to
+/// its length at each read attempt; Binance's frames are mostly under 4 KiB, and a larger one
+/// still arrives whole (the buffer grows to it).
+pub const DEFAULT_READ_BUFFER_BYTES: usize = 16 * 1024;
 
 /// How much of a malformed frame is kept in [`StreamError::Malformed`] for the log.
 const MALFORMED_EXCERPT: usize = 256;
@@ -100,6 +106,9 @@ pub struct StreamConfig {
     pub planned_reconnect_after: Duration,
     /// Limit for opening the connection. Default 10 s.
     pub connect_timeout: Duration,
+    /// The socket's read buffer (tungstenite's `read_buffer_size`). Default
+    /// [`DEFAULT_READ_BUFFER_BYTES`].
+    pub read_buffer_bytes: usize,
 }
 
 impl Default for StreamConfig {
@@ -109,6 +118,7 @@ impl Default for StreamConfig {
             idle_ping_after: DEFAULT_IDLE_PING_AFTER,
             planned_reconnect_after: DEFAULT_PLANNED_RECONNECT_AFTER,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            read_buffer_bytes: DEFAULT_READ_BUFFER_BYTES,
         }
     }
 }
@@ -157,7 +167,8 @@ pub async fn connect_with<S: AsRef<str>>(
     config: StreamConfig,
 ) -> Result<Connection, StreamError> {
     let url = stream_url(ws_base, streams)?;
-    let attempt = tokio_tungstenite::connect_async_with_config(url.as_str(), None, true);
+    let ws_config = WebSocketConfig::default().read_buffer_size(config.read_buffer_bytes.max(1024));
+    let attempt = tokio_tungstenite::connect_async_with_config(url.as_str(), Some(ws_config), true);
     let (ws, _response) = match tokio::time::timeout(config.connect_timeout, attempt).await {
         Err(_) => {
             return Err(StreamError::Connect {
@@ -410,6 +421,11 @@ impl Connection {
     /// Whether [`Connection::reconnect_at`] has passed.
     pub fn is_reconnect_due(&self) -> bool {
         Instant::now() >= self.reconnect_at()
+    }
+
+    /// The socket's read buffer, in bytes ([`StreamConfig::read_buffer_bytes`]).
+    pub fn read_buffer_size(&self) -> usize {
+        self.ws.get_config().read_buffer_size
     }
 
     /// The URL this connection opened.

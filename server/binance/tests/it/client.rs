@@ -150,6 +150,49 @@ async fn replays_captured_frames_skips_a_damaged_one_answers_pings_and_ends_on_c
     assert_eq!(fatal, Some(StreamError::Closed { code: Some(1001), reason: "24h".into() }));
 }
 
+/// The socket's read buffer is `read_buffer_bytes` (16 KiB by default, not tungstenite's
+/// 128 KiB, which every new connection allocated whole), and frames longer than it still arrive
+/// whole: with the smallest buffer, 1 KiB, every captured futures frame is read, the seven over
+/// 1 KiB included.
+#[tokio::test]
+async fn the_read_buffer_is_small_and_longer_frames_arrive_whole() {
+    let (base, accepted) = ws_server().await;
+    let server = tokio::spawn(async move {
+        let _ws = accepted.await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+    let conn = connect(&base, &["btcusdt@kline_1m"]).await.unwrap();
+    assert_eq!(conn.read_buffer_size(), binance::stream::DEFAULT_READ_BUFFER_BYTES);
+    assert_eq!(binance::stream::DEFAULT_READ_BUFFER_BYTES, 16 * 1024);
+    server.abort();
+
+    let (streams, frames) = ws_capture("BINANCE_FUTURES.ws.1.0");
+    let frames: Vec<String> = frames.into_iter().filter(|f| parse_frame(f).is_ok()).collect();
+    assert!(frames.iter().filter(|f| f.len() > 1024).count() >= 7, "frames longer than the buffer");
+    let (base, accepted) = ws_server().await;
+    let server = {
+        let frames = frames.clone();
+        tokio::spawn(async move {
+            let (_, mut ws) = accepted.await.unwrap();
+            for f in &frames {
+                ws.send(Message::text(f.as_str())).await.unwrap();
+            }
+            ws.close(None).await.unwrap();
+        })
+    };
+    let config = StreamConfig { read_buffer_bytes: 1024, ..StreamConfig::default() };
+    let mut conn = connect_with(&base, &streams, config).await.unwrap();
+    assert_eq!(conn.read_buffer_size(), 1024);
+    let mut events = Vec::new();
+    while let Some(Ok(ev)) = conn.next().await {
+        events.push(ev);
+    }
+    let expected: Vec<StreamEvent> = frames.iter().map(|f| parse_frame(f).unwrap()).collect();
+    assert_eq!(events.len(), expected.len());
+    assert_eq!(events, expected);
+    server.await.unwrap();
+}
+
 #[tokio::test]
 async fn an_idle_connection_pings_and_lives_on_pongs_then_a_silent_peer_is_a_stall() {
     let (streams, frames) = ws_capture("BINANCE_FUTURES.ws.1.0");
