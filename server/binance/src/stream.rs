@@ -106,8 +106,8 @@ pub struct StreamConfig {
     pub planned_reconnect_after: Duration,
     /// Limit for opening the connection. Default 10 s.
     pub connect_timeout: Duration,
-    /// The socket's read buffer (tungstenite's `read_buffer_size`). Default
-    /// [`DEFAULT_READ_BUFFER_BYTES`].
+    /// The socket's read buffer (tungstenite's `read_buffer_size`), at least 1 KiB (a smaller
+    /// value is raised to it). Default [`DEFAULT_READ_BUFFER_BYTES`].
     pub read_buffer_bytes: usize,
 }
 

@@ -378,6 +378,12 @@ impl Readers {
         }
     }
 
+    /// Adds a connection opened outside [`Readers::take`] (the one opened with the store).
+    fn adopt(&self, conn: Connection) {
+        lock(&self.state).1 += 1;
+        self.give_back(conn);
+    }
+
     fn give_back(&self, conn: Connection) {
         lock(&self.state).0.push(conn);
         self.returned.notify_one();
@@ -470,9 +476,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::db("cannot start the checkpoint thread", e))?;
         *lock(&store.checkpointer) = Some(handle);
         // Open one reader now, so a file we cannot read fails here rather than on the first query.
-        let reader = store.open_reader()?;
-        lock(&store.readers.state).1 += 1;
-        store.readers.give_back(reader);
+        store.readers.adopt(store.open_reader()?);
         Ok(store)
     }
 
