@@ -94,7 +94,6 @@ pub struct LevelUpdate {
 }
 
 /// One side of the book (see the module docs for the layout).
-#[derive(Clone)]
 pub struct Ladder {
     side: Side,
     /// Key of window slot 0. Keys order levels so that larger is better: bids use the price,
@@ -142,6 +141,51 @@ enum Loc {
     Outside,
 }
 
+impl Clone for Ladder {
+    fn clone(&self) -> Self {
+        Ladder {
+            qtys: self.qtys.clone(),
+            bits: self.bits.clone(),
+            top: self.top,
+            far_keys: self.far_keys.clone(),
+            far_qtys: self.far_qtys.clone(),
+            ..*self
+        }
+    }
+
+    /// Copies into the buffers already held (a published view is refreshed this way at every
+    /// publish), growing them to the source's capacity when they must grow, so that a copy keeps
+    /// the source's size classes (see [`Ladder::reserve_window`]).
+    fn clone_from(&mut self, src: &Self) {
+        fn copy<T: Copy>(dst: &mut Vec<T>, src: &Vec<T>) {
+            dst.clear();
+            dst.reserve_exact(src.capacity().max(src.len()));
+            dst.extend_from_slice(src);
+        }
+        let Ladder { side, base, tick, shift, inv, lim, dense, top, ntop, far_ops, .. } = *src;
+        *self = Ladder {
+            side,
+            base,
+            tick,
+            shift,
+            inv,
+            lim,
+            qtys: std::mem::take(&mut self.qtys),
+            bits: std::mem::take(&mut self.bits),
+            dense,
+            top,
+            ntop,
+            far_keys: std::mem::take(&mut self.far_keys),
+            far_qtys: std::mem::take(&mut self.far_qtys),
+            far_ops,
+        };
+        copy(&mut self.qtys, &src.qtys);
+        copy(&mut self.bits, &src.bits);
+        copy(&mut self.far_keys, &src.far_keys);
+        copy(&mut self.far_qtys, &src.far_qtys);
+    }
+}
+
 impl Ladder {
     pub fn new(side: Side) -> Self {
         Self {
@@ -168,10 +212,7 @@ impl Ladder {
 
     #[inline]
     fn key(&self, price: Price) -> i64 {
-        match self.side {
-            Side::Bid => price.raw(),
-            Side::Ask => price.raw().wrapping_neg(),
-        }
+        side_key(self.side, price)
     }
 
     #[inline]
@@ -476,18 +517,25 @@ impl Ladder {
     /// levels while they lie within `SPAN_LIMIT` slots, with headroom above the best for prices
     /// that move up, and below the lowest when every level fits. The rest go to `far`.
     fn rebuild(&mut self, levels: &[(i64, Qty)]) {
+        self.rebuild_from(levels.len(), |j| levels[j]);
+    }
+
+    /// [`Ladder::rebuild`] over `n` levels read through `at` (`at(0)` the worst), so that a
+    /// caller whose levels are already in order lends them without copying them first.
+    fn rebuild_from(&mut self, n: usize, at: impl Fn(usize) -> (i64, Qty)) {
         self.far_ops = 0;
         self.far_keys.clear();
         self.far_qtys.clear();
         self.clear_window();
-        let Some(&(best, _)) = levels.last() else { return };
+        let Some(last) = n.checked_sub(1) else { return };
+        let best = at(last).0;
 
         let on_old_grid =
             self.tick != 0 && (best as i128 - self.base as i128).rem_euclid(self.tick as i128) == 0;
         let mut g: u64 = if on_old_grid { self.tick } else { 0 };
-        let mut lo = levels.len() - 1;
-        for j in (0..levels.len() - 1).rev() {
-            let diff = (best as u64).wrapping_sub(levels[j].0 as u64);
+        let mut lo = last;
+        for j in (0..last).rev() {
+            let diff = (best as u64).wrapping_sub(at(j).0 as u64);
             let g2 = gcd(g, diff);
             if diff / g2 >= SPAN_LIMIT {
                 break;
@@ -495,7 +543,7 @@ impl Ladder {
             g = g2;
             lo = j;
         }
-        let low = levels[lo].0;
+        let low = at(lo).0;
         let needed =
             (best as u64).wrapping_sub(low as u64).checked_div(g).map_or(1, |n| n as usize + 1);
         let room = MAX_SLOTS - needed;
@@ -517,14 +565,14 @@ impl Ladder {
         self.reserve_window(len);
         self.qtys.resize(len, Qty::ZERO);
         self.bits.resize(len.div_ceil(64), 0);
-        for &(key, qty) in &levels[lo..] {
+        for (key, qty) in (lo..n).map(&at) {
             let i = if g == 0 { 0 } else { ((key as i128 - base) / g as i128) as usize };
             self.qtys[i] = qty;
             self.bits[i / 64] |= 1 << (i % 64);
         }
-        self.dense = levels.len() - lo;
-        self.far_keys.extend(levels[..lo].iter().map(|l| l.0));
-        self.far_qtys.extend(levels[..lo].iter().map(|l| l.1));
+        self.dense = n - lo;
+        self.far_keys.extend((0..lo).map(|j| at(j).0));
+        self.far_qtys.extend((0..lo).map(|j| at(j).1));
         let mut from = self.qtys.len();
         while self.ntop < TOP {
             let Some(i) = self.prev_set(from) else { break };
@@ -640,32 +688,69 @@ impl Ladder {
 
     /// Keeps the best `n` levels and drops the rest.
     pub fn truncate(&mut self, n: usize) {
-        if n >= self.len() {
-            return;
+        match n.checked_sub(1).map(|last| self.nth(last)) {
+            None => self.clear(),
+            Some(Some(worst_kept)) => self.remove_worse_than(worst_kept.price),
+            Some(None) => {}
         }
-        let levels = self.levels_ascending();
-        self.rebuild(&levels[levels.len() - n..]);
     }
 
     /// Removes every level strictly worse than `price` (further from the top). Used to drop levels
     /// beyond a snapshot's depth, which can no longer be trusted.
+    ///
+    /// The levels removed are the worst, so this only empties slots and shortens `far`: the
+    /// window keeps its layout and nothing is allocated.
     pub fn remove_worse_than(&mut self, price: Price) {
         let key = self.key(price);
-        let levels = self.levels_ascending();
-        let cut = levels.partition_point(|l| l.0 < key);
-        if cut > 0 {
-            self.rebuild(&levels[cut..]);
+        // `far` holds the worst levels, ascending
+        let cut = self.far_keys.partition_point(|&k| k < key);
+        self.far_keys.drain(..cut);
+        self.far_qtys.drain(..cut);
+        if self.dense == 0 || key <= self.base {
+            return;
         }
+        // every key below `base` is gone with `far`; in the window, slots below `end` go
+        let above = (key as i128 - self.base as i128) as u128;
+        let end = match self.tick {
+            0 => 1,
+            t => above.div_ceil(t as u128).min(self.qtys.len() as u128) as usize,
+        };
+        for w in 0..end.div_ceil(64) {
+            let mask = if (w + 1) * 64 <= end { u64::MAX } else { (1u64 << (end % 64)) - 1 };
+            let mut gone = self.bits[w] & mask;
+            self.bits[w] &= !mask;
+            self.dense -= gone.count_ones() as usize;
+            while gone != 0 {
+                self.qtys[w * 64 + gone.trailing_zeros() as usize] = Qty::ZERO;
+                gone &= gone - 1;
+            }
+        }
+        // the tracked best levels lose their worst entries, if any were removed
+        let kept = self.top[..self.ntop].iter().take_while(|&&t| t as usize >= end).count();
+        self.top[kept..].fill(0);
+        self.ntop = kept;
+        debug_assert_eq!(self.ntop, self.dense.min(TOP));
     }
 
     /// Replaces the whole side with `levels` (any order; zero quantities ignored; later
     /// duplicates win).
+    ///
+    /// Levels sorted either way with distinct prices and no zero quantity (as exchanges send
+    /// snapshots: best first) are read in place, so a resync allocates nothing new for them.
     pub fn replace(&mut self, levels: &[Level]) {
-        let mut pairs: Vec<(i64, Qty)> = levels
-            .iter()
-            .filter(|l| !l.qty.is_zero())
-            .map(|l| (self.key(l.price), l.qty))
-            .collect();
+        let side = self.side;
+        let key = |l: &Level| side_key(side, l.price);
+        let n = levels.len();
+        if levels.iter().all(|l| !l.qty.is_zero()) {
+            if levels.windows(2).all(|w| key(&w[0]) > key(&w[1])) {
+                return self.rebuild_from(n, |j| (key(&levels[n - 1 - j]), levels[n - 1 - j].qty));
+            }
+            if levels.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
+                return self.rebuild_from(n, |j| (key(&levels[j]), levels[j].qty));
+            }
+        }
+        let mut pairs: Vec<(i64, Qty)> =
+            levels.iter().filter(|l| !l.qty.is_zero()).map(|l| (key(l), l.qty)).collect();
         // stable sort keeps input order among equal keys; dedup keeps the last of each run
         pairs.sort_by_key(|p| p.0);
         let mut w = 0;
@@ -679,6 +764,15 @@ impl Ladder {
         }
         pairs.truncate(w);
         self.rebuild(&pairs);
+    }
+}
+
+/// A price's key on `side`: larger is better (bids use the price, asks the negated price).
+#[inline]
+fn side_key(side: Side, price: Price) -> i64 {
+    match side {
+        Side::Bid => price.raw(),
+        Side::Ask => price.raw().wrapping_neg(),
     }
 }
 
@@ -768,10 +862,21 @@ impl PartialEq for Ladder {
 impl Eq for Ladder {}
 
 /// An L2 order book: bids and asks.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct OrderBook {
     pub bids: Ladder,
     pub asks: Ladder,
+}
+
+impl Clone for OrderBook {
+    fn clone(&self) -> Self {
+        Self { bids: self.bids.clone(), asks: self.asks.clone() }
+    }
+
+    fn clone_from(&mut self, src: &Self) {
+        self.bids.clone_from(&src.bids);
+        self.asks.clone_from(&src.asks);
+    }
 }
 
 impl Default for OrderBook {
@@ -1447,6 +1552,45 @@ mod tests {
                     let mut again = Ladder::new(side);
                     again.replace(&want);
                     assert_eq!(again, ladder, "seed {seed} step {step}: replace");
+                    // worst first, and out of order with repeats and zeros
+                    let mut backwards = want.clone();
+                    backwards.reverse();
+                    again.replace(&backwards);
+                    assert_eq!(again, ladder, "seed {seed} step {step}: replace worst first");
+                    let mut shuffled = want.clone();
+                    for i in (1..shuffled.len()).rev() {
+                        shuffled.swap(i, rng.below(i as u64 + 1) as usize);
+                    }
+                    if let Some(&l) = shuffled.first() {
+                        shuffled.insert(0, Level::new(l.price, Qty::from_raw(1)));
+                        shuffled.push(Level::new(Price::from_raw(mid), Qty::ZERO));
+                    }
+                    again.replace(&shuffled);
+                    assert_eq!(again, ladder, "seed {seed} step {step}: replace shuffled");
+                    // a copy into buffers held for another book keeps working as the ladder
+                    let mut view = Ladder::new(side);
+                    view.apply(Price::from_raw(mid), Qty::from_raw(1));
+                    view.clone_from(&ladder);
+                    check_ladder(&view, &model, &mut rng, &format!("seed {seed} step {step} copy"));
+                    let d = rng.below(span) as i64;
+                    let cut = if side == Side::Bid { mid - d * tick } else { mid + d * tick };
+                    view.remove_worse_than(Price::from_raw(cut));
+                    let mut pruned = model.clone();
+                    pruned.retain(|&k, _| if side == Side::Bid { k >= cut } else { k <= cut });
+                    check_ladder(
+                        &view,
+                        &pruned,
+                        &mut rng,
+                        &format!("seed {seed} step {step} prune"),
+                    );
+                    view.apply(Price::from_raw(cut), Qty::from_raw(3));
+                    pruned.insert(cut, 3);
+                    check_ladder(
+                        &view,
+                        &pruned,
+                        &mut rng,
+                        &format!("seed {seed} step {step} after"),
+                    );
                     let n = rng.below(model.len() as u64 + 2) as usize;
                     ladder.truncate(n);
                     let keep: Vec<_> = match side {
