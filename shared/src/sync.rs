@@ -360,9 +360,15 @@ struct Verifier {
     shadow: Option<Shadow>,
 }
 
+/// The book a verification syncs from its snapshot: each side is the snapshot's own vector,
+/// best first, kept in order as the deltas are applied. A verification runs every minute on
+/// every book, so the shadow borrows nothing from the allocator beyond what the snapshot came
+/// in (a ladder of its own would lay out a whole window, up to 256 KiB a side, and free it at
+/// once).
 #[derive(Debug, Clone)]
 struct Shadow {
-    book: OrderBook,
+    bids: Vec<Level>,
+    asks: Vec<Level>,
     last: u64,
     bridged: bool,
     /// The snapshot's worst bid and ask: only levels at or inside these are compared.
@@ -371,6 +377,20 @@ struct Shadow {
 }
 
 impl Shadow {
+    fn new(s: DepthSnapshot) -> Self {
+        let (mut bids, mut asks) = (s.bids, s.asks);
+        best_first(Side::Bid, &mut bids);
+        best_first(Side::Ask, &mut asks);
+        Shadow {
+            bid_floor: bids.last().map(|l| l.price),
+            ask_ceiling: asks.last().map(|l| l.price),
+            bids,
+            asks,
+            last: s.last_update_id,
+            bridged: false,
+        }
+    }
+
     /// Feeds one delta; `Err(())` when the shadow cannot be synced from it.
     fn feed(&mut self, rule: ContinuityRule, d: DeltaRef<'_>) -> Result<(), ()> {
         let verdict = if self.bridged {
@@ -382,7 +402,12 @@ impl Shadow {
             Verdict::Stale => Ok(()),
             Verdict::Gap => Err(()),
             Verdict::Apply => {
-                apply_levels(&mut self.book, d);
+                for &l in d.bids {
+                    apply_sorted(Side::Bid, &mut self.bids, l);
+                }
+                for &l in d.asks {
+                    apply_sorted(Side::Ask, &mut self.asks, l);
+                }
                 self.last = d.last_id;
                 self.bridged = true;
                 Ok(())
@@ -391,56 +416,91 @@ impl Shadow {
     }
 }
 
-/// Counts the levels that differ between `a` and `b` on one side, among prices that are at or
-/// better than `limit` (the snapshot's worst level); `None` limit = the side was empty.
+/// How `a` orders against `b` in a list of `side`'s levels, best first.
+fn toward(side: Side, a: crate::fixed::Price, b: crate::fixed::Price) -> std::cmp::Ordering {
+    match side {
+        Side::Bid => b.cmp(&a),
+        Side::Ask => a.cmp(&b),
+    }
+}
+
+/// Puts `levels` best first with distinct prices and no zero quantity (later duplicates win,
+/// as in [`crate::book::Ladder::replace`]); a snapshot already in that order is left as it is,
+/// without the sort's scratch buffer.
+fn best_first(side: Side, levels: &mut Vec<Level>) {
+    levels.retain(|l| !l.qty.is_zero());
+    if levels.is_sorted_by(|a, b| toward(side, a.price, b.price).is_lt()) {
+        return;
+    }
+    // stable: equal prices keep their order, and the dedup keeps the last of each run
+    levels.sort_by(|a, b| toward(side, a.price, b.price));
+    levels.dedup_by(|later, kept| {
+        let same = later.price == kept.price;
+        if same {
+            std::mem::swap(later, kept);
+        }
+        same
+    });
+}
+
+/// Applies one level update to `side`'s levels, best first.
+fn apply_sorted(side: Side, levels: &mut Vec<Level>, l: Level) {
+    match levels.binary_search_by(|x| toward(side, x.price, l.price)) {
+        Ok(i) if l.qty.is_zero() => {
+            levels.remove(i);
+        }
+        Ok(i) => levels[i].qty = l.qty,
+        Err(_) if l.qty.is_zero() => {}
+        Err(i) => levels.insert(i, l),
+    }
+}
+
+/// Counts the levels that differ between `book`'s side and `shadow` (that side's levels, best
+/// first), among prices that are at or better than `limit` (the snapshot's worst level); `None`
+/// limit = the side was empty.
 fn side_drift(
     side: Side,
-    a: &OrderBook,
-    b: &OrderBook,
+    book: &OrderBook,
+    shadow: &[Level],
     limit: Option<crate::fixed::Price>,
 ) -> usize {
-    let inside = |p: crate::fixed::Price| match (side, limit) {
+    let inside = |l: &Level| match (side, limit) {
         (_, None) => false,
-        (Side::Bid, Some(l)) => p >= l,
-        (Side::Ask, Some(l)) => p <= l,
+        (Side::Bid, Some(f)) => l.price >= f,
+        (Side::Ask, Some(c)) => l.price <= c,
     };
-    let xs: Vec<Level> = a.side(side).iter().take_while(|l| inside(l.price)).collect();
-    let ys: Vec<Level> = b.side(side).iter().take_while(|l| inside(l.price)).collect();
-    // both lists are sorted best-first; merge-compare
-    let (mut i, mut j, mut diff) = (0, 0, 0);
-    let better = |p: crate::fixed::Price, q: crate::fixed::Price| match side {
-        Side::Bid => p > q,
-        Side::Ask => p < q,
-    };
-    while i < xs.len() || j < ys.len() {
-        match (xs.get(i), ys.get(j)) {
-            (Some(x), Some(y)) if x.price == y.price => {
-                if x.qty != y.qty {
-                    diff += 1;
+    // both are best first: a merge
+    let mut xs = book.side(side).iter().take_while(inside).peekable();
+    let mut ys = shadow.iter().copied().take_while(inside).peekable();
+    let mut diff = 0;
+    loop {
+        match (xs.peek(), ys.peek()) {
+            (Some(x), Some(y)) => match toward(side, x.price, y.price) {
+                std::cmp::Ordering::Equal => {
+                    diff += usize::from(x.qty != y.qty);
+                    xs.next();
+                    ys.next();
                 }
-                i += 1;
-                j += 1;
-            }
-            (Some(x), Some(y)) if better(x.price, y.price) => {
-                diff += 1;
-                i += 1;
-            }
-            (Some(_), Some(_)) => {
-                diff += 1;
-                j += 1;
-            }
+                std::cmp::Ordering::Less => {
+                    diff += 1;
+                    xs.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    diff += 1;
+                    ys.next();
+                }
+            },
             (Some(_), None) => {
                 diff += 1;
-                i += 1;
+                xs.next();
             }
             (None, Some(_)) => {
                 diff += 1;
-                j += 1;
+                ys.next();
             }
-            (None, None) => unreachable!(),
+            (None, None) => return diff,
         }
     }
-    diff
 }
 
 /// The sync state machine. See the module docs.
@@ -640,14 +700,18 @@ impl BookSync {
                 self.last_update_id = s.last_update_id;
                 self.stats.snapshots_applied += 1;
                 self.state = SyncState::Bridging;
-                let buffered: Vec<DepthDelta> = self.buffer.drain(..).collect();
-                for d in buffered {
+                // walked out of its own allocation, which the buffer gets back afterwards
+                let mut buffered = std::mem::take(&mut self.buffer);
+                for d in buffered.drain(..) {
                     match self.state {
                         SyncState::Bridging => self.bridge(d, now_ms),
                         SyncState::Synced => self.handle_delta(d, now_ms),
                         // the snapshot was too old: keep the rest for the next one
                         _ => self.buffer.push_back(d),
                     }
+                }
+                if self.buffer.is_empty() {
+                    self.buffer = buffered;
                 }
             }
             SyncState::Synced => self.start_shadow(s),
@@ -826,15 +890,7 @@ impl BookSync {
             self.verifier = Some(Verifier { started_at: 0, buffer: Vec::new(), shadow: None });
             return self.start_shadow(s);
         };
-        let mut book = OrderBook::new();
-        book.replace(&s.bids, &s.asks);
-        let mut shadow = Shadow {
-            bid_floor: book.bids.iter().last().map(|l| l.price),
-            ask_ceiling: book.asks.iter().last().map(|l| l.price),
-            book,
-            last: s.last_update_id,
-            bridged: false,
-        };
+        let mut shadow = Shadow::new(s);
         let mut ok = true;
         for d in v.buffer.drain(..) {
             if shadow.feed(rule, d.as_ref()).is_err() {
@@ -862,8 +918,8 @@ impl BookSync {
         let Some(Verifier { shadow: Some(shadow), .. }) = self.verifier.take() else {
             unreachable!()
         };
-        let drift = side_drift(Side::Bid, &self.book, &shadow.book, shadow.bid_floor)
-            + side_drift(Side::Ask, &self.book, &shadow.book, shadow.ask_ceiling);
+        let drift = side_drift(Side::Bid, &self.book, &shadow.bids, shadow.bid_floor)
+            + side_drift(Side::Ask, &self.book, &shadow.asks, shadow.ask_ceiling);
         self.stats.verifications += 1;
         self.events.push_back(SyncEvent::Verified {
             last_update_id: self.last_update_id,
@@ -875,7 +931,7 @@ impl BookSync {
             self.stats.resyncs += 1;
             // The shadow is exact within the snapshot's range; levels beyond it cannot be
             // trusted any more, so the book becomes the shadow.
-            self.book = shadow.book;
+            self.book.replace(&shadow.bids, &shadow.asks);
             self.events.push_back(SyncEvent::Drift {
                 last_update_id: self.last_update_id,
                 drift_levels: drift,
@@ -1176,6 +1232,70 @@ mod tests {
         assert_eq!(s.stats().drift_levels, 1);
         assert_eq!(s.stats().resyncs, 1);
         assert_eq!(s.state(), SyncState::Synced);
+    }
+
+    /// The shadow's sides (the snapshot's own vectors, kept best first) hold what a ladder fed
+    /// the same snapshot and deltas holds, whatever order, repeats and zeros the snapshot has;
+    /// and the drift count is the number of prices within the snapshot's range whose quantity
+    /// differs.
+    #[test]
+    fn shadow_sides_match_a_ladder_and_drift_counts_every_difference() {
+        use std::collections::BTreeMap;
+        for seed in 0..200u64 {
+            let mut rng = Rng::new(77 + seed);
+            let side = if seed % 2 == 0 { Side::Bid } else { Side::Ask };
+            let span = [5u64, 40, 400][(seed % 3) as usize];
+            let level = |rng: &mut Rng, zero: bool| {
+                let q = if zero && rng.chance(1, 8) { 0 } else { 1 + rng.below(9) as i64 };
+                lv(1_000 + rng.below(span) as i64, q)
+            };
+            let mut snapshot: Vec<Level> =
+                (0..rng.below(2 * span)).map(|_| level(&mut rng, true)).collect();
+            let mut ladder = crate::book::Ladder::new(side);
+            if seed % 4 < 2 {
+                // as exchanges send them: best first, distinct, no zeros
+                ladder.replace(&snapshot);
+                snapshot = ladder.iter().collect();
+            } else {
+                ladder.replace(&snapshot);
+            }
+            let mut shadow = snapshot;
+            best_first(side, &mut shadow);
+            assert_eq!(shadow, ladder.iter().collect::<Vec<_>>(), "seed {seed}: snapshot");
+            let limit = shadow.last().map(|l| l.price);
+            for step in 0..300 {
+                let zero = rng.chance(1, 3);
+                let l = level(&mut rng, zero);
+                apply_sorted(side, &mut shadow, l);
+                ladder.apply(l.price, l.qty);
+                if step % 37 == 0 {
+                    assert_eq!(shadow, ladder.iter().collect::<Vec<_>>(), "seed {seed} {step}");
+                }
+            }
+            // the book differs from the shadow at a few prices, inside the range and beyond it
+            let mut book = OrderBook::new();
+            *book.side_mut(side) = ladder.clone();
+            for _ in 0..rng.below(6) {
+                let l = level(&mut rng, true);
+                book.side_mut(side).apply(l.price, l.qty);
+            }
+            let beyond = Price::from_units(if side == Side::Bid { 1 } else { 9_999 });
+            book.side_mut(side).apply(beyond, Qty::from_units(1));
+            let as_map = |levels: &mut dyn Iterator<Item = Level>| -> BTreeMap<Price, Qty> {
+                levels.map(|l| (l.price, l.qty)).collect()
+            };
+            let (a, b) = (as_map(&mut book.side(side).iter()), as_map(&mut shadow.iter().copied()));
+            let inside = |p: &Price| match (side, limit) {
+                (_, None) => false,
+                (Side::Bid, Some(f)) => *p >= f,
+                (Side::Ask, Some(c)) => *p <= c,
+            };
+            let mut prices: Vec<&Price> = a.keys().chain(b.keys()).filter(|p| inside(p)).collect();
+            prices.sort();
+            prices.dedup();
+            let want = prices.iter().filter(|p| a.get(p) != b.get(p)).count();
+            assert_eq!(side_drift(side, &book, &shadow, limit), want, "seed {seed}: drift");
+        }
     }
 
     #[test]
