@@ -46,14 +46,14 @@ pub fn start_args(
     name: &str,
     args: &[&std::ffi::OsStr],
 ) -> anyhow::Result<KillOnDrop> {
-    let child = Command::new(bin)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
-        .spawn()
-        .with_context(|| format!("cannot start {}", bin.display()))?;
-    Ok(KillOnDrop(child))
+    KillOnDrop::spawn(
+        Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?),
+    )
+    .with_context(|| format!("cannot start {}", bin.display()))
 }
 
 /// Waits (at most 60 s) until `GET /healthz` on 127.0.0.1:`port` answers 2xx.

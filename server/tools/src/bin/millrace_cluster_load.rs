@@ -174,17 +174,17 @@ async fn main() -> anyhow::Result<()> {
         None => std::env::current_exe()?.with_file_name("millrace"),
     };
     let log = dir.join("supervisor.log");
-    let child = Command::new(&bin)
-        .args(["supervisor", "--id", "load-sup", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let pid = child.id();
     // stopped however this run ends
-    let _child = tools::KillOnDrop(child);
+    let child = tools::KillOnDrop::spawn(
+        Command::new(&bin)
+            .args(["supervisor", "--id", "load-sup", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?),
+    )
+    .with_context(|| format!("starting {}", bin.display()))?;
+    let pid = child.id();
     println!(
         "{} workers (max load {max_load}), {tasks} tasks x {} = {replicas} replicas, prefix {prefix}",
         args.workers, args.redundancy
