@@ -61,6 +61,19 @@ pub struct PublishedBook {
     pub checksum: u32,
 }
 
+impl PublishedBook {
+    /// Nothing published yet: no levels, and the checksum of an empty book.
+    fn empty() -> Self {
+        PublishedBook {
+            id: 0,
+            time_ms: 0,
+            bids: Vec::new(),
+            asks: Vec::new(),
+            checksum: OrderBook::new().checksum(CHECKSUM_LEVELS),
+        }
+    }
+}
+
 /// One published book's shared part. Locked once per publish (every 100 ms) and per REST / ops
 /// read, never per upstream event.
 struct BookCell {
@@ -73,13 +86,6 @@ struct BookCell {
 
 impl BookCell {
     fn new(instrument: &InstrumentId, source: &str, now_ms: i64) -> Self {
-        let empty = PublishedBook {
-            id: 0,
-            time_ms: 0,
-            bids: Vec::new(),
-            asks: Vec::new(),
-            checksum: OrderBook::new().checksum(CHECKSUM_LEVELS),
-        };
         BookCell {
             instrument: instrument.clone(),
             state: Mutex::new(CellState {
@@ -88,7 +94,7 @@ impl BookCell {
                 active: false,
                 status: BookStatus::default(),
                 last_id: u64::try_from(now_ms).unwrap_or(0).saturating_mul(1000),
-                published: Arc::new(empty),
+                published: Arc::new(PublishedBook::empty()),
                 deltas: 0,
                 crossed_skipped: 0,
             }),

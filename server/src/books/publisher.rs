@@ -115,21 +115,27 @@ impl BookPublisher {
 
     fn store_published(&mut self, now_ms: i64, checksum: u32, status: BookStatus) {
         let last = self.diff.last();
-        let published = Arc::new(PublishedBook {
-            id: self.diff.last_id(),
-            time_ms: now_ms,
-            bids: last.side(Side::Bid).iter().take(MAX_REST_LEVELS).collect(),
-            asks: last.side(Side::Ask).iter().take(MAX_REST_LEVELS).collect(),
-            checksum,
-        });
         debug_assert_eq!(checksum, last.checksum(CHECKSUM_LEVELS));
         let mut st = lock(&self.cell.state);
         if st.generation == self.generation {
-            st.published = published;
+            // Refilled in place unless a reader (a REST answer being written) still holds it:
+            // a publish every 100 ms per book allocates nothing once the book's size is reached.
+            if Arc::get_mut(&mut st.published).is_none() {
+                st.published = Arc::new(PublishedBook::empty());
+            }
+            let p = Arc::get_mut(&mut st.published).expect("the cell's only reference");
+            p.id = self.diff.last_id();
+            p.time_ms = now_ms;
+            p.bids.clear();
+            p.bids.extend(last.side(Side::Bid).iter().take(MAX_REST_LEVELS));
+            p.asks.clear();
+            p.asks.extend(last.side(Side::Ask).iter().take(MAX_REST_LEVELS));
+            p.checksum = checksum;
             st.status = status;
             st.deltas += 1;
             self.cell.overridden.store(false, Relaxed);
         }
+        drop(st);
         self.status = status;
     }
 

@@ -159,3 +159,41 @@ fn snapshots_go_only_to_subscribed_sizes_every_200_ms() {
     assert_eq!(ev.u, reg.snapshot(&inst()).unwrap().0.id);
     assert_eq!(snaps[0]["stream"], "depth@sim:spot:BTC/USDT,20");
 }
+
+/// The published book is refilled in place at each publish, unless a reader still holds it: that
+/// reader keeps what it took, and the next reader sees the new book.
+#[test]
+fn a_publish_refills_the_published_book_unless_a_reader_holds_it() {
+    let bus: Arc<dyn Bus> = Arc::new(InProcessBus::new(64));
+    let reg = BookRegistry::new(bus);
+    let mut publisher = reg.publisher(&inst(), "test", 1_700_000_000_000);
+    let mut rng = Rng::new(7);
+    let mut book = OrderBook::new();
+    let mut now = 1_700_000_000_000i64;
+    let mut publish = |book: &mut OrderBook, rng: &mut Rng| loop {
+        mutate_book(book, rng);
+        now += 100;
+        if publisher.publish(book, synced(), now) {
+            return;
+        }
+    };
+    let levels = |book: &OrderBook| {
+        (book.bids.iter().collect::<Vec<_>>(), book.asks.iter().collect::<Vec<_>>())
+    };
+    publish(&mut book, &mut rng);
+    let (first, _) = reg.snapshot(&inst()).unwrap();
+    assert_eq!((first.bids.clone(), first.asks.clone()), levels(&book));
+    let at = Arc::as_ptr(&first);
+    drop(first);
+    publish(&mut book, &mut rng);
+    let (held, _) = reg.snapshot(&inst()).unwrap();
+    assert_eq!(Arc::as_ptr(&held), at, "no reader held it: refilled in place");
+    assert_eq!((held.bids.clone(), held.asks.clone()), levels(&book));
+    let kept = (held.id, held.bids.clone(), held.asks.clone());
+    publish(&mut book, &mut rng);
+    assert_eq!((held.id, held.bids.clone(), held.asks.clone()), kept, "a reader's copy stays");
+    let (next, _) = reg.snapshot(&inst()).unwrap();
+    assert_ne!(Arc::as_ptr(&next), at);
+    assert!(next.id > held.id);
+    assert_eq!((next.bids.clone(), next.asks.clone()), levels(&book));
+}
