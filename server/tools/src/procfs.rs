@@ -32,6 +32,26 @@ pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
     status_bytes(pid, "RssAnon:")
 }
 
+/// The size of `pid`'s `[heap]` mapping (the main malloc arena's extent) and how much of it is
+/// resident, in bytes, from `/proc/<pid>/smaps`. A process whose live heap is flat can still show
+/// RSS growing while its allocator touches pages of that extent it had not touched before; the
+/// extent bounds that growth.
+pub fn heap_mapping(pid: u32) -> Option<(u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let fields = smaps.lines().skip_while(|l| !l.ends_with("[heap]")).skip(1);
+    let kb = |l: &str| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok());
+    let (mut size, mut rss) = (None, None);
+    // the mapping's `Field: value` lines, up to the next mapping's address range
+    for l in fields.take_while(|l| l.contains(':') && !l.contains('-')) {
+        if l.starts_with("Size:") {
+            size = kb(l);
+        } else if l.starts_with("Rss:") {
+            rss = kb(l);
+        }
+    }
+    Some((size? * 1024, rss? * 1024))
+}
+
 /// A `kB` field of `/proc/<pid>/status`, in bytes.
 fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -70,4 +90,16 @@ pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_heap_mapping_of_this_process_is_read() {
+        // the test harness's main thread allocates with glibc's main arena: a `[heap]` mapping
+        let (size, rss) = super::heap_mapping(std::process::id()).expect("a [heap] mapping");
+        assert!(size > 0 && size % 4096 == 0, "size {size}");
+        assert!(rss > 0 && rss <= size, "size {size}, rss {rss}");
+        assert_eq!(super::heap_mapping(u32::MAX), None, "no such process");
+    }
 }

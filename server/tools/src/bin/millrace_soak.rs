@@ -55,7 +55,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 use tools::child::{free_port, metrics, start, start_args, wait_healthy, wait_ok};
 use tools::procfs::{
-    cpu_time, loadavg, machine_busy, raise_nofile_limit, rss_anon_bytes, rss_bytes,
+    cpu_time, heap_mapping, loadavg, machine_busy, raise_nofile_limit, rss_anon_bytes, rss_bytes,
 };
 use tools::KillOnDrop;
 
@@ -127,13 +127,16 @@ impl Args {
 }
 
 /// Memory readings over the run, `(seconds since every client subscribed, bytes)`: the
-/// server's RSS and its anonymous part, and the separate simulator's RSS.
+/// server's RSS and its anonymous part, the size of its `[heap]` mapping and that mapping's RSS,
+/// and the separate simulator's RSS.
 #[derive(Default)]
 struct Readings {
     pid: u32,
     sim_pid: Option<u32>,
     rss: Vec<(u64, u64)>,
     anon: Vec<(u64, u64)>,
+    heap_size: Vec<(u64, u64)>,
+    heap_rss: Vec<(u64, u64)>,
     sim: Vec<(u64, u64)>,
 }
 
@@ -143,6 +146,9 @@ impl Readings {
         let rss = rss_bytes(self.pid).context("server RSS (did it exit?)")?;
         self.rss.push((t, rss));
         self.anon.push((t, rss_anon_bytes(self.pid).unwrap_or(0)));
+        let (size, resident) = heap_mapping(self.pid).unwrap_or_default();
+        self.heap_size.push((t, size));
+        self.heap_rss.push((t, resident));
         let sim = self.sim_pid.and_then(rss_bytes);
         self.sim.extend(sim.map(|b| (t, b)));
         Ok((rss, sim))
@@ -746,10 +752,12 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
         if now >= next_rss {
             let (rss, sim_now) = readings.take(next_rss.as_secs())?;
             println!(
-                "{:>6} s  RSS {:>7.1} MiB (anon {:.1}{})  closed {} fell behind {} disconnects {}",
+                "{:>6} s  RSS {:>7.1} MiB (anon {:.1}; [heap] {:.2} of {:.2}{})  closed {} fell behind {} disconnects {}",
                 next_rss.as_secs(),
                 mib(rss),
                 mib(readings.anon.last().map_or(0, |a| a.1)),
+                mib(readings.heap_rss.last().map_or(0, |a| a.1)),
+                mib(readings.heap_size.last().map_or(0, |a| a.1)),
                 sim_now.map_or(String::new(), |b| format!("; simulator {:.1}", mib(b))),
                 tally.closed.load(Relaxed),
                 tally.fell_behind.load(Relaxed),
@@ -761,7 +769,14 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
     }
     let elapsed = t0.elapsed().saturating_sub(plan.warmup).as_secs_f64();
     let (rss_end, _) = readings.take(total.as_secs())?;
-    let Readings { rss: rss_samples, anon: anon_samples, sim: sim_samples, .. } = readings;
+    let Readings {
+        rss: rss_samples,
+        anon: anon_samples,
+        heap_size,
+        heap_rss,
+        sim: sim_samples,
+        ..
+    } = readings;
     let cpu = (cpu_time(pid).context("server CPU")? - cpu0).as_secs_f64();
     let sim_cpu = sim_pid.zip(sim_cpu0).and_then(|(p, c0)| Some((cpu_time(p)? - c0).as_secs_f64()));
     let busy = (machine_busy().unwrap_or_default().saturating_sub(busy0)).as_secs_f64();
@@ -872,6 +887,18 @@ async fn soak(args: &Args) -> anyhow::Result<(Value, bool)> {
                 .fold(0.0, f64::max),
             "samples": rss_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
             "anon_samples": anon_samples.iter().map(|(t, b)| json!([t, mib(*b)])).collect::<Vec<_>>(),
+            // the main malloc arena: its extent and how much of it is resident
+            "heap_size_start": at(&heap_size, warmup),
+            "heap_size_half": at(&heap_size, half),
+            "heap_size_end": at(&heap_size, u64::MAX),
+            "heap_rss_start": at(&heap_rss, warmup),
+            "heap_rss_half": at(&heap_rss, half),
+            "heap_rss_end": at(&heap_rss, u64::MAX),
+            "heap_samples": heap_size
+                .iter()
+                .zip(&heap_rss)
+                .map(|((t, size), (_, rss))| json!([t, mib(*size), mib(*rss)]))
+                .collect::<Vec<_>>(),
         },
         "server_cpu_pct_of_one_core": 100.0 * cpu / elapsed,
         "simulator": match sim_pid {
@@ -949,6 +976,16 @@ fn table(r: &Value) {
         rss["anon_start"].as_f64().unwrap_or(0.0),
         rss["anon_half"].as_f64().unwrap_or(0.0),
         rss["anon_end"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "| server [heap] RSS of its size, start / {} s / end | {:.2} of {:.2} / {:.2} of {:.2} / {:.2} of {:.2} |",
+        rss["half_at_s"],
+        rss["heap_rss_start"].as_f64().unwrap_or(0.0),
+        rss["heap_size_start"].as_f64().unwrap_or(0.0),
+        rss["heap_rss_half"].as_f64().unwrap_or(0.0),
+        rss["heap_size_half"].as_f64().unwrap_or(0.0),
+        rss["heap_rss_end"].as_f64().unwrap_or(0.0),
+        rss["heap_size_end"].as_f64().unwrap_or(0.0)
     );
     if let Some(sim) = r["simulator"].as_object() {
         println!(

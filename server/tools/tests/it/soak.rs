@@ -74,6 +74,13 @@ fn a_soak_against_a_separate_simulator_measures_each_process() {
     }
     let samples = rss["samples"].as_array().unwrap();
     assert!(samples.iter().any(|s| s[0] == 5), "a reading when the warm-up ends: {r:#}");
+    // the server's main malloc arena: its extent, and what of it is resident
+    for at in ["start", "half", "end"] {
+        let size = rss[format!("heap_size_{at}")].as_f64().unwrap();
+        let resident = rss[format!("heap_rss_{at}")].as_f64().unwrap();
+        assert!(size > 1.0 && resident > 0.0 && resident <= size, "[heap] {at}: {r:#}");
+    }
+    assert_eq!(rss["heap_samples"].as_array().unwrap().len(), samples.len(), "{r:#}");
     assert_eq!(rss["half_at_s"], 6, "{r:#}");
     let measured = r["duration_s"].as_f64().unwrap();
     assert!((12.0..16.0).contains(&measured), "CPU and duration after the warm-up: {r:#}");
