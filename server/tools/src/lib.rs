@@ -22,12 +22,10 @@ impl KillOnDrop {
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        // the group first (`kill` with a negative id), while the leader, not yet reaped, keeps
-        // the group's id from being reused; then the leader, should the group kill have failed
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.0.id())])
-            .stderr(std::process::Stdio::null())
-            .status();
+        // the group first, while the leader, not yet reaped, keeps the group's id from being
+        // reused; then the leader, should the group kill have failed
+        use rustix::process::{kill_process_group, Pid, Signal};
+        let _ = kill_process_group(Pid::from_child(&self.0), Signal::KILL);
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
