@@ -57,6 +57,41 @@ impl Side {
             Side::Ask => Side::Bid,
         }
     }
+
+    /// How `a` orders against `b` among this side's levels listed best first (bids by falling
+    /// price, asks by rising price).
+    pub fn best_first(self, a: Price, b: Price) -> std::cmp::Ordering {
+        match self {
+            Side::Bid => b.cmp(&a),
+            Side::Ask => a.cmp(&b),
+        }
+    }
+}
+
+/// Whether `levels` are `side`'s levels best first, with distinct prices and no zero quantity:
+/// how exchanges send a snapshot.
+pub fn is_best_first(side: Side, levels: &[Level]) -> bool {
+    levels.iter().all(|l| !l.qty.is_zero())
+        && levels.is_sorted_by(|a, b| side.best_first(a.price, b.price).is_lt())
+}
+
+/// Puts `levels` best first with distinct prices and no zero quantity; of levels at one price
+/// the last wins. Levels already in that order are left as they are, without the sort's scratch
+/// buffer.
+pub fn sort_best_first(side: Side, levels: &mut Vec<Level>) {
+    levels.retain(|l| !l.qty.is_zero());
+    if is_best_first(side, levels) {
+        return;
+    }
+    // stable: equal prices keep their order, and the dedup keeps the last of each run
+    levels.sort_by(|a, b| side.best_first(a.price, b.price));
+    levels.dedup_by(|later, kept| {
+        let same = later.price == kept.price;
+        if same {
+            std::mem::swap(later, kept);
+        }
+        same
+    });
 }
 
 /// One price level. Serialised as `["price","qty"]`, the shape every exchange uses.
@@ -157,32 +192,19 @@ impl Clone for Ladder {
     /// publish), growing them to the source's capacity when they must grow, so that a copy keeps
     /// the source's size classes (see [`Ladder::reserve_window`]).
     fn clone_from(&mut self, src: &Self) {
-        fn copy<T: Copy>(dst: &mut Vec<T>, src: &Vec<T>) {
+        fn copy<T: Copy>(mut dst: Vec<T>, src: &Vec<T>) -> Vec<T> {
             dst.clear();
-            dst.reserve_exact(src.capacity().max(src.len()));
+            dst.reserve_exact(src.capacity());
             dst.extend_from_slice(src);
+            dst
         }
-        let Ladder { side, base, tick, shift, inv, lim, dense, top, ntop, far_ops, .. } = *src;
         *self = Ladder {
-            side,
-            base,
-            tick,
-            shift,
-            inv,
-            lim,
-            qtys: std::mem::take(&mut self.qtys),
-            bits: std::mem::take(&mut self.bits),
-            dense,
-            top,
-            ntop,
-            far_keys: std::mem::take(&mut self.far_keys),
-            far_qtys: std::mem::take(&mut self.far_qtys),
-            far_ops,
+            qtys: copy(std::mem::take(&mut self.qtys), &src.qtys),
+            bits: copy(std::mem::take(&mut self.bits), &src.bits),
+            far_keys: copy(std::mem::take(&mut self.far_keys), &src.far_keys),
+            far_qtys: copy(std::mem::take(&mut self.far_qtys), &src.far_qtys),
+            ..*src
         };
-        copy(&mut self.qtys, &src.qtys);
-        copy(&mut self.bits, &src.bits);
-        copy(&mut self.far_keys, &src.far_keys);
-        copy(&mut self.far_qtys, &src.far_qtys);
     }
 }
 
@@ -735,35 +757,24 @@ impl Ladder {
     /// Replaces the whole side with `levels` (any order; zero quantities ignored; later
     /// duplicates win).
     ///
-    /// Levels sorted either way with distinct prices and no zero quantity (as exchanges send
-    /// snapshots: best first) are read in place, so a resync allocates nothing new for them.
+    /// Levels already best first (as exchanges send snapshots; [`is_best_first`]) are read in
+    /// place, so a resync allocates nothing new for them; others are sorted in a copy first.
     pub fn replace(&mut self, levels: &[Level]) {
-        let side = self.side;
-        let key = |l: &Level| side_key(side, l.price);
-        let n = levels.len();
-        if levels.iter().all(|l| !l.qty.is_zero()) {
-            if levels.windows(2).all(|w| key(&w[0]) > key(&w[1])) {
-                return self.rebuild_from(n, |j| (key(&levels[n - 1 - j]), levels[n - 1 - j].qty));
-            }
-            if levels.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
-                return self.rebuild_from(n, |j| (key(&levels[j]), levels[j].qty));
-            }
+        if is_best_first(self.side, levels) {
+            return self.rebuild_best_first(levels);
         }
-        let mut pairs: Vec<(i64, Qty)> =
-            levels.iter().filter(|l| !l.qty.is_zero()).map(|l| (key(l), l.qty)).collect();
-        // stable sort keeps input order among equal keys; dedup keeps the last of each run
-        pairs.sort_by_key(|p| p.0);
-        let mut w = 0;
-        for r in 0..pairs.len() {
-            if w > 0 && pairs[w - 1].0 == pairs[r].0 {
-                pairs[w - 1] = pairs[r];
-            } else {
-                pairs[w] = pairs[r];
-                w += 1;
-            }
-        }
-        pairs.truncate(w);
-        self.rebuild(&pairs);
+        let mut sorted = levels.to_vec();
+        sort_best_first(self.side, &mut sorted);
+        self.rebuild_best_first(&sorted);
+    }
+
+    /// [`Ladder::rebuild`] over levels best first (distinct prices, no zero quantity).
+    fn rebuild_best_first(&mut self, levels: &[Level]) {
+        let (side, n) = (self.side, levels.len());
+        self.rebuild_from(n, |j| {
+            let l = levels[n - 1 - j];
+            (side_key(side, l.price), l.qty)
+        });
     }
 }
 

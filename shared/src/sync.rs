@@ -38,7 +38,7 @@
 
 use std::collections::VecDeque;
 
-use crate::book::{Level, OrderBook, Side};
+use crate::book::{sort_best_first, Level, OrderBook, Side};
 
 /// A delta event from the source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -379,8 +379,8 @@ struct Shadow {
 impl Shadow {
     fn new(s: DepthSnapshot) -> Self {
         let (mut bids, mut asks) = (s.bids, s.asks);
-        best_first(Side::Bid, &mut bids);
-        best_first(Side::Ask, &mut asks);
+        sort_best_first(Side::Bid, &mut bids);
+        sort_best_first(Side::Ask, &mut asks);
         Shadow {
             bid_floor: bids.last().map(|l| l.price),
             ask_ceiling: asks.last().map(|l| l.price),
@@ -416,36 +416,9 @@ impl Shadow {
     }
 }
 
-/// How `a` orders against `b` in a list of `side`'s levels, best first.
-fn toward(side: Side, a: crate::fixed::Price, b: crate::fixed::Price) -> std::cmp::Ordering {
-    match side {
-        Side::Bid => b.cmp(&a),
-        Side::Ask => a.cmp(&b),
-    }
-}
-
-/// Puts `levels` best first with distinct prices and no zero quantity (later duplicates win,
-/// as in [`crate::book::Ladder::replace`]); a snapshot already in that order is left as it is,
-/// without the sort's scratch buffer.
-fn best_first(side: Side, levels: &mut Vec<Level>) {
-    levels.retain(|l| !l.qty.is_zero());
-    if levels.is_sorted_by(|a, b| toward(side, a.price, b.price).is_lt()) {
-        return;
-    }
-    // stable: equal prices keep their order, and the dedup keeps the last of each run
-    levels.sort_by(|a, b| toward(side, a.price, b.price));
-    levels.dedup_by(|later, kept| {
-        let same = later.price == kept.price;
-        if same {
-            std::mem::swap(later, kept);
-        }
-        same
-    });
-}
-
 /// Applies one level update to `side`'s levels, best first.
 fn apply_sorted(side: Side, levels: &mut Vec<Level>, l: Level) {
-    match levels.binary_search_by(|x| toward(side, x.price, l.price)) {
+    match levels.binary_search_by(|x| side.best_first(x.price, l.price)) {
         Ok(i) if l.qty.is_zero() => {
             levels.remove(i);
         }
@@ -475,7 +448,7 @@ fn side_drift(
     let mut diff = 0;
     loop {
         match (xs.peek(), ys.peek()) {
-            (Some(x), Some(y)) => match toward(side, x.price, y.price) {
+            (Some(x), Some(y)) => match side.best_first(x.price, y.price) {
                 std::cmp::Ordering::Equal => {
                     diff += usize::from(x.qty != y.qty);
                     xs.next();
@@ -1260,7 +1233,7 @@ mod tests {
                 ladder.replace(&snapshot);
             }
             let mut shadow = snapshot;
-            best_first(side, &mut shadow);
+            sort_best_first(side, &mut shadow);
             assert_eq!(shadow, ladder.iter().collect::<Vec<_>>(), "seed {seed}: snapshot");
             let limit = shadow.last().map(|l| l.price);
             for step in 0..300 {
