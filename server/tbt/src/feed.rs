@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use rand::{RngCore as _, SeedableRng};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{self, Message};
 
 use crate::wire::{self, FrameError};
 use crate::{Control, FeedEvent, Hello, TbtSnapshot, TbtStatus, TbtSymbol, TrueBook};
@@ -60,7 +61,24 @@ pub struct FeedConfig {
     pub connect_timeout: Duration,
     /// Bearer token of the source's control requests ([`TbtRest::control`]).
     pub control_token: Option<String>,
+    /// The socket's read buffer (tungstenite's `read_buffer_size`), at least 1 KiB (a smaller
+    /// value is raised to it). Default [`DEFAULT_READ_BUFFER_BYTES`]; a longer frame still
+    /// arrives whole.
+    pub read_buffer_bytes: usize,
+    /// The longest frame accepted; a longer one ends the connection (counted in
+    /// [`FeedStats::malformed_frames`]) and the feed reconnects. Default
+    /// [`DEFAULT_MAX_FRAME_BYTES`].
+    pub max_frame_bytes: usize,
 }
+
+/// Default [`FeedConfig::read_buffer_bytes`]. tungstenite's own default, 128 KiB, is allocated
+/// whole by every connection and zero-filled up to its length at each read attempt; most
+/// frames are a few KiB.
+pub const DEFAULT_READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Default [`FeedConfig::max_frame_bytes`]: 8 MiB, about 160,000 events in one frame (the
+/// simulator sends at most 4,096 by default). tungstenite's own limit is 64 MiB.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 8 << 20;
 
 impl FeedConfig {
     pub fn new(base: impl Into<String>) -> Self {
@@ -72,7 +90,17 @@ impl FeedConfig {
             backoff_max: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             control_token: None,
+            read_buffer_bytes: DEFAULT_READ_BUFFER_BYTES,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         }
+    }
+
+    /// The WebSocket settings of a connection: the read buffer and the frame limit.
+    pub fn ws_config(&self) -> WebSocketConfig {
+        WebSocketConfig::default()
+            .read_buffer_size(self.read_buffer_bytes.max(1024))
+            .max_message_size(Some(self.max_frame_bytes))
+            .max_frame_size(Some(self.max_frame_bytes))
     }
 
     /// `ws://…/tbt/ws[?symbols=a,b]`.
@@ -342,9 +370,10 @@ async fn session(
 ) -> Option<String> {
     let c = &inner.counters;
     let connect = async {
-        let (mut ws, _) = tokio_tungstenite::connect_async(url)
-            .await
-            .map_err(|e| format!("connect failed: {e}"))?;
+        let (mut ws, _) =
+            tokio_tungstenite::connect_async_with_config(url, Some(config.ws_config()), true)
+                .await
+                .map_err(|e| format!("connect failed: {e}"))?;
         loop {
             match ws.next().await {
                 Some(Ok(Message::Text(t))) => {
@@ -411,6 +440,13 @@ async fn session(
                 })
             }
             Some(Ok(_)) => {} // ping / pong: tungstenite answers pings itself
+            Some(Err(e @ tungstenite::Error::Capacity(_))) => {
+                c.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                return Some(format!(
+                    "read failed: {e} (limit: max_frame_bytes = {})",
+                    config.max_frame_bytes
+                ));
+            }
             Some(Err(e)) => return Some(format!("read failed: {e}")),
             None => return Some("connection closed".to_string()),
         }
@@ -428,5 +464,99 @@ mod tests {
         c.symbols = Some(vec!["600000".into(), "000001".into()]);
         assert_eq!(c.ws_url(), "ws://127.0.0.1:9100/tbt/ws?symbols=600000,000001");
         assert_eq!(FeedConfig::new("https://x").ws_url(), "wss://x/tbt/ws");
+    }
+
+    /// `n` add events of symbol 0, channel 1, from sequence 1.
+    fn adds(n: u64) -> Vec<FeedEvent> {
+        (1..=n)
+            .map(|seq| FeedEvent {
+                symbol: 0,
+                channel: 1,
+                seq,
+                msg: shared::l3::Msg::Add {
+                    id: seq,
+                    side: shared::Side::Bid,
+                    price: shared::Price::from_raw(1_000_000 * seq as i64),
+                    qty: shared::Qty::from_raw(100),
+                },
+            })
+            .collect()
+    }
+
+    /// A one-connection feed source on a local port: the symbol list, then `frames`, then it
+    /// holds the connection open until the client leaves.
+    async fn serve_once(frames: Vec<Vec<u8>>) -> String {
+        use futures_util::SinkExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+            let hello = Hello {
+                symbols: vec![TbtSymbol {
+                    idx: 0,
+                    symbol: "600000".into(),
+                    venue: shared::l3::Venue::Sse,
+                    channel: 1,
+                }],
+            };
+            ws.send(Message::text(serde_json::to_string(&hello).unwrap())).await.unwrap();
+            for f in frames {
+                if ws.send(Message::binary(f)).await.is_err() {
+                    return;
+                }
+            }
+            while let Some(Ok(_)) = ws.next().await {}
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn frames_longer_than_the_read_buffer_arrive_whole_and_an_oversize_one_is_refused() {
+        let defaults = FeedConfig::new("http://x");
+        assert_eq!(defaults.ws_config().read_buffer_size, DEFAULT_READ_BUFFER_BYTES);
+        assert_eq!(defaults.ws_config().max_message_size, Some(DEFAULT_MAX_FRAME_BYTES));
+        let tungstenite = WebSocketConfig::default();
+        assert!(defaults.ws_config().read_buffer_size < tungstenite.read_buffer_size);
+        assert!(defaults.ws_config().max_message_size < tungstenite.max_message_size);
+
+        // 4,096 events (the simulator's largest frame, ~200 KB) through a 1 KiB buffer.
+        let events = adds(4_096);
+        let big = wire::encode(&events, 7);
+        assert!(big.len() > 100 * 1024);
+        let base = serve_once(vec![wire::encode(&events[..3], 1), big]).await;
+        let config = FeedConfig { read_buffer_bytes: 1, ..FeedConfig::new(base) };
+        assert_eq!(config.ws_config().read_buffer_size, 1024, "raised to 1 KiB");
+        let (feed, mut rx, task) = TbtFeed::new(config);
+        let task = tokio::spawn(task);
+        let mut got = Vec::new();
+        while got.len() < events.len() {
+            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap() {
+                Some(FeedItem::Events(evs)) => got.extend(evs),
+                Some(FeedItem::Connected(s)) => assert_eq!(s.len(), 1),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(&got[..3], &events[..3]);
+        assert_eq!(&got[3..], &events[..], "the long frame arrives whole");
+        assert_eq!(feed.stats().malformed_frames, 0);
+        task.abort();
+
+        // A frame over max_frame_bytes ends the connection with a reason naming the key.
+        let base = serve_once(vec![wire::encode(&events, 9)]).await;
+        let config = FeedConfig { max_frame_bytes: 64 * 1024, ..FeedConfig::new(base) };
+        let (feed, mut rx, task) = TbtFeed::new(config);
+        let task = tokio::spawn(task);
+        let reason = loop {
+            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap() {
+                Some(FeedItem::Disconnected(r)) => break r,
+                Some(FeedItem::Connected(_)) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        assert!(reason.contains("max_frame_bytes = 65536"), "{reason}");
+        assert_eq!(feed.stats().malformed_frames, 1);
+        assert_eq!(feed.stats().events, 0);
+        task.abort();
     }
 }
