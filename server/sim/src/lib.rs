@@ -20,7 +20,8 @@
 //! sim.stopped().await;
 //! # Ok(()) }
 //! ```
-//! `millrace sim` runs it standalone ([`SimArgs`], [`run_until`]).
+//! `millrace sim` runs it standalone ([`SimArgs`], [`run_until`]); with `--state-file` its clock
+//! survives restarts ([`clock_file`]).
 //!
 //! ## Guarantees
 //! - **Fixed point.** Prices are integer ticks, quantities integer steps; random `f64`s only
@@ -40,6 +41,7 @@
 //! - **Slow clients** are dropped when their bounded queue fills; they never stall the engine.
 
 pub mod clock;
+pub mod clock_file;
 mod control;
 pub mod engine;
 pub mod faults;
@@ -317,6 +319,12 @@ pub struct SimArgs {
     /// (at least 8 characters); without one, control over HTTP is disabled.
     #[arg(long, env = "MILLRACE_SIM_TOKEN", hide_env_values = true)]
     pub control_token: Option<String>,
+    /// A file that keeps the simulated clock across restarts: a restarted simulator resumes
+    /// after the time the last run served, if that is ahead of the wall clock (after a run at
+    /// `--speed 60` it is), so a server following it closes candles again at once. Rewritten
+    /// every second and at shutdown; a damaged file is an error.
+    #[arg(long, env = "MILLRACE_SIM_STATE")]
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 impl SimArgs {
@@ -342,21 +350,76 @@ impl SimArgs {
 }
 
 /// Runs the simulator described by `args` until `shutdown` completes (the `millrace sim`
-/// command passes Ctrl-C / SIGTERM), then stops it, waiting at most 5 s.
+/// command passes Ctrl-C / SIGTERM), then stops it, waiting at most 5 s. With a state file the
+/// clock resumes from it and is saved every [`clock_file::SAVE_EVERY`] and at the end.
 pub async fn run_until(
     args: &SimArgs,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let sim = Sim::start(args.config()?, args.addr).await?;
+    let mut config = args.config()?;
+    let clock_file = args.state_file.as_ref().map(clock_file::ClockFile::new);
+    if let Some(file) = &clock_file {
+        config.start_ms = file.resume_ms(clock::wall_clock_ms())?;
+        if let Some(ms) = config.start_ms {
+            eprintln!(
+                "millrace sim: the clock resumes at {ms} ms, {} s ahead of the wall clock ({})",
+                (ms - clock::wall_clock_ms()) / 1000,
+                file.path().display()
+            );
+        }
+    } else if config.speed > 1.0 {
+        eprintln!(
+            "millrace sim: no --state-file: a restart begins at the wall clock again, behind what this run at speed {} serves",
+            config.speed
+        );
+    }
+    let speed = config.speed;
+    let sim = Sim::start(config, args.addr).await?;
     eprintln!(
         "millrace sim: REST {} · WebSocket {} · futures WebSocket {}",
         sim.rest_base(),
         sim.ws_base(),
         sim.futures_ws_base()
     );
-    shutdown.await;
+    let Some(file) = &clock_file else {
+        shutdown.await;
+        sim.shutdown();
+        let _ = tokio::time::timeout(Duration::from_secs(5), sim.stopped()).await;
+        return Ok(());
+    };
+    // A file that cannot be written at all is a configuration error; one that fails later
+    // (a full disk) is reported, and the exchange keeps serving.
+    if let Err(e) = file.save(sim.now_ms(), speed, false) {
+        sim.shutdown();
+        return Err(e.into());
+    }
+    let save = async {
+        let mut every = tokio::time::interval(clock_file::SAVE_EVERY);
+        let mut failing = false;
+        loop {
+            every.tick().await;
+            match file.save(sim.now_ms(), speed, false) {
+                Ok(()) if failing => {
+                    failing = false;
+                    eprintln!("millrace sim: the clock file is written again");
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    eprintln!("millrace sim: {e}; retrying every {:?}", clock_file::SAVE_EVERY);
+                }
+                Err(_) => {}
+            }
+        }
+    };
+    tokio::select! {
+        () = shutdown => {}
+        () = save => {}
+    }
     sim.shutdown();
+    let end = sim.now_ms();
     let _ = tokio::time::timeout(Duration::from_secs(5), sim.stopped()).await;
+    file.save(end, speed, true)?;
     Ok(())
 }
 
@@ -371,6 +434,7 @@ mod tests {
             seed: 1,
             symbols: Vec::new(),
             control_token: token.map(String::from),
+            state_file: None,
         }
     }
 

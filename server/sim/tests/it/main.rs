@@ -4,6 +4,7 @@
 
 mod control;
 mod exchange;
+mod resume;
 mod tbt_feed;
 mod url_forms;
 
