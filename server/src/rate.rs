@@ -53,6 +53,12 @@ impl Bucket {
         self.units = self.units.saturating_sub(u64::from(n) * UNITS);
     }
 
+    /// Puts back `n` tokens taken for work that did not happen (never above a full bucket).
+    pub fn give_back(&mut self, n: u32) {
+        let cap = u64::from(self.per_minute) * UNITS;
+        self.units = self.units.saturating_add(u64::from(n) * UNITS).min(cap);
+    }
+
     /// Whether the bucket has filled up again (its owner has been idle a minute).
     pub fn is_full(&mut self, now: Instant) -> bool {
         self.refill(now);

@@ -5,6 +5,8 @@
 //! bucket is refused whole (`too_many_job_starts`) before any job starts. So subscribe /
 //! unsubscribe churn cannot turn into a stream of job starts and evictions (and upstream
 //! requests) faster than the limits, from one connection or from many of one address.
+//! A request refused after its starts were taken (no capacity, an unknown series) gives back
+//! the starts of the jobs it did not start ([`IpStarts::give_back`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -71,6 +73,19 @@ impl IpStarts {
         connection.take(n);
         Ok(())
     }
+
+    /// Puts back `n` starts [`IpStarts::take`] took for jobs that did not start (the request
+    /// was refused for another reason: capacity, an unknown series), so a client retrying a
+    /// refused subscription does not use up its allowance for the ones that will be served.
+    pub fn give_back(&self, n: usize, connection: &mut Bucket, ip: Option<IpAddr>) {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        connection.give_back(n);
+        if let Some(ip) = ip {
+            if let Some(bucket) = lock(&self.buckets).get_mut(&ip) {
+                bucket.give_back(n);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +112,14 @@ mod tests {
             .take(1, &mut Bucket::full(3, Instant::now()), 3, Some("10.0.0.2".parse().unwrap()))
             .unwrap();
         tokio::time::advance(Duration::from_secs(60)).await;
+        starts.take(3, &mut b, 3, Some(ip)).unwrap();
+
+        // Starts given back (the jobs did not start) can be taken again, up to a full bucket.
+        assert!(starts.take(1, &mut b, 3, Some(ip)).is_err(), "b is empty");
+        starts.give_back(2, &mut b, Some(ip));
+        starts.take(2, &mut b, 3, Some(ip)).unwrap();
+        starts.give_back(100, &mut b, Some(ip));
+        assert!(starts.take(4, &mut b, 3, Some(ip)).is_err(), "never above a full bucket");
         starts.take(3, &mut b, 3, Some(ip)).unwrap();
     }
 }

@@ -227,7 +227,7 @@ impl Session {
                 }
                 // Take every lease first, so a refusal leaves nothing half-subscribed.
                 let mut taken = Vec::new();
-                for stream in &new {
+                for (i, stream) in new.iter().enumerate() {
                     let lease = match stream {
                         Stream::Heartbeat => continue,
                         Stream::Kline(series) => {
@@ -265,6 +265,20 @@ impl Session {
                                 }
                                 SubscribeError::ShuttingDown => ErrorCode::Internal,
                             };
+                            // The jobs of this stream and the ones after it did not start:
+                            // their starts are given back (the earlier ones' did start).
+                            let unstarted = new[i..]
+                                .iter()
+                                .filter(|s| (self.sessions.starts_job)(s))
+                                .count()
+                                .min(starting);
+                            if unstarted > 0 {
+                                self.sessions.ip_starts.give_back(
+                                    unstarted,
+                                    &mut self.starts,
+                                    self.ip,
+                                );
+                            }
                             return Reply::error(request.id, code, format!("{stream}: {e}"));
                         }
                     }

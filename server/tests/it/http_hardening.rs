@@ -573,3 +573,31 @@ async fn job_starts_are_limited_per_connection_and_per_ip() {
     assert!(metrics.contains("millrace_subscriptions_refused_job_starts_total 49"), "{metrics}");
     server.stop().await;
 }
+
+/// A subscription refused for another reason (here: no on-demand capacity) started no job, so
+/// it costs no job start: a client retrying it keeps its allowance for when it can be served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_refused_for_capacity_costs_no_job_start() {
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    config.ingest.ondemand_max_jobs = 1;
+    config.limits.max_job_starts_per_min_per_connection = 2;
+    config.limits.max_job_starts_per_min_per_ip = 3;
+    let server = TestServer::start(config).await;
+    // One connection holds the only on-demand job (one of the address's three starts).
+    let mut holder = server.ws().await;
+    assert!(request(&mut holder, "SUBSCRIBE", &[&kline("ETH")], 1).await.is_ok());
+    // Another one retries a stream that has no room, more often than either allowance.
+    let mut a = server.ws().await;
+    for id in 1..=6 {
+        let r = request(&mut a, "SUBSCRIBE", &[&kline("SOL"), &kline("XRP")], id).await;
+        let e = r.error.expect("no room for another job");
+        assert_eq!(e.code, ErrorCode::CapacityExhausted, "try {id}: {}", e.msg);
+    }
+    // Room again: the next try is served, from the allowance the refusals did not use.
+    assert!(request(&mut holder, "UNSUBSCRIBE", &[&kline("ETH")], 2).await.is_ok());
+    let r = request(&mut a, "SUBSCRIBE", &[&kline("SOL")], 7).await;
+    assert!(r.is_ok(), "{:?}", r.error);
+    let metrics = server.get("/metrics").await.1;
+    assert!(metrics.contains("millrace_subscriptions_refused_job_starts_total 0"), "{metrics}");
+    server.stop().await;
+}
