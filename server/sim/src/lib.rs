@@ -381,45 +381,46 @@ pub async fn run_until(
         sim.ws_base(),
         sim.futures_ws_base()
     );
-    let Some(file) = &clock_file else {
-        shutdown.await;
-        sim.shutdown();
-        let _ = tokio::time::timeout(Duration::from_secs(5), sim.stopped()).await;
-        return Ok(());
-    };
-    // A file that cannot be written at all is a configuration error; one that fails later
-    // (a full disk) is reported, and the exchange keeps serving.
-    if let Err(e) = file.save(sim.now_ms(), speed, false) {
-        sim.shutdown();
-        return Err(e.into());
-    }
-    let save = async {
-        let mut every = tokio::time::interval(clock_file::SAVE_EVERY);
-        let mut failing = false;
-        loop {
-            every.tick().await;
-            match file.save(sim.now_ms(), speed, false) {
-                Ok(()) if failing => {
-                    failing = false;
-                    eprintln!("millrace sim: the clock file is written again");
+    match &clock_file {
+        None => shutdown.await,
+        Some(file) => {
+            // A file that cannot be written at all is a configuration error (returning drops
+            // `sim`, which stops it); one that fails later (a full disk) is reported, and the
+            // exchange keeps serving.
+            file.save(sim.now_ms(), speed, false)?;
+            let save = async {
+                let period = clock_file::SAVE_EVERY;
+                let mut every =
+                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                let mut failing = false;
+                loop {
+                    every.tick().await;
+                    match file.save(sim.now_ms(), speed, false) {
+                        Ok(()) if failing => {
+                            failing = false;
+                            eprintln!("millrace sim: the clock file is written again");
+                        }
+                        Ok(()) => {}
+                        Err(e) if !failing => {
+                            failing = true;
+                            eprintln!("millrace sim: {e}; retrying every {period:?}");
+                        }
+                        Err(_) => {}
+                    }
                 }
-                Ok(()) => {}
-                Err(e) if !failing => {
-                    failing = true;
-                    eprintln!("millrace sim: {e}; retrying every {:?}", clock_file::SAVE_EVERY);
-                }
-                Err(_) => {}
+            };
+            tokio::select! {
+                () = shutdown => {}
+                () = save => {}
             }
         }
-    };
-    tokio::select! {
-        () = shutdown => {}
-        () = save => {}
     }
     sim.shutdown();
     let end = sim.now_ms();
     let _ = tokio::time::timeout(Duration::from_secs(5), sim.stopped()).await;
-    file.save(end, speed, true)?;
+    if let Some(file) = &clock_file {
+        file.save(end, speed, true)?;
+    }
     Ok(())
 }
 

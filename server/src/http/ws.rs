@@ -204,7 +204,8 @@ impl Session {
                 }
                 // Streams nobody follows start a job each: within this connection's and this
                 // address's job starts, or not at all.
-                let starting = new.iter().filter(|s| (self.sessions.starts_job)(s)).count();
+                let starts: Vec<bool> = new.iter().map(|s| (self.sessions.starts_job)(s)).collect();
+                let starting = starts.iter().filter(|&&b| b).count();
                 if starting > 0 {
                     let per_connection = self.sessions.limits.max_job_starts_per_min_per_connection;
                     let taken = self.sessions.ip_starts.take(
@@ -267,11 +268,7 @@ impl Session {
                             };
                             // The jobs of this stream and the ones after it did not start:
                             // their starts are given back (the earlier ones' did start).
-                            let unstarted = new[i..]
-                                .iter()
-                                .filter(|s| (self.sessions.starts_job)(s))
-                                .count()
-                                .min(starting);
+                            let unstarted = starts[i..].iter().filter(|&&b| b).count();
                             if unstarted > 0 {
                                 self.sessions.ip_starts.give_back(
                                     unstarted,
