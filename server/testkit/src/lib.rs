@@ -3,6 +3,8 @@
 //! process, or the `millrace` binary as a child process), a real simulator, and small HTTP and
 //! WebSocket clients.
 
+pub mod tls;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
