@@ -239,7 +239,8 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
                         Some(before) => (first.min(before + MINUTE_MS), last.max(before)),
                         None => (first, last),
                     };
-                    Plan::ended(series_1m, minutes, timeframes, Span { lo, hi, newest: hi })
+                    let span = Span { lo, hi, newest: hi, before };
+                    Plan::ended(series_1m, minutes, timeframes, span)
                 })
                 .collect()
         }
@@ -251,7 +252,7 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
             };
             match derive {
                 Derive::Buckets { timeframes, lo, hi, newest } => {
-                    let span = Span { lo: *lo, hi: *hi, newest: *newest };
+                    let span = Span { lo: *lo, hi: *hi, newest: *newest, before: None };
                     vec![Plan::ended(series_1m, minutes, timeframes, span)]
                 }
                 _ => {
@@ -268,19 +269,23 @@ fn complete(store: &dyn CandleStore, rows: &mut Rows, derive: &Derive) -> Result
     };
     let ranges: Vec<(SeriesId, i64, i64)> = plans
         .iter()
-        .filter_map(|p| p.range.map(|(first, end)| (p.series_1m.clone(), first, end)))
+        .flat_map(|p| p.ranges.iter().map(|&(first, end)| (p.series_1m.clone(), first, end)))
         .collect();
     let mut stored = store.candles_in(&ranges)?.into_iter();
     for plan in plans {
-        let Some((first, end)) = plan.range else { continue };
-        let mut all: BTreeMap<i64, Candle> =
-            stored.next().unwrap_or_default().into_iter().map(|c| (c.open_time, c)).collect();
-        all.extend(
-            plan.minutes
-                .iter()
-                .filter(|c| c.open_time >= first && c.open_time <= end)
-                .map(|c| (c.open_time, *c)),
-        );
+        if plan.ranges.is_empty() {
+            continue;
+        }
+        let mut all: BTreeMap<i64, Candle> = BTreeMap::new();
+        for &(first, end) in &plan.ranges {
+            all.extend(stored.next().unwrap_or_default().into_iter().map(|c| (c.open_time, c)));
+            all.extend(
+                plan.minutes
+                    .iter()
+                    .filter(|c| c.open_time >= first && c.open_time <= end)
+                    .map(|c| (c.open_time, *c)),
+            );
+        }
         match plan.need {
             Need::Ended(opens) => {
                 for (tf, opens) in opens {
@@ -309,8 +314,9 @@ struct Plan {
     /// Its minutes in the write (they win over stored ones).
     minutes: Vec<Candle>,
     need: Need,
-    /// The stored minutes to read, `[first, end]`; `None`: nothing to read.
-    range: Option<(i64, i64)>,
+    /// The stored minutes to read: disjoint ranges `[first, end]`, ascending (one per run of
+    /// adjacent buckets).
+    ranges: Vec<(i64, i64)>,
 }
 
 enum Need {
@@ -323,34 +329,36 @@ enum Need {
 }
 
 impl Plan {
-    /// Every bucket of `timeframes` that the span's 1m range touches and that has ended by its
-    /// newest minute.
+    /// Every bucket of `timeframes` that holds a minute of the write, one of the span's ends
+    /// (`lo`, `hi`) or the newest minute written before (`before`: its bucket may have ended
+    /// since without its last minute), and that has ended by the span's newest minute. Any
+    /// other bucket holds no minute of this write and was written when its minutes were, so
+    /// its candle cannot change: the walk is bounded by the write's own minutes, whatever times
+    /// they carry.
     fn ended(
         series_1m: SeriesId,
         minutes: Vec<Candle>,
         timeframes: &[Timeframe],
         span: Span,
     ) -> Plan {
-        let Span { lo, hi, newest } = span;
+        let Span { lo, hi, newest, before } = span;
         let mut opens_of = Vec::with_capacity(timeframes.len());
+        let mut buckets: Vec<(i64, i64)> = Vec::new();
         for &tf in timeframes {
-            let mut opens = Vec::new();
-            let mut bucket = tf.bucket_open(lo);
-            while bucket <= tf.bucket_open(hi) {
-                let end = bucket + tf.duration_ms();
-                if end - MINUTE_MS <= newest {
-                    opens.push(bucket);
-                }
-                bucket = end;
-            }
+            let mut opens: Vec<i64> = minutes
+                .iter()
+                .map(|c| c.open_time)
+                .chain([lo, hi])
+                .chain(before)
+                .map(|t| tf.bucket_open(t))
+                .filter(|&open| open + tf.duration_ms() - MINUTE_MS <= newest)
+                .collect();
+            opens.sort_unstable();
+            opens.dedup();
+            buckets.extend(opens.iter().map(|&o| (o, o + tf.duration_ms() - MINUTE_MS)));
             opens_of.push((tf, opens));
         }
-        let first = opens_of.iter().filter_map(|(_, o)| o.first().copied()).min();
-        let end = opens_of
-            .iter()
-            .filter_map(|(tf, o)| o.last().map(|l| l + tf.duration_ms() - MINUTE_MS))
-            .max();
-        Plan { series_1m, minutes, need: Need::Ended(opens_of), range: first.zip(end) }
+        Plan { series_1m, minutes, need: Need::Ended(opens_of), ranges: merge_ranges(buckets) }
     }
 
     /// The candles of `series_1m`'s instrument in `rows` (but its 1m) built from fewer minutes
@@ -358,27 +366,41 @@ impl Plan {
     /// `derived`: the indices in `rows` of the instrument's derived rows.
     fn partial(rows: &Rows, derived: &[usize], series_1m: SeriesId, minutes: Vec<Candle>) -> Plan {
         let mut at = Vec::new();
-        let (mut first, mut end) = (i64::MAX, i64::MIN);
+        let mut buckets = Vec::new();
         for &r in derived {
             let (s, candles) = &rows[r];
             let tf = s.timeframe;
             for (i, c) in candles.iter().enumerate().filter(|(_, c)| c.minutes < tf.minutes()) {
                 at.push((r, i));
-                first = first.min(c.open_time);
-                end = end.max(c.open_time + tf.duration_ms() - MINUTE_MS);
+                buckets.push((c.open_time, c.open_time + tf.duration_ms() - MINUTE_MS));
             }
         }
-        let range = (!at.is_empty()).then_some((first, end));
-        Plan { series_1m, minutes, need: Need::Partial(at), range }
+        Plan { series_1m, minutes, need: Need::Partial(at), ranges: merge_ranges(buckets) }
     }
 }
 
-/// A 1m range `[lo, hi]` and the newest minute known to have closed.
+/// `ranges` (`[first, end]` of 1m open times) as disjoint ranges, ascending: overlapping and
+/// adjacent ones merged.
+fn merge_ranges(mut ranges: Vec<(i64, i64)>) -> Vec<(i64, i64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(i64, i64)> = Vec::with_capacity(ranges.len());
+    for (first, end) in ranges {
+        match out.last_mut() {
+            Some(last) if first <= last.1.saturating_add(MINUTE_MS) => last.1 = last.1.max(end),
+            _ => out.push((first, end)),
+        }
+    }
+    out
+}
+
+/// A 1m range `[lo, hi]`, the newest minute known to have closed, and the newest minute of
+/// the series written before this write, if known.
 #[derive(Debug, Clone, Copy)]
 struct Span {
     lo: i64,
     hi: i64,
     newest: i64,
+    before: Option<i64>,
 }
 
 /// The `tf` candles of the buckets opening at `opens` (ascending), each the merge of every 1m
@@ -558,5 +580,46 @@ mod tests {
         complete(&store, &mut rows, &each(&[])).unwrap();
         assert!(rows.iter().skip(1).all(|(_, c)| c.is_empty()), "no derived candle: {rows:?}");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The walk over buckets is bounded by the write's own minutes: minutes ten years apart
+    /// (or at the ends of time, the out-of-memory batch of a forged bus message) plan a few
+    /// buckets per timeframe and read a few ranges, never every bucket in between.
+    #[test]
+    fn a_plan_walks_the_buckets_of_its_minutes_not_the_time_between_them() {
+        let m1: SeriesId = "sim:spot:BTC/USDT:1m".parse().unwrap();
+        let tfs = [Timeframe::M3, Timeframe::M5, Timeframe::H1, Timeframe::D1];
+        let ten_years = 10 * 365 * 86_400_000_i64;
+        for (first, last) in [(0, ten_years), (0, (1 << 53) / MINUTE_MS * MINUTE_MS)] {
+            let minutes = vec![minute(first, 100), minute(last, 100)];
+            let span = Span { lo: first, hi: last, newest: last, before: None };
+            let plan = Plan::ended(m1.clone(), minutes, &tfs, span);
+            let Need::Ended(opens) = &plan.need else { panic!("ended") };
+            for (tf, opens) in opens {
+                assert!(opens.len() <= 2, "{tf}: {} buckets", opens.len());
+            }
+            assert!(plan.ranges.len() <= 2, "{:?}", plan.ranges);
+        }
+        // the newest minute written before has its bucket planned too (it may have ended since)
+        let before = 1_700_000_100_000 / 300_000 * 300_000 + 60_000;
+        let late = before - 30 * MINUTE_MS;
+        let span = Span {
+            lo: late,
+            hi: before + 20 * MINUTE_MS,
+            newest: before + 20 * MINUTE_MS,
+            before: Some(before),
+        };
+        let plan = Plan::ended(
+            m1,
+            vec![minute(late, 1), minute(before + 20 * MINUTE_MS, 1)],
+            &[Timeframe::M5],
+            span,
+        );
+        let Need::Ended(opens) = &plan.need else { panic!("ended") };
+        assert!(opens[0].1.contains(&Timeframe::M5.bucket_open(before)), "{opens:?}");
+        assert_eq!(
+            merge_ranges(vec![(0, 10), (60_010, 70_000), (5, 20), (200_000, 200_000)]),
+            vec![(0, 70_000), (200_000, 200_000)]
+        );
     }
 }
