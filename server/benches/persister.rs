@@ -8,6 +8,10 @@
 //!    derived candles, publication on the NATS bus, acknowledgement) drains them into a fresh
 //!    database; timed from its start to the last candle written.
 //!
+//! The persister checks every message as it does in a gateway ([`ClusterBounds`]): its series
+//! must be listed by a source (here a simulator listing the bench's instruments) and its minutes
+//! lie within that exchange's clock, so the figures include the validation's cost.
+//!
 //! Run twice: with only 1m candles, then with the default 11 derived timeframes.
 //! `cargo bench -p server --bench persister` (`MILLRACE_PERSIST_BENCH=series=…,minutes=…`;
 //! `MILLRACE_TEST_PG` / `MILLRACE_TEST_NATS` pick the servers, as for the tests).
@@ -16,12 +20,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use server::bus::{Bus, NatsBus};
+use server::bus::{Bus, NatsBus, PoisonStats};
 use server::candles::writer::{CandleWriter, ForwardClosed};
+use server::cluster::bounds::ClusterBounds;
 use server::cluster::candles::{ensure_stream, JetStreamForward, Persister, PersisterStats};
 use server::cluster::config::ClusterConfig;
 use server::cluster::Subjects;
+use server::config::{SourceConfig, SourceKind};
 use server::shutdown::Shutdown;
+use server::sources::{Endpoint, Sources};
 use server::store::postgres::PostgresStore;
 use server::store::CandleStore;
 use shared::candle::Timeframe;
@@ -41,6 +48,33 @@ fn setting(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// A simulator listing `series` instruments `S{i}/USDT`, and the sources that read it (their
+/// clocks kept), for the persister's bounds.
+async fn sources(series: usize, shutdown: &Shutdown) -> (sim::SimHandle, Arc<Sources>) {
+    let spec = sim::SymbolSpec::catalog().remove(0);
+    let symbols = (0..series)
+        .map(|i| sim::SymbolSpec {
+            symbol: format!("S{i}USDT"),
+            base: format!("S{i}"),
+            quote: "USDT".into(),
+            ..spec.clone()
+        })
+        .collect();
+    let config = sim::SimConfig { symbols, ..sim::SimConfig::default() };
+    let sim = sim::Sim::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let source = SourceConfig {
+        name: "bench".into(),
+        kind: SourceKind::Sim,
+        rest_base: Some(sim.rest_base()),
+        ws_base: Some(sim.ws_base()),
+        ..SourceConfig::default()
+    };
+    let endpoint = Endpoint { rest_base: sim.rest_base(), ws_base: sim.ws_base(), embedded: false };
+    let sources = Sources::start(&[source], vec![endpoint], &[], shutdown).await.unwrap();
+    sources.keep_clocks(Duration::from_secs(10), shutdown);
+    (sim, sources)
+}
+
 async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str) {
     let nats = std::env::var("MILLRACE_TEST_NATS").unwrap_or("nats://127.0.0.1:4222".into());
     let client = async_nats::connect(&nats).await.expect("NATS (scripts/services)");
@@ -56,6 +90,13 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
     let ids: Vec<SeriesId> =
         (0..series).map(|s| format!("bench:spot:S{s}/USDT:1m").parse().unwrap()).collect();
     let total = series * minutes;
+    let shutdown = Shutdown::new();
+    let (_sim, sources) = sources(series, &shutdown).await;
+    while sources.all()[0].clock_now_ms().is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // the newest `minutes` closed minutes
+    let first = (server::clock::wall_clock_ms() / MIN - minutes as i64 - 1) * MIN;
 
     // 1. forward, as the workers' pipelines do (batches of 200 per series)
     let forward = JetStreamForward::new(js.clone(), subjects.clone());
@@ -63,7 +104,7 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
     for start in (0..minutes).step_by(200) {
         for (s, id) in ids.iter().enumerate() {
             let batch = (start..(start + 200).min(minutes))
-                .map(|m| candle(m as i64 * MIN + 1_700_000_000_000 / MIN * MIN, s as i64))
+                .map(|m| candle(first + m as i64 * MIN, s as i64))
                 .collect();
             forward.forward(id.clone(), batch).await.unwrap();
         }
@@ -71,7 +112,6 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
     let fwd = t0.elapsed();
 
     // 2. persist
-    let shutdown = Shutdown::new();
     let bus: Arc<dyn Bus> = Arc::new(NatsBus::new(client.clone(), &prefix, 1024, &shutdown));
     let stats = Arc::new(PersisterStats::default());
     let persister = Persister {
@@ -83,6 +123,8 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
         id: "bench".into(),
         stats: stats.clone(),
         leading: tokio::sync::watch::channel(false).0,
+        bounds: ClusterBounds::new(sources, cluster_retention_s(), 120),
+        poison: Arc::new(PoisonStats::default()),
     };
     let t0 = Instant::now();
     let task = tokio::spawn(persister.run(shutdown.clone()));
@@ -113,6 +155,11 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
         drop(store);
         drop(db);
     });
+}
+
+/// `cluster.bus_retention_s`'s default.
+fn cluster_retention_s() -> u64 {
+    ClusterConfig::default().bus_retention_s
 }
 
 fn main() {

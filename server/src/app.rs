@@ -10,17 +10,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shared::candle::{Timeframe, MINUTE_MS};
-use shared::protocol::ops::{JobKind, SourceKind};
+use shared::protocol::ops::{ClusterReport, JobKind, ReportQuery, SourceKind};
 use shared::protocol::{InstrumentId, SeriesId};
 use sim::{Sim, SimConfig, SimHandle};
 use tracing::Instrument as _;
 
 use crate::books::depth_job::{DepthRole, DepthRunner};
 use crate::books::BookRegistry;
-use crate::bus::{Bus, InProcessBus, NatsBus};
+use crate::bus::{Bus, InProcessBus, NatsBus, PoisonStats};
 use crate::candles::backfill::Backfill;
 use crate::candles::kline_job::KlineRunner;
 use crate::candles::writer::CandleWriter;
+use crate::cluster::bounds::ClusterBounds;
 use crate::cluster::candles::{Persister, PersisterStats};
 use crate::cluster::config::{BusKind, StoreKind};
 use crate::cluster::depth::ClusterBooks;
@@ -85,6 +86,8 @@ pub struct Backends {
     pub backfill_store: Arc<dyn BackfillStore>,
     /// The NATS connection, with `[bus] kind = "nats"` (a gateway's demand and persister use it).
     pub nats: Option<async_nats::Client>,
+    /// The bus itself when it is NATS (a gateway bounds what it reads).
+    pub nats_bus: Option<Arc<NatsBus>>,
     /// The data directory's lock, with the SQLite store: held as long as the service runs.
     pub data_lock: Option<Arc<DataDirLock>>,
 }
@@ -138,8 +141,10 @@ impl Backends {
                 (store.clone(), store)
             }
         };
-        let (bus, nats): (Arc<dyn Bus>, _) = match config.bus.kind {
-            BusKind::Inprocess => (Arc::new(InProcessBus::new(config.limits.bus_capacity)), None),
+        let (bus, nats, nats_bus): (Arc<dyn Bus>, _, _) = match config.bus.kind {
+            BusKind::Inprocess => {
+                (Arc::new(InProcessBus::new(config.limits.bus_capacity)), None, None)
+            }
             BusKind::Nats => {
                 let client = crate::cluster::connect(&config.bus, "millrace serve").await?;
                 tracing::info!(url = %config.bus.url, prefix = %config.bus.prefix, "bus on NATS");
@@ -150,10 +155,11 @@ impl Backends {
                     &Shutdown::new(),
                 )
                 .share_tick_books(config.l3.worker_host().is_some());
-                (Arc::new(bus), Some(client))
+                let bus = Arc::new(bus);
+                (bus.clone(), Some(client), Some(bus))
             }
         };
-        Ok(Backends { bus, store, backfill_store, nats, data_lock })
+        Ok(Backends { bus, store, backfill_store, nats, nats_bus, data_lock })
     }
 }
 
@@ -228,7 +234,16 @@ pub struct Gateway {
     pub lead: tokio::sync::watch::Receiver<bool>,
     /// Why the store did not answer its last check (every `tick_ms`), if it did not.
     pub store_down: Arc<Mutex<Option<String>>>,
+    /// What it accepts from the bus.
+    pub bounds: Arc<ClusterBounds>,
+    /// What it refused from the bus, by kind.
+    pub poison: Arc<PoisonStats>,
+    /// The bus on NATS (its counters).
+    pub nats_bus: Option<Arc<NatsBus>>,
 }
+
+/// How often a gateway reads its sources' clocks (the bounds of what it reads from the bus).
+const CLOCK_EVERY: Duration = Duration::from_secs(10);
 
 impl App {
     /// What `/healthz` reports as wrong: the store's reads or writes failing, or its file found
@@ -280,7 +295,7 @@ impl App {
     /// Starts the embedded simulators and sources, the pinned jobs, the auto-start backfill tasks
     /// and the tick-by-tick books, on the given bus and store.
     pub async fn start_with(config: Config, backends: Backends) -> Result<App, StartError> {
-        let Backends { bus, store, backfill_store, nats, data_lock } = backends;
+        let Backends { bus, store, backfill_store, nats, nats_bus, data_lock } = backends;
         let shutdown = Shutdown::new();
         // The simulators stop with the service, after everything that talks to them.
         let (endpoints, simulators) =
@@ -291,9 +306,15 @@ impl App {
         let writer = CandleWriter::new(store.clone(), bus.clone());
         let gateway = match (config.cluster.enabled, nats) {
             (false, _) => None,
-            (true, Some(client)) => {
-                Some(start_gateway(&config, client, writer.clone(), store.clone(), &shutdown))
-            }
+            (true, Some(client)) => Some(start_gateway(
+                &config,
+                client,
+                nats_bus.clone(),
+                &sources,
+                writer.clone(),
+                store.clone(),
+                &shutdown,
+            )),
             (true, None) => return Err(StartError::NotOnNats),
         };
         let runner: Arc<dyn JobRunner> = match &gateway {
@@ -347,6 +368,8 @@ impl App {
                     g.client.clone(),
                     g.subjects.clone(),
                     config.cluster.depth_stream_mb,
+                    g.bounds.clone(),
+                    g.poison.clone(),
                 ),
                 g.demand.clone(),
             ),
@@ -372,6 +395,7 @@ impl App {
                     names,
                     books.clone(),
                     Duration::from_millis(config.cluster.tick_ms.max(500)),
+                    config.server.admin_token.clone(),
                     &shutdown,
                 ))
             }
@@ -616,10 +640,14 @@ impl App {
         e.table(&per_symbol, &l3.symbols, |s| vec![("instrument", s.instrument.to_string())]);
     }
 
-    /// `GET /metrics`.
-    pub fn render_metrics(&self) -> String {
+    /// `GET /metrics`; `cluster`: the leading supervisor's report, on a gateway (its workers'
+    /// and its own refused bus messages are shown).
+    pub fn render_metrics(&self, cluster: Option<&ClusterReport>) -> String {
         let mut e = Exposition::new();
         self.metrics.render(&mut e);
+        if let Some(g) = &self.gateway {
+            render_gateway_metrics(g, cluster, &mut e);
+        }
         let snap = self.supervisor.snapshot();
         e.single(
             "millrace_ingest_ondemand_jobs",
@@ -746,14 +774,151 @@ impl App {
     }
 }
 
-/// Starts a gateway's demand publisher and persister (see [`crate::cluster::gateway`]).
+/// A gateway's part of `/metrics`: what it refused from the bus, its persister, its bus, and
+/// what the leader and the workers refused (from the leader's `report`, when it answered).
+fn render_gateway_metrics(g: &Gateway, report: Option<&ClusterReport>, e: &mut Exposition) {
+    use std::sync::atomic::Ordering::Relaxed;
+    e.family(
+        "millrace_bus_poison_total",
+        "counter",
+        "Messages read from the bus that did not fit their bounds (terminated or dropped, never acted on), by kind.",
+    );
+    for (kind, n) in g.poison.counts() {
+        e.sample("millrace_bus_poison_total", &[("kind", kind.as_str())], n);
+    }
+    let p = &g.persister;
+    let persister: [(&str, &str, &str, u64); 8] = [
+        (
+            "millrace_persister_candles_total",
+            "counter",
+            "Closed 1m candles the persister wrote.",
+            p.candles.load(Relaxed),
+        ),
+        (
+            "millrace_persister_rounds_total",
+            "counter",
+            "Rounds (transactions) the persister committed.",
+            p.batches.load(Relaxed),
+        ),
+        (
+            "millrace_persister_write_failures_total",
+            "counter",
+            "Failed persister writes (retried).",
+            p.write_failures.load(Relaxed),
+        ),
+        (
+            "millrace_persister_refused_total",
+            "counter",
+            "Closed-candle messages refused (terminated).",
+            p.malformed.load(Relaxed),
+        ),
+        (
+            "millrace_persister_deferred_total",
+            "counter",
+            "Closed-candle messages sent back to wait (a source's symbols or clock not known yet).",
+            p.deferred.load(Relaxed),
+        ),
+        (
+            "millrace_persister_redelivered_total",
+            "counter",
+            "Closed-candle messages delivered more than once.",
+            p.redelivered.load(Relaxed),
+        ),
+        (
+            "millrace_persister_repeated_total",
+            "counter",
+            "Closed candles not written again (written already by this lease holder).",
+            p.repeated.load(Relaxed),
+        ),
+        (
+            "millrace_persister_leading",
+            "gauge",
+            "1 while this gateway holds the persister lease.",
+            p.leading.load(Relaxed),
+        ),
+    ];
+    for (name, kind, help, value) in persister {
+        e.single(name, kind, help, value);
+    }
+    if let Some(b) = &g.nats_bus {
+        let s = b.stats();
+        let bus: [(&str, &str, u64); 6] = [
+            ("millrace_nats_bus_received_total", "Messages received from NATS for local subscribers.", s.received.load(Relaxed)),
+            ("millrace_nats_bus_published_total", "Messages published to NATS.", s.published.load(Relaxed)),
+            ("millrace_nats_bus_dropped_total", "Publishes dropped (queue full or NATS away).", s.dropped.load(Relaxed)),
+            ("millrace_nats_bus_duplicates_total", "Kline pushes dropped as already delivered.", s.duplicates.load(Relaxed)),
+            ("millrace_nats_bus_malformed_total", "Messages that were not kline pushes or batches.", s.malformed.load(Relaxed)),
+            ("millrace_nats_bus_unbounded_total", "Kline pushes dropped because the exchange's clock of their instrument is not known yet.", s.unbounded.load(Relaxed)),
+        ];
+        for (name, help, value) in bus {
+            e.single(name, "counter", help, value);
+        }
+    }
+    e.family(
+        "millrace_cluster_refused_total",
+        "counter",
+        "Messages the leading supervisor and each worker refused from the bus, by kind (from the leader's report).",
+    );
+    if let Some(r) = report {
+        let process = r.supervisor.leader.clone().unwrap_or_default();
+        for (kind, n) in &r.supervisor.refused {
+            e.sample(
+                "millrace_cluster_refused_total",
+                &[("process", &process), ("role", "supervisor"), ("kind", kind)],
+                n,
+            );
+        }
+        for w in &r.workers {
+            for (kind, n) in &w.refused {
+                e.sample(
+                    "millrace_cluster_refused_total",
+                    &[("process", &w.id), ("role", "worker"), ("kind", kind)],
+                    n,
+                );
+            }
+        }
+    }
+}
+
+impl Gateway {
+    /// The leading supervisor's report over NATS (request/reply), waiting at most `wait`.
+    pub async fn cluster_report(
+        &self,
+        max_tasks: usize,
+        wait: Duration,
+    ) -> Result<ClusterReport, String> {
+        let body = serde_json::to_vec(&ReportQuery { max_tasks }).expect("serialisable");
+        let ask = self.client.request(self.subjects.report(), body.into());
+        let answer = tokio::time::timeout(wait, ask)
+            .await
+            .map_err(|_| format!("no leading supervisor answered within {wait:?}"))?
+            .map_err(|e| format!("no leading supervisor answered: {e}"))?;
+        serde_json::from_slice(&answer.payload)
+            .map_err(|e| format!("the supervisor's report did not parse: {e}"))
+    }
+}
+
+/// Starts a gateway's demand publisher and persister (see [`crate::cluster::gateway`]), and
+/// bounds what it reads from the bus by its sources' clocks.
 fn start_gateway(
     config: &Config,
     client: async_nats::Client,
+    nats_bus: Option<Arc<NatsBus>>,
+    sources: &Arc<Sources>,
     writer: CandleWriter,
     store: Arc<dyn CandleStore>,
     shutdown: &Shutdown,
 ) -> Gateway {
+    sources.keep_clocks(CLOCK_EVERY, shutdown);
+    let bounds = ClusterBounds::new(
+        sources.clone(),
+        config.cluster.bus_retention_s,
+        config.cluster.bus_tolerance_s,
+    );
+    let poison = Arc::new(PoisonStats::default());
+    if let Some(bus) = &nats_bus {
+        bus.guard_with(bounds.clone(), poison.clone());
+    }
     let id = config.cluster.id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("gateway-{}-{}", host.trim(), std::process::id())
@@ -778,6 +943,8 @@ fn start_gateway(
         id: id.clone(),
         stats: persister.clone(),
         leading,
+        bounds: bounds.clone(),
+        poison: poison.clone(),
     }
     .run(shutdown.clone());
     shutdown.spawn(async move {
@@ -792,7 +959,7 @@ fn start_gateway(
         Duration::from_millis(config.cluster.tick_ms),
     ));
     tracing::info!(%id, prefix = %subjects.prefix, "gateway of the cluster");
-    Gateway { id, client, subjects, demand, persister, lead, store_down }
+    Gateway { id, client, subjects, demand, persister, lead, store_down, bounds, poison, nats_bus }
 }
 
 /// Checks the store every `every`, keeping why it did not answer (a check that takes longer

@@ -192,7 +192,9 @@ fn supervisor(args: &SupervisorArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let client = crate::cluster::connect(&config.bus, &id).await?;
         let shutdown = crate::shutdown::Shutdown::new();
-        let sources = if config.cluster.symbol_pattern.is_some() {
+        // The sources list what the pattern matches, and what a gateway's demand may name (a
+        // task of an instrument no source lists is refused).
+        let sources = if !config.sources.is_empty() {
             let endpoints = crate::sources::remote_endpoints(&config.sources)?;
             Some(
                 crate::sources::Sources::start(

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use binance::rest::{RestClient, RestConfig};
 use binance::wire::SymbolInfo;
@@ -74,6 +74,71 @@ pub struct Source {
     /// `BASE/QUOTE` -> Binance symbol info.
     symbols: RwLock<BTreeMap<String, SymbolInfo>>,
     status: Mutex<Status>,
+    /// The exchange's clock as sampled by [`Sources::keep_clocks`] (a cluster's gateway bounds
+    /// the times of what it reads from the bus by it).
+    clock: ExchangeClock,
+}
+
+/// The exchange's clock as this process sees it: samples of the exchange's `/time` against the
+/// local monotonic clock, extrapolated at the rate measured between the last two samples (a
+/// simulator may run at any speed; a real exchange's rate is 1). Kept by
+/// [`Sources::keep_clocks`], which samples again at once when asked ([`ExchangeClock::refresh`]).
+#[derive(Debug, Default)]
+pub struct ExchangeClock {
+    /// The last two samples: (local instant, the exchange's ms), the older first. Guards a
+    /// few integers.
+    samples: Mutex<[Option<Sample>; 2]>,
+    wanted: tokio::sync::Notify,
+}
+
+impl ExchangeClock {
+    /// The exchange's time now, if it was ever sampled.
+    pub fn now_ms(&self) -> Option<i64> {
+        let [prev, last] = *lock(&self.samples);
+        let (at, ms) = last?;
+        let elapsed = i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX);
+        Some(extrapolate(prev.map(|(p, m)| (p, m, at, ms)), ms, elapsed))
+    }
+
+    /// When it was last sampled.
+    pub fn sampled_at(&self) -> Option<Instant> {
+        lock(&self.samples)[1].map(|(at, _)| at)
+    }
+
+    /// Asks for a fresh sample (a reader found a time beyond the estimate).
+    pub fn refresh(&self) {
+        self.wanted.notify_one();
+    }
+
+    fn record(&self, at: Instant, exchange_ms: i64) {
+        let mut s = lock(&self.samples);
+        // a sample less than a second after the last replaces it: too close to measure a rate
+        if s[1].is_some_and(|(last, _)| at.duration_since(last) >= Duration::from_secs(1)) {
+            s[0] = s[1];
+        }
+        s[1] = Some((at, exchange_ms));
+    }
+}
+
+/// A reading of the exchange's clock: when (locally), and what it said (ms).
+type Sample = (Instant, i64);
+
+/// The exchange's time `elapsed_ms` after a sample of `ms`, at the rate between that sample
+/// and the one before (`prev`: its instant and ms, then the last's) when they are at least a
+/// second apart and the exchange's clock went forward; else at rate 1. The rate is bounded to
+/// [0, 10,000] (a simulator's speed).
+fn extrapolate(prev: Option<(Instant, i64, Instant, i64)>, ms: i64, elapsed_ms: i64) -> i64 {
+    let rate = prev.and_then(|(p_at, p_ms, at, ms)| {
+        let local = i128::try_from(at.duration_since(p_at).as_millis()).ok()?;
+        (local >= 1_000 && ms >= p_ms).then(|| (i128::from(ms - p_ms), local))
+    });
+    let ahead = match rate {
+        Some((num, den)) => {
+            (i128::from(elapsed_ms) * num / den).min(i128::from(elapsed_ms) * 10_000)
+        }
+        None => i128::from(elapsed_ms),
+    };
+    ms.saturating_add(i64::try_from(ahead).unwrap_or(i64::MAX))
 }
 
 #[derive(Debug, Clone, Default)]
@@ -111,6 +176,11 @@ impl Source {
                 name: self.config.name.clone(),
             }),
         }
+    }
+
+    /// The exchange's time now, as last read by [`Sources::keep_clocks`] (`None`: never read).
+    pub fn clock_now_ms(&self) -> Option<i64> {
+        self.clock.now_ms()
     }
 
     /// Reloads the symbol list from the exchange's exchangeInfo (a cluster's task query).
@@ -220,6 +290,7 @@ impl Sources {
                 endpoint,
                 symbols: RwLock::default(),
                 status: Mutex::default(),
+                clock: ExchangeClock::default(),
             }));
         }
         for s in &list {
@@ -277,6 +348,52 @@ impl Sources {
         self.resolve(&series.instrument).map(|_| ())
     }
 
+    /// Samples every source's clock now and then every `every`, or sooner when a reader asks
+    /// ([`ExchangeClock::refresh`]; at most one sample a second), until `shutdown`. A failed
+    /// sample keeps the last estimate and is retried at the next turn.
+    pub fn keep_clocks(&self, every: Duration, shutdown: &Shutdown) {
+        for s in &self.list {
+            let (s, stop) = (s.clone(), shutdown.clone());
+            let span = tracing::info_span!("source_clock", source = %s.config.name);
+            shutdown.spawn(
+                async move {
+                    let mut failing = false;
+                    loop {
+                        let asked = Instant::now();
+                        match s.rest.server_time().await {
+                            Ok(ms) => {
+                                // the answer's time is about the middle of the request
+                                s.clock.record(asked + asked.elapsed() / 2, ms);
+                                if std::mem::take(&mut failing) {
+                                    tracing::info!("the exchange's clock answers again");
+                                }
+                            }
+                            Err(e) if !failing => {
+                                failing = true;
+                                tracing::warn!("cannot read the exchange's clock (/time): {e}");
+                            }
+                            Err(_) => {}
+                        }
+                        let next = tokio::time::sleep(every);
+                        tokio::select! {
+                            () = next => {}
+                            () = s.clock.wanted.notified() => {
+                                tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
+                            }
+                            () = stop.stopping() => return,
+                        }
+                    }
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// The clock of `instrument`'s source, if it is one of ours.
+    pub fn clock(&self, instrument: &InstrumentId) -> Option<&ExchangeClock> {
+        self.get(&instrument.exchange).map(|s| &s.clock)
+    }
+
     /// The timeframes offered: 1m and the derived ones.
     pub fn timeframes(&self) -> &[Timeframe] {
         &self.timeframes
@@ -329,5 +446,43 @@ impl Sources {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exchange_clock_is_extrapolated_at_its_measured_rate() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(10);
+        // one sample: rate 1
+        assert_eq!(extrapolate(None, 1_000_000, 500), 1_000_500);
+        // a simulator at speed 60: ten local seconds were ten exchange minutes
+        let prev = Some((t0, 1_000_000, t1, 1_000_000 + 600_000));
+        assert_eq!(extrapolate(prev, 1_600_000, 1_000), 1_600_000 + 60_000);
+        // samples too close to measure, or an exchange clock that went back (a restart): rate 1
+        let close = Some((t0, 1_000_000, t0 + Duration::from_millis(200), 1_000_000 + 12_000));
+        assert_eq!(extrapolate(close, 1_012_000, 1_000), 1_013_000);
+        let back = Some((t0, 5_000_000, t1, 1_000_000));
+        assert_eq!(extrapolate(back, 1_000_000, 1_000), 1_001_000);
+        // an absurd rate is bounded
+        let wild = Some((t0, 0, t1, i64::MAX / 2));
+        assert_eq!(extrapolate(wild, 0, 1_000), 10_000_000);
+    }
+
+    #[test]
+    fn samples_a_second_apart_measure_the_rate() {
+        let c = ExchangeClock::default();
+        assert_eq!(c.now_ms(), None);
+        let t0 = Instant::now() - Duration::from_secs(20);
+        c.record(t0, 1_000_000);
+        c.record(t0 + Duration::from_millis(10), 1_000_010); // too close: replaces
+        c.record(t0 + Duration::from_secs(10), 1_000_010 + 600_000); // speed 60
+        let now = c.now_ms().unwrap();
+        // about ten more local seconds at speed 60
+        let want = 1_600_010 + 600_000;
+        assert!((now - want).abs() < 6_000, "{now} vs {want}");
     }
 }

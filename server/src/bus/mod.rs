@@ -20,6 +20,7 @@
 mod fanout;
 mod inprocess;
 pub mod nats;
+pub mod poison;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use bytes::Bytes;
 pub use fanout::{Fanout, Subscription, DEFAULT_CAPACITY};
 pub use inprocess::InProcessBus;
 pub use nats::NatsBus;
+pub use poison::PoisonStats;
 
 /// One published message: its topic and the frame's JSON text (valid UTF-8).
 #[derive(Debug, Clone)]
@@ -63,4 +65,15 @@ pub trait Bus: Send + Sync + 'static {
     fn subscribe(&self, topic: &str) -> Subscription;
     /// Whether `topic` has a subscriber (publishers skip serialising for nobody).
     fn has_subscribers(&self, topic: &str) -> bool;
+}
+
+/// The times a push read from another process may carry, by instrument: the exchange's clock
+/// with the cluster's margins (see [`shared::cluster::bounds`]). A bus between processes
+/// refuses a push outside them, so a forged one cannot move a de-duplication mark.
+pub trait Bounds: Send + Sync + 'static {
+    /// `None`: not known yet (the source's clock was never read); the push is dropped.
+    fn window(
+        &self,
+        instrument: &shared::protocol::InstrumentId,
+    ) -> Option<shared::cluster::bounds::TimeWindow>;
 }

@@ -24,15 +24,17 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
+use shared::cluster::bounds::{Poison, TimeWindow};
 use shared::cluster::payload::{Admit, KlineDedup};
+use shared::protocol::{InstrumentId, Stream};
 use tokio::sync::mpsc;
 
-use super::{Bus, Fanout, Subscription};
+use super::{Bounds, Bus, Fanout, PoisonStats, Subscription};
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
 
@@ -85,6 +87,9 @@ fn unpack(payload: Bytes) -> Option<Vec<Bytes>> {
     Some(frames)
 }
 
+/// Every time: the window of a bus that checks nothing.
+const UNBOUNDED: TimeWindow = TimeWindow { earliest_ms: i64::MIN, latest_ms: i64::MAX };
+
 /// How often a topic's NATS subscription checks whether it still has local subscribers.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 
@@ -102,6 +107,15 @@ pub struct NatsBusStats {
     pub duplicates: AtomicU64,
     /// Kline pushes dropped because they were not kline pushes.
     pub malformed: AtomicU64,
+    /// Kline pushes dropped because the exchange's clock of their instrument is not known yet
+    /// (nothing to check their times against).
+    pub unbounded: AtomicU64,
+}
+
+/// What a [`NatsBus`] checks what it reads against, and where it counts what it refuses.
+struct Guard {
+    bounds: Arc<dyn Bounds>,
+    poison: Arc<PoisonStats>,
 }
 
 /// The subject of `topic` under `prefix`. Topics are browser stream names
@@ -140,6 +154,9 @@ pub struct NatsBus {
     stats: Arc<NatsBusStats>,
     /// Tick-by-tick book topics travel (see the module docs).
     tick_books_shared: bool,
+    /// Set once by the gateway ([`NatsBus::guard_with`]); unset, pushes are not time-checked
+    /// (a worker's bus reads none).
+    guard: Arc<OnceLock<Guard>>,
     shutdown: Shutdown,
 }
 
@@ -153,6 +170,12 @@ impl NatsBus {
 
     fn local(&self, topic: &str) -> bool {
         is_local(topic, self.tick_books_shared)
+    }
+
+    /// Checks the times of every push read from NATS against `bounds`, counting what is
+    /// refused in `poison` (set once; later calls are ignored).
+    pub fn guard_with(&self, bounds: Arc<dyn Bounds>, poison: Arc<PoisonStats>) {
+        let _ = self.guard.set(Guard { bounds, poison });
     }
 
     /// A bus on `client` under `prefix`, delivering locally through a fan-out of `capacity`
@@ -189,6 +212,7 @@ impl NatsBus {
             queue,
             subscribed: Arc::new(Mutex::new(HashMap::new())),
             tick_books_shared: false,
+            guard: Arc::new(OnceLock::new()),
             stats,
             shutdown,
         }
@@ -211,8 +235,8 @@ impl NatsBus {
     /// Opens the NATS subscription of `topic` (the caller holds the `subscribed` lock).
     fn open(&self, topic: &str) -> tokio::task::JoinHandle<()> {
         let subject = subject_of(&self.prefix, topic);
-        let (client, fanout, stats) =
-            (self.client.clone(), self.fanout.clone(), self.stats.clone());
+        let (client, fanout, stats, guard) =
+            (self.client.clone(), self.fanout.clone(), self.stats.clone(), self.guard.clone());
         let (subscribed, token, topic) =
             (self.subscribed.clone(), self.shutdown.token().clone(), topic.to_string());
         stats.subscriptions.fetch_add(1, Relaxed);
@@ -227,8 +251,13 @@ impl NatsBus {
             };
             let mut idle = tokio::time::interval(IDLE_CHECK);
             idle.tick().await;
-            // Every replica of a kline task publishes its forming candles: pass each update once.
-            let mut dedup = topic.starts_with("kline@").then(KlineDedup::new);
+            // Every replica of a kline task publishes its forming candles: pass each update once,
+            // and none whose times the exchange cannot have sent.
+            let instrument: Option<InstrumentId> = match topic.parse::<Stream>() {
+                Ok(Stream::Kline(series)) => Some(series.instrument),
+                _ => None,
+            };
+            let mut dedup = instrument.as_ref().map(|_| KlineDedup::new());
             loop {
                 tokio::select! {
                     m = sub.next() => match m {
@@ -236,19 +265,42 @@ impl NatsBus {
                             stats.received.fetch_add(1, Relaxed);
                             let Some(frames) = unpack(m.payload) else {
                                 stats.malformed.fetch_add(1, Relaxed);
+                                if let Some(g) = guard.get() {
+                                    g.poison.record(Poison::Unparsable, format_args!("{subject}: a batch cut short"));
+                                }
                                 continue;
                             };
                             let batch = frames.len() > 1;
+                            let window = match (guard.get(), &instrument) {
+                                (Some(g), Some(i)) => g.bounds.window(i),
+                                _ => Some(UNBOUNDED),
+                            };
                             for frame in frames {
-                                match dedup.as_mut().map(|d| d.admit(&frame)) {
-                                    None | Some(Admit::Pass) => {
+                                let admit = match (dedup.as_mut(), &window) {
+                                    (None, _) => Admit::Pass,
+                                    (Some(d), Some(w)) => d.admit(&frame, w),
+                                    (Some(_), None) => {
+                                        stats.unbounded.fetch_add(1, Relaxed);
+                                        continue;
+                                    }
+                                };
+                                match admit {
+                                    Admit::Pass => {
                                         fanout.publish(&topic, frame);
                                     }
-                                    Some(Admit::Duplicate) => {
+                                    Admit::Duplicate => {
                                         stats.duplicates.fetch_add(1, Relaxed);
                                     }
-                                    Some(Admit::Malformed) => {
+                                    Admit::Malformed => {
                                         stats.malformed.fetch_add(1, Relaxed);
+                                        if let Some(g) = guard.get() {
+                                            g.poison.record(Poison::Unparsable, format_args!("{subject}: not a kline push"));
+                                        }
+                                    }
+                                    Admit::Outside(side) => {
+                                        if let Some(g) = guard.get() {
+                                            g.poison.record(side, format_args!("{subject}: a push outside the exchange's clock"));
+                                        }
                                     }
                                 }
                             }

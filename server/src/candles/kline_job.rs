@@ -53,6 +53,11 @@ pub struct KlineJobDeps {
     /// The Binance symbol (`BTCUSDT`).
     pub symbol: String,
     pub writer: CandleWriter,
+    /// How far back (by the exchange's clock) a gap fill reaches at most; `None`: to the last
+    /// stored minute, however old. A cluster worker's closed candles older than the cluster
+    /// accepts from the bus (`cluster.bus_retention_s`) would be refused, so its fills stop
+    /// there: older history is backfill's.
+    pub gap_fill_max_age_ms: Option<i64>,
 }
 
 /// Starts kline jobs for a [`crate::jobs::Supervisor`] (the service's, or a cluster worker's
@@ -61,11 +66,18 @@ pub struct KlineRunner {
     config: IngestConfig,
     sources: Arc<Sources>,
     writer: CandleWriter,
+    gap_fill_max_age_ms: Option<i64>,
 }
 
 impl KlineRunner {
     pub fn new(config: &Config, sources: Arc<Sources>, writer: CandleWriter) -> Self {
-        KlineRunner { config: config.ingest.clone(), sources, writer }
+        KlineRunner { config: config.ingest.clone(), sources, writer, gap_fill_max_age_ms: None }
+    }
+
+    /// Gap fills reach back at most `max_age_ms` (see [`KlineJobDeps::gap_fill_max_age_ms`]).
+    pub fn gap_fill_within(mut self, max_age_ms: i64) -> Self {
+        self.gap_fill_max_age_ms = Some(max_age_ms);
+        self
     }
 }
 
@@ -82,6 +94,7 @@ impl JobRunner for KlineRunner {
         let sources = self.sources.clone();
         let config = self.config.clone();
         let writer = self.writer.clone();
+        let gap_fill_max_age_ms = self.gap_fill_max_age_ms;
         Box::pin(async move {
             let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
                 return;
@@ -92,6 +105,7 @@ impl JobRunner for KlineRunner {
                 ws_base: source.endpoint.ws_base.clone(),
                 symbol,
                 writer,
+                gap_fill_max_age_ms,
             };
             run(ctx, deps).await;
         })
@@ -365,6 +379,13 @@ async fn fill_gap(
     let limit_open =
         through.unwrap_or(i64::MAX).min(Timeframe::M1.bucket_open(server_now) - MINUTE_MS);
     let mut from = last + MINUTE_MS;
+    if let Some(max_age) = deps.gap_fill_max_age_ms {
+        let oldest = Timeframe::M1.bucket_open(server_now.saturating_sub(max_age));
+        if from < oldest {
+            tracing::warn!(symbol = %deps.symbol, from, oldest, "the gap fill starts at the oldest minute the cluster takes from the bus (cluster.bus_retention_s); older minutes are left to backfill");
+            from = oldest;
+        }
+    }
     let mut filled = 0u64;
     while from <= limit_open {
         if pipeline.is_backlogged() {

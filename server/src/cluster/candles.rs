@@ -39,13 +39,16 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt as _;
 use shared::backoff::Backoff;
-use shared::candle::{Candle, DerivedAggregator, Timeframe, MINUTE_MS};
+use shared::candle::{Candle, DerivedAggregator, Timeframe};
+use shared::cluster::bounds::Poison;
 use shared::cluster::payload::{ClosedCandle, ClosedCandles, MinuteRuns};
 use shared::protocol::SeriesId;
 
+use super::bounds::{ClusterBounds, Verdict};
 use super::config::ClusterConfig;
 use super::lease::RoleLease;
 use super::Subjects;
+use crate::bus::PoisonStats;
 use crate::candles::writer::{CandleWriter, Derive, ForwardClosed, Rows};
 use crate::error::report;
 use crate::shutdown::Shutdown;
@@ -170,9 +173,12 @@ pub struct PersisterStats {
     pub write_failures: AtomicU64,
     /// Since when (wall clock, ms) writes have been failing; 0 while they succeed.
     pub failing_since_ms: AtomicI64,
-    /// Messages that were not closed candles (terminated, never redelivered), and candles in
-    /// messages that were not closed 1m candles (dropped).
+    /// Messages refused (terminated, never redelivered): not closed 1m candles of a series the
+    /// cluster runs, within the exchange's clock (by kind in the process's [`PoisonStats`]).
     pub malformed: AtomicU64,
+    /// Messages sent back to wait (their source's symbols or clock not known yet, or a time
+    /// beyond the clock while it is read again).
+    pub deferred: AtomicU64,
     /// Closed candles not written again: this lease holder had written their minute (a
     /// replica's message overlapping another's).
     pub repeated: AtomicU64,
@@ -211,12 +217,28 @@ pub struct Persister {
     /// Told whether this candidate holds the lease, on every change (the node's backfill
     /// follows it).
     pub leading: tokio::sync::watch::Sender<bool>,
+    /// What a message must fit to be written (see [`super::bounds`]).
+    pub bounds: Arc<ClusterBounds>,
+    /// Where refused messages are counted.
+    pub poison: Arc<PoisonStats>,
 }
 
 impl Persister {
     /// Runs until `shutdown`.
     pub async fn run(self, shutdown: Shutdown) -> Result<(), PersisterError> {
-        let Persister { client, subjects, cluster, derived, writer, id, stats, leading } = self;
+        let Persister {
+            client,
+            subjects,
+            cluster,
+            derived,
+            writer,
+            id,
+            stats,
+            leading,
+            bounds,
+            poison,
+        } = self;
+        let gate = Gate { bounds, poison, stats: stats.clone() };
         let js = jetstream::new(client);
         let err = |what: &str| {
             let what = what.to_string();
@@ -316,7 +338,7 @@ impl Persister {
                     std::mem::swap(&mut current, &mut ahead);
                     continue;
                 }
-                if let Err(e) = pull(&consumer, &mut current, &stats).await {
+                if let Err(e) = pull(&consumer, &mut current, &gate).await {
                     pull_failed(&e, &stats, retry, &shutdown).await;
                 }
                 continue;
@@ -325,10 +347,10 @@ impl Persister {
             // and parsing a round is as long as writing one) and the last one published and
             // acknowledged.
             let next = ahead.is_empty().then(|| {
-                let (consumer, stats, mut round) =
-                    (consumer.clone(), stats.clone(), std::mem::take(&mut ahead));
+                let (consumer, gate, mut round) =
+                    (consumer.clone(), gate.clone(), std::mem::take(&mut ahead));
                 shutdown.spawn(async move {
-                    let r = pull(&consumer, &mut round, &stats).await;
+                    let r = pull(&consumer, &mut round, &gate).await;
                     (round, r)
                 })
             });
@@ -392,39 +414,44 @@ impl Pulled {
         self.msgs.is_empty()
     }
 
-    /// Takes a message: its closed candle joins the round; anything else is counted and
-    /// terminated (never redelivered).
-    async fn take(&mut self, m: Msg, stats: &PersisterStats) {
-        if m.info().is_ok_and(|i| i.delivered > 1) {
-            stats.redelivered.fetch_add(1, Relaxed);
+    /// Takes a message: its closed candles join the round if they fit their bounds
+    /// ([`ClusterBounds::closed_candles`]); poison is counted and terminated (never
+    /// redelivered); a message that cannot be judged yet goes back for later.
+    async fn take(&mut self, m: Msg, gate: &Gate) {
+        let delivered = m.info().map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1));
+        if delivered > 1 {
+            gate.stats.redelivered.fetch_add(1, Relaxed);
         }
         // Closed candles of a series (a single `ClosedCandle` is what earlier workers sent).
         let parsed = serde_json::from_slice::<ClosedCandles>(&m.payload).or_else(|_| {
             serde_json::from_slice::<ClosedCandle>(&m.payload)
                 .map(|c| ClosedCandles { series: c.series, candles: vec![c.candle] })
         });
-        match parsed {
-            Ok(msg) if msg.series.timeframe == Timeframe::M1 && !msg.candles.is_empty() => {
+        let verdict = match &parsed {
+            Ok(msg) => gate.bounds.closed_candles(msg, delivered),
+            Err(_) => Verdict::Refuse(Poison::Unparsable),
+        };
+        match (verdict, parsed) {
+            (Verdict::Take, Ok(msg)) => {
                 let minutes = self.by_series.entry(msg.series).or_default();
-                let mut bad = 0;
                 for c in msg.candles {
-                    if is_closed_minute(&c) {
-                        if minutes.insert(c.open_time, c).is_some() {
-                            self.repeated += 1;
-                        }
-                    } else {
-                        bad += 1;
+                    if minutes.insert(c.open_time, c).is_some() {
+                        self.repeated += 1;
                     }
-                }
-                if bad > 0 {
-                    stats.malformed.fetch_add(bad, Relaxed);
-                    tracing::warn!(subject = %m.subject, bad, "persister: candles that are not closed 1m candles, dropped");
                 }
                 self.msgs.push(m);
             }
-            _ => {
-                stats.malformed.fetch_add(1, Relaxed);
-                tracing::warn!(subject = %m.subject, "persister: not closed 1m candles, dropped");
+            (Verdict::Wait, _) => {
+                gate.stats.deferred.fetch_add(1, Relaxed);
+                let _ = m.ack_with(AckKind::Nak(Some(WAIT))).await;
+            }
+            (Verdict::Refuse(_), _) | (Verdict::Take, Err(_)) => {
+                let kind = match verdict {
+                    Verdict::Refuse(kind) => kind,
+                    _ => Poison::Unparsable,
+                };
+                gate.stats.malformed.fetch_add(1, Relaxed);
+                gate.poison.record(kind, format_args!("{}: closed candles refused", m.subject));
                 let _ = m.ack_with(AckKind::Term).await;
             }
         }
@@ -447,17 +474,28 @@ impl Pulled {
     }
 }
 
+/// What a persister's pulls judge messages by, and count them in.
+#[derive(Clone)]
+struct Gate {
+    bounds: Arc<ClusterBounds>,
+    poison: Arc<PoisonStats>,
+    stats: Arc<PersisterStats>,
+}
+
+/// How long a message that cannot be judged yet waits before it is delivered again.
+const WAIT: Duration = Duration::from_secs(2);
+
 /// Pulls one round into `round`.
 async fn pull(
     consumer: &jetstream::consumer::Consumer<pull::Config>,
     round: &mut Pulled,
-    stats: &PersisterStats,
+    gate: &Gate,
 ) -> Result<(), async_nats::Error> {
     // What is waiting, at once (no expiry: a request that expires while the server is still
     // sending a full round can leave the client waiting seconds for its end).
     let mut messages =
         consumer.fetch().max_messages(BATCH_MAX).max_bytes(ROUND_BYTES).messages().await?;
-    take_all(&mut messages, round, stats).await?;
+    take_all(&mut messages, round, gate).await?;
     if !round.is_empty() {
         return Ok(());
     }
@@ -469,7 +507,7 @@ async fn pull(
         .expires(PULL_WAIT)
         .messages()
         .await?;
-    take_all(&mut messages, round, stats).await
+    take_all(&mut messages, round, gate).await
 }
 
 /// Takes a pull request's messages into `round`. The server ends a request that reached
@@ -478,12 +516,12 @@ async fn pull(
 async fn take_all(
     messages: &mut pull::Batch,
     round: &mut Pulled,
-    stats: &PersisterStats,
+    gate: &Gate,
 ) -> Result<(), async_nats::Error> {
     let before = round.msgs.len();
     while let Some(m) = messages.next().await {
         match m {
-            Ok(m) => round.take(m, stats).await,
+            Ok(m) => round.take(m, gate).await,
             Err(e) if round.msgs.len() > before => {
                 tracing::debug!(error = %e, messages = round.msgs.len() - before, "persister: pull ended");
                 break;
@@ -725,18 +763,13 @@ async fn commit_round(
     Ok(rows)
 }
 
-/// A closed 1m candle a persister writes: one minute, on a minute boundary, consistent.
-fn is_closed_minute(c: &Candle) -> bool {
-    c.minutes == 1 && c.open_time.rem_euclid(MINUTE_MS) == 0 && c.check().is_ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bus::InProcessBus;
     use crate::store::sqlite::SqliteStore;
     use crate::store::CandleStore;
-    use shared::candle::merge;
+    use shared::candle::{merge, MINUTE_MS};
     use shared::fixed::{Price, Volume};
 
     fn minute(t: i64) -> Candle {

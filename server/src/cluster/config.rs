@@ -117,6 +117,15 @@ pub struct ClusterConfig {
     /// reserves it in the NATS server's memory when the stream is made, for as long as the
     /// stream exists.
     pub depth_stream_mb: u64,
+    /// How old a closed candle read from the bus may be, by the exchange's clock: older ones
+    /// are refused (and a worker's gap fill after a long outage starts no earlier; history
+    /// beyond it is backfill's, which writes the store directly).
+    pub bus_retention_s: u64,
+    /// How far past the exchange's clock (as last read, extrapolated) a time read from the bus
+    /// may be: a closed candle's end, a live push's event time. Beyond it a message is refused
+    /// as forged or broken (a closed candle only once a fresh reading of the clock still puts
+    /// it beyond).
+    pub bus_tolerance_s: u64,
 }
 
 impl Default for ClusterConfig {
@@ -138,6 +147,8 @@ impl Default for ClusterConfig {
             dedup_window_s: 600,
             queue_max_age_s: 7 * 86_400,
             depth_stream_mb: 512,
+            bus_retention_s: 30 * 86_400,
+            bus_tolerance_s: 30,
         }
     }
 }
@@ -272,6 +283,8 @@ pub fn validate(
     range("cluster.dedup_window_s", c.dedup_window_s, 1, 86_400)?;
     range("cluster.queue_max_age_s", c.queue_max_age_s, 60, 365 * 86_400)?;
     range("cluster.depth_stream_mb", c.depth_stream_mb, 1, 1 << 20)?;
+    range("cluster.bus_retention_s", c.bus_retention_s, 3_600, 3_650 * 86_400)?;
+    range("cluster.bus_tolerance_s", c.bus_tolerance_s, 1, 86_400)?;
     if c.dedup_window_s > c.queue_max_age_s {
         return Err(invalid("cluster.dedup_window_s", "must not exceed cluster.queue_max_age_s"));
     }

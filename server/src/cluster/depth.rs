@@ -24,15 +24,19 @@ use binance::rest::RestError;
 use binance::stream::StreamError;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use shared::cluster::payload::{BookSnapshotReply, DiffReorder};
+use shared::book::Level;
+use shared::cluster::bounds::Poison;
+use shared::cluster::payload::{BookSnapshotReply, DiffReorder, Pushed};
 use shared::fixed::Price;
 use shared::protocol::InstrumentId;
 use shared::sync::DepthSnapshot;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
+use super::bounds::ClusterBounds;
 use super::Subjects;
 use crate::bus::nats::token;
+use crate::bus::PoisonStats;
 use crate::clock::wall_clock_ms;
 use crate::shutdown::Shutdown;
 
@@ -160,12 +164,21 @@ pub struct ClusterBooks {
     js: jetstream::Context,
     /// `cluster.depth_stream_mb`, should this gateway be the first to make the stream.
     stream_mb: u64,
+    /// What a diff read from the bus must fit (its event time by the exchange's clock).
+    bounds: Arc<ClusterBounds>,
+    poison: Arc<PoisonStats>,
 }
 
 impl ClusterBooks {
-    pub fn new(client: async_nats::Client, subjects: Subjects, stream_mb: u64) -> Arc<Self> {
+    pub fn new(
+        client: async_nats::Client,
+        subjects: Subjects,
+        stream_mb: u64,
+        bounds: Arc<ClusterBounds>,
+        poison: Arc<PoisonStats>,
+    ) -> Arc<Self> {
         let js = jetstream::new(client.clone());
-        Arc::new(ClusterBooks { client, subjects, js, stream_mb })
+        Arc::new(ClusterBooks { client, subjects, js, stream_mb, bounds, poison })
     }
 
     /// Opens the diff feed of `instrument` from now on; `stall` without a diff ends it.
@@ -193,6 +206,11 @@ impl ClusterBooks {
         let messages = consumer.messages().await.map_err(|e| fail(&e))?;
         Ok(ClusterFeed {
             messages,
+            instrument: instrument.clone(),
+            subject: url,
+            bounds: self.bounds.clone(),
+            poison: self.poison.clone(),
+            levels: (Vec::new(), Vec::new()),
             reorder: DiffReorder::new(HOLD_MS),
             ready: std::collections::VecDeque::new(),
             scratch: Vec::new(),
@@ -230,6 +248,12 @@ impl ClusterBooks {
 /// The diffs of one instrument, de-duplicated and in order (see the module docs).
 pub struct ClusterFeed {
     messages: push::Ordered,
+    instrument: InstrumentId,
+    subject: String,
+    bounds: Arc<ClusterBounds>,
+    poison: Arc<PoisonStats>,
+    /// Scratch for parsing a diff's body (its levels are not kept).
+    levels: (Vec<Level>, Vec<Level>),
     reorder: DiffReorder<Bytes>,
     ready: std::collections::VecDeque<Bytes>,
     scratch: Vec<Bytes>,
@@ -254,16 +278,29 @@ impl ClusterFeed {
                 m = self.messages.next() => match m {
                     Some(Ok(m)) => {
                         self.last_seen = Instant::now();
+                        let payload = m.message.payload.clone();
                         let header = |k: &str| {
                             m.headers.as_ref()?.get(k)?.as_str().parse::<u64>().ok()
                         };
-                        let (Some(prev), Some(u)) = (header("Millrace-Prev"), header("Millrace-U"))
-                        else {
-                            continue; // not a forwarded diff
-                        };
-                        let payload = m.message.payload.clone();
-                        self.reorder.push(prev, u, payload, wall_clock_ms(), &mut self.scratch);
-                        self.ready.extend(self.scratch.drain(..));
+                        let headers = (header("Millrace-Prev"), header("Millrace-U"));
+                        match self.check(&payload, headers) {
+                            Ok((prev, u)) => {
+                                let now = wall_clock_ms();
+                                let pushed =
+                                    self.reorder.push(prev, u, payload, now, &mut self.scratch);
+                                if pushed == Pushed::Refused {
+                                    self.poison.record(Poison::DiffIds, format_args!(
+                                        "{}: a diff continuing from {prev} to {u}, outside the book's ids",
+                                        self.subject
+                                    ));
+                                }
+                                self.ready.extend(self.scratch.drain(..));
+                            }
+                            Err(kind) => self.poison.record(
+                                kind,
+                                format_args!("{}: a diff refused", self.subject),
+                            ),
+                        }
                     }
                     Some(Err(e)) => return Some(Err(StreamError::Io(e.to_string()))),
                     None => return None,
@@ -277,6 +314,30 @@ impl ClusterFeed {
                 }
             }
         }
+    }
+
+    /// The ids of one forwarded diff, from its body (the exchange's frame, parsed as the
+    /// depth job will): `(prev, u)`, `prev` being `pu` or `U − 1`. The worker's headers must
+    /// say the same, and the event time must lie within the exchange's clock.
+    fn check(
+        &mut self,
+        payload: &Bytes,
+        headers: (Option<u64>, Option<u64>),
+    ) -> Result<(u64, u64), Poison> {
+        let text = std::str::from_utf8(payload).map_err(|_| Poison::Unparsable)?;
+        let (bids, asks) = &mut self.levels;
+        let frame = match binance::fastdepth::parse_depth_frame(text, bids, asks) {
+            Ok(binance::fastdepth::DepthParse::Depth(frame)) => frame,
+            _ => return Err(Poison::Unparsable),
+        };
+        let prev = frame.prev_last_id.unwrap_or(frame.first_id.saturating_sub(1));
+        if headers != (Some(prev), Some(frame.last_id)) {
+            return Err(Poison::DiffHeaders);
+        }
+        if let Some(window) = self.bounds.window_of(&self.instrument) {
+            window.place(frame.event_time)?;
+        }
+        Ok((prev, frame.last_id))
     }
 
     /// How long the feed has been open.

@@ -20,11 +20,13 @@
 //! it stops (killed, partitioned) the entry ages out and a standby creates it. The revision it
 //! was created with is the new leader's epoch, which every instruction set carries.
 
+pub mod bounds;
 pub mod candles;
 pub mod config;
 pub mod depth;
 pub mod gateway;
 pub mod lease;
+pub mod proof;
 pub mod supervisor;
 pub mod worker;
 

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use shared::cluster::assign::{Assigner, Output};
+use shared::cluster::bounds::{Poison, MAX_GATEWAYS, MAX_WORKERS};
 use shared::cluster::{Demand, TaskId, WorkerStatus};
 use shared::protocol::ops::ReportQuery;
 use tokio::sync::mpsc;
@@ -22,8 +23,12 @@ use tokio::sync::mpsc;
 use super::config::{glob_match, ClusterConfig};
 use super::lease::RoleLease;
 use super::Subjects;
+use crate::bus::PoisonStats;
 use crate::shutdown::Shutdown;
-use crate::sources::Sources;
+use crate::sources::{ResolveError, Sources};
+
+/// The key of the leader lease in the lease bucket.
+pub const LEADER_KEY: &str = "leader";
 
 /// Counters of the shell (the state machine counts its own handler invocations).
 #[derive(Debug, Default)]
@@ -70,6 +75,39 @@ pub fn query_tasks(cluster: &ClusterConfig, sources: Option<&Sources>) -> Vec<Ta
     tasks
 }
 
+/// A status's bounds ([`WorkerStatus::check`]), and room for it if it is a new worker's.
+fn check_status(st: &WorkerStatus, assigner: &Assigner) -> Result<(), Poison> {
+    st.check()?;
+    if !assigner.knows_worker(&st.worker) && assigner.worker_count() >= MAX_WORKERS {
+        return Err(Poison::Status);
+    }
+    Ok(())
+}
+
+/// A demand's bounds ([`Demand::check`]), room for it if it is a new gateway's, and its tasks
+/// of instruments the sources list (those they do not are dropped and counted; while a
+/// source's list is not loaded its tasks are kept). Returns the demand to apply and how many
+/// tasks were dropped.
+fn check_demand(
+    mut d: Demand,
+    assigner: &Assigner,
+    sources: Option<&Sources>,
+) -> Result<(Demand, usize), Poison> {
+    d.check()?;
+    if !assigner.knows_gateway(&d.gateway) && assigner.gateway_count() >= MAX_GATEWAYS {
+        return Err(Poison::Demand);
+    }
+    let before = d.tasks.len();
+    if let Some(sources) = sources {
+        d.tasks.retain(|t| match sources.resolve(&t.instrument) {
+            Ok(_) | Err(ResolveError::NotReady { .. }) => true,
+            Err(_) => false,
+        });
+    }
+    let foreign = before - d.tasks.len();
+    Ok((d, foreign))
+}
+
 /// Runs the supervisor `id` until `shutdown`.
 pub async fn run(
     client: async_nats::Client,
@@ -84,7 +122,7 @@ pub async fn run(
     let kv = super::kv_bucket(&js, &bucket, Duration::from_secs(cluster.lease_s))
         .await
         .map_err(|source| SupervisorError::Bucket { bucket, source })?;
-    let mut lease = RoleLease::new(kv, "leader", &id);
+    let mut lease = RoleLease::new(kv, LEADER_KEY, &id);
     let subscribe = |subject: String| {
         let client = client.clone();
         async move {
@@ -98,6 +136,12 @@ pub async fn run(
     let mut demand = subscribe(subjects.demand()).await?;
     let mut report = subscribe(subjects.report()).await?;
     let stats = ShellStats::default();
+    let poison = PoisonStats::default();
+    // What each worker's last full status said it refused (for the report).
+    let mut refused_by: std::collections::BTreeMap<
+        String,
+        std::collections::BTreeMap<String, u64>,
+    > = std::collections::BTreeMap::new();
     let t0 = Instant::now();
     let now = || t0.elapsed().as_millis() as u64;
     let mut assigner = Assigner::new(cluster.assign_config(), id.clone(), now());
@@ -108,18 +152,47 @@ pub async fn run(
     loop {
         tokio::select! {
             Some(m) = status.next() => match serde_json::from_slice::<WorkerStatus>(&m.payload) {
-                Ok(st) => assigner.handle_status(now(), &st),
-                Err(_) => { stats.malformed.fetch_add(1, Relaxed); }
+                Ok(st) => match check_status(&st, &assigner) {
+                    Ok(()) => {
+                        if st.ages.is_none() {
+                            refused_by.insert(st.worker.clone(), st.refused.clone());
+                        }
+                        assigner.handle_status(now(), &st);
+                    }
+                    Err(kind) => poison.record(kind, format_args!("{}: a status of {:?}", m.subject, st.worker)),
+                },
+                Err(_) => {
+                    stats.malformed.fetch_add(1, Relaxed);
+                    poison.record(Poison::Unparsable, format_args!("{}: not a worker status", m.subject));
+                }
             },
             Some(m) = demand.next() => match serde_json::from_slice::<Demand>(&m.payload) {
-                Ok(d) => assigner.handle_demand(now(), &d.gateway, &d.tasks),
-                Err(_) => { stats.malformed.fetch_add(1, Relaxed); }
+                Ok(d) => match check_demand(d, &assigner, sources.as_deref()) {
+                    Ok((d, foreign)) => {
+                        if foreign > 0 {
+                            poison.record(Poison::ForeignSeries, format_args!("{}: {foreign} tasks of {:?} the sources do not list", m.subject, d.gateway));
+                        }
+                        assigner.handle_demand(now(), &d.gateway, &d.tasks);
+                    }
+                    Err(kind) => poison.record(kind, format_args!("{}: a demand refused", m.subject)),
+                },
+                Err(_) => {
+                    stats.malformed.fetch_add(1, Relaxed);
+                    poison.record(Poison::Unparsable, format_args!("{}: not a demand", m.subject));
+                }
             },
             Some(m) = report.next() => {
                 if let (true, Some(reply)) = (assigner.is_leader(), m.reply) {
                     let q: ReportQuery = serde_json::from_slice(&m.payload).unwrap_or_default();
-                    let body = serde_json::to_vec(&assigner.report(now(), q.max_tasks))
-                        .expect("serialisable");
+                    let mut report = assigner.report(now(), q.max_tasks);
+                    report.supervisor.refused = poison.nonzero();
+                    for w in &mut report.workers {
+                        if let Some(r) = refused_by.get(&w.id) {
+                            w.refused = r.clone();
+                        }
+                    }
+                    refused_by.retain(|id, _| assigner.knows_worker(id));
+                    let body = serde_json::to_vec(&report).expect("serialisable");
                     let _ = client.publish(reply, body.into()).await;
                 }
             }

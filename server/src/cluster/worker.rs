@@ -32,6 +32,7 @@ use super::Subjects;
 use crate::app::WorkerBackends;
 use crate::books::depth_job::{DepthRole, DepthRunner};
 use crate::books::BookRegistry;
+use crate::bus::PoisonStats;
 use crate::candles::kline_job::KlineRunner;
 use crate::candles::writer::CandleWriter;
 use crate::clock::wall_clock_ms;
@@ -42,6 +43,7 @@ use crate::l3::L3Books;
 use crate::shutdown::Shutdown;
 use crate::sources::Sources;
 use crate::store::blocking;
+use shared::cluster::bounds::Poison;
 
 /// Who this worker is.
 #[derive(Debug, Clone)]
@@ -135,6 +137,16 @@ pub async fn run(
     }
     let WorkerBackends { store, bus, local } =
         WorkerBackends::open(&config, client.clone(), &shutdown).await?;
+    // What it refuses from the bus (instruction sets, admin requests to the books it hosts).
+    let poison = Arc::new(PoisonStats::default());
+    // The leader lease, against which a new leader's epoch is checked.
+    let leases = super::kv_bucket(
+        &js,
+        &subjects.lease_bucket(),
+        Duration::from_secs(config.cluster.lease_s),
+    )
+    .await
+    .map_err(WorkerError::JetStream)?;
     let endpoints = crate::sources::remote_endpoints(&config.sources)?;
     let sources =
         Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
@@ -153,7 +165,8 @@ pub async fn run(
         )
         .map_err(WorkerError::TickBooks)?;
         let subject = request_subject(&subjects.prefix);
-        serve(books.clone(), client.clone(), subject.clone(), &shutdown)
+        let token = config.server.admin_token.as_deref();
+        serve(books.clone(), client.clone(), subject.clone(), token, poison.clone(), &shutdown)
             .await
             .map_err(|source| WorkerError::Subscribe { subject, source })?;
         tracing::info!(
@@ -166,7 +179,11 @@ pub async fn run(
     };
     let forward = Arc::new(JetStreamForward::new(js.clone(), subjects.clone()));
     let writer = CandleWriter::forwarding(store.clone(), bus, forward);
-    let runner = KlineRunner::new(&config, sources.clone(), writer);
+    // Its gap fills stop where the persister's bounds do (an hour inside them, for the time the
+    // candles may wait in JetStream).
+    let max_age_ms = i64::try_from(config.cluster.bus_retention_s.saturating_sub(3_600) * 1000)
+        .unwrap_or(i64::MAX);
+    let runner = KlineRunner::new(&config, sources.clone(), writer).gap_fill_within(max_age_ms);
     // Depth sessions sync their books as on one process (the book stays here, for snapshot
     // requests) and forward every diff.
     super::depth::ensure_stream(&js, &subjects, config.cluster.depth_stream_mb)
@@ -198,7 +215,11 @@ pub async fn run(
     let status = |tasks: &mut WorkerTasks, leaving: bool, full: bool| {
         let now = wall_clock_ms();
         let age = |t: &TaskId| sessions.data_age_ms(t, now);
-        tasks.next_status(&who, leaving, age, full, short_max)
+        let mut st = tasks.next_status(&who, leaving, age, full, short_max);
+        if st.ages.is_none() {
+            st.refused = poison.nonzero();
+        }
+        st
     };
     let publish = |st: WorkerStatus| {
         let (client, subject, stats) = (client.clone(), subjects.status(), stats.clone());
@@ -218,30 +239,41 @@ pub async fn run(
     loop {
         tokio::select! {
             Some(m) = instructions.next() => {
-                match serde_json::from_slice::<Instructions>(&m.payload) {
-                    Ok(set) if set.worker == id => {
-                        stats.instruction_sets.fetch_add(1, Relaxed);
-                        if let Some(change) = tasks.apply(&set) {
-                            for t in &change.stop {
-                                sessions.stop(t);
-                                stats.stopped.fetch_add(1, Relaxed);
-                            }
-                            if !leaving {
-                                for t in &change.start {
-                                    sessions.start(t);
-                                    stats.started.fetch_add(1, Relaxed);
-                                }
-                            }
-                            tracing::info!(epoch = set.epoch, seq = set.seq, reset = set.reset,
-                                stop = change.stop.len(), start = change.start.len(),
-                                "instructions applied");
-                            publish(status(&mut tasks, leaving, false)).await;
-                        }
-                        if leaving && tasks.wanted().is_empty() {
-                            break; // every task moved
+                let set = match serde_json::from_slice::<Instructions>(&m.payload) {
+                    Ok(set) => set,
+                    Err(_) => {
+                        stats.malformed.fetch_add(1, Relaxed);
+                        poison.record(Poison::Unparsable, format_args!("{}: not an instruction set", m.subject));
+                        continue;
+                    }
+                };
+                if let Err(kind) = check_instructions(&set, &tasks, &id, options.max_load, &leases).await {
+                    stats.malformed.fetch_add(1, Relaxed);
+                    poison.record(kind, format_args!(
+                        "{}: an instruction set of epoch {} seq {} refused",
+                        m.subject, set.epoch, set.seq
+                    ));
+                    continue;
+                }
+                stats.instruction_sets.fetch_add(1, Relaxed);
+                if let Some(change) = tasks.apply(&set) {
+                    for t in &change.stop {
+                        sessions.stop(t);
+                        stats.stopped.fetch_add(1, Relaxed);
+                    }
+                    if !leaving {
+                        for t in &change.start {
+                            sessions.start(t);
+                            stats.started.fetch_add(1, Relaxed);
                         }
                     }
-                    _ => { stats.malformed.fetch_add(1, Relaxed); }
+                    tracing::info!(epoch = set.epoch, seq = set.seq, reset = set.reset,
+                        stop = change.stop.len(), start = change.start.len(),
+                        "instructions applied");
+                    publish(status(&mut tasks, leaving, false)).await;
+                }
+                if leaving && tasks.wanted().is_empty() {
+                    break; // every task moved
                 }
             }
             _ = tick.tick() => publish(status(&mut tasks, leaving, false)).await,
@@ -275,6 +307,33 @@ pub async fn run(
     })
     .await;
     Ok(())
+}
+
+/// Whether worker `id` can take `set` from the bus: its own bounds
+/// ([`Instructions::check`]), and a newer epoch than the one it follows must not be beyond the
+/// leader lease: an epoch is the revision the lease was created with, so it can never exceed
+/// the lease's current revision (a set of epoch `u64::MAX` would make the worker ignore every
+/// real leader). When the lease cannot be read, the set is taken (the worker must not stop
+/// following a real new leader because NATS hiccupped).
+async fn check_instructions(
+    set: &Instructions,
+    tasks: &WorkerTasks,
+    id: &str,
+    max_load: u32,
+    leases: &async_nats::jetstream::kv::Store,
+) -> Result<(), Poison> {
+    set.check(id, tasks.applied(), max_load)?;
+    if set.epoch <= tasks.applied().0 {
+        return Ok(());
+    }
+    match leases.entry(super::supervisor::LEADER_KEY).await {
+        Ok(Some(entry)) if set.epoch <= entry.revision => Ok(()),
+        Ok(_) => Err(Poison::Instructions),
+        Err(e) => {
+            tracing::warn!(epoch = set.epoch, error = %e, "cannot read the leader lease to check a new epoch; taking it");
+            Ok(())
+        }
+    }
 }
 
 /// A random id per process start (a worker restarted under the same id has lost its sessions).

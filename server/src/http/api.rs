@@ -59,8 +59,8 @@ use serde::Deserialize;
 use shared::protocol::ops::{
     AdminResult, ApiErrorCode as Code, AutoBalanceReply, AutoBalanceRequest, BackfillReport,
     BooksReport, Catalog, ClusterReport, HotspotReply, HotspotRequest, InstrumentReply,
-    InstrumentRequest, JobsReport, KlineRow, MigrateReply, MigrateRequest, ReportQuery,
-    SeriesReply, SeriesRequest, ShardsReport, SourcesReport, StoredSeries, REPORT_MAX_TASKS,
+    InstrumentRequest, JobsReport, KlineRow, MigrateReply, MigrateRequest, SeriesReply,
+    SeriesRequest, ShardsReport, SourcesReport, StoredSeries, REPORT_MAX_TASKS,
 };
 use shared::protocol::{InstrumentId, RestDepthResponse, SeriesId};
 
@@ -219,18 +219,11 @@ async fn ops_cluster(
             "this server is not a gateway of a cluster ([cluster] enabled = false)",
         ));
     };
-    let unavailable =
-        |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, why);
-    let query = ReportQuery { max_tasks: q.max_tasks.unwrap_or(REPORT_MAX_TASKS).min(5_000) };
-    let body = serde_json::to_vec(&query).expect("serialisable");
-    let ask = g.client.request(g.subjects.report(), body.into());
-    let answer = tokio::time::timeout(std::time::Duration::from_secs(2), ask)
+    let max_tasks = q.max_tasks.unwrap_or(REPORT_MAX_TASKS).min(5_000);
+    g.cluster_report(max_tasks, std::time::Duration::from_secs(2))
         .await
-        .map_err(|_| unavailable("no leading supervisor answered within 2 s".into()))?
-        .map_err(|e| unavailable(format!("no leading supervisor answered: {e}")))?;
-    serde_json::from_slice(&answer.payload)
         .map(Json)
-        .map_err(|e| unavailable(format!("the supervisor's report did not parse: {e}")))
+        .map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, why))
 }
 
 /// `GET /api/v1/ops/cluster` parameters.
@@ -240,7 +233,13 @@ struct ReportQueryParams {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let text = state.app.render_metrics();
+    // On a gateway, what the leader and the workers refused comes from the leader's report
+    // (briefly: a scrape never waits long for a supervisor that is away).
+    let report = match &state.app.gateway {
+        Some(g) => g.cluster_report(0, std::time::Duration::from_millis(500)).await.ok(),
+        None => None,
+    };
+    let text = state.app.render_metrics(report.as_ref());
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -14,8 +14,10 @@
 //!   (a subscription to one needs no job lease) and serves their metrics, and `/healthz` says
 //!   when the host has not answered for a while.
 //!
-//! Admin requests are authorised by the gateway (its `admin_token`) before they are forwarded;
-//! NATS subjects under the cluster's prefix are trusted, as the supervisor's instructions are.
+//! Admin requests are authorised by the gateway (its `admin_token`) before they are forwarded,
+//! and carry a [`Proof`] that their sender holds the admin token: the host, configured with the
+//! same token, refuses an admin request without a valid, fresh, unseen proof (anyone who can
+//! publish on the bus could send one), and counts it ([`Poison::Unsigned`]).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -33,9 +35,12 @@ use shared::protocol::{BookHealth, InstrumentId, Market, RestDepth};
 use super::control::Refusal;
 use super::L3Books;
 use crate::books::BookRegistry;
+use crate::bus::PoisonStats;
 use crate::clock::wall_clock_ms;
+use crate::cluster::proof::{self, Proof, Verifier};
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
+use shared::cluster::bounds::Poison;
 
 /// How long a gateway waits for the host's answer.
 const ASK_WAIT: Duration = Duration::from_secs(2);
@@ -55,20 +60,57 @@ pub enum L3Request {
     Hotspot(HotspotRequest),
 }
 
+impl L3Request {
+    /// What an admin request asks, for its proof (`None`: a read, which needs none).
+    fn admin_purpose(&self) -> Option<&'static str> {
+        match self {
+            L3Request::Shards | L3Request::Books | L3Request::Depth { .. } => None,
+            L3Request::Migrate(_) => Some("l3 migrate"),
+            L3Request::AutoBalance(_) => Some("l3 auto_balance"),
+            L3Request::Hotspot(_) => Some("l3 hotspot"),
+        }
+    }
+}
+
+/// A request as it travels: what is asked, and for an admin request its proof over the
+/// request's JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct L3Message {
+    pub request: L3Request,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<Proof>,
+}
+
+impl L3Message {
+    /// `request`, signed with `token` when it is an admin request.
+    fn new(request: &L3Request, token: Option<&str>) -> L3Message {
+        let proof = request.admin_purpose().zip(token).map(|(purpose, token)| {
+            let body = serde_json::to_vec(request).expect("serialisable");
+            proof::sign(token, purpose, &body, wall_clock_ms())
+        });
+        L3Message { request: request.clone(), proof }
+    }
+}
+
 /// The subject of requests to the tick-by-tick host of the cluster under `prefix`.
 pub fn request_subject(prefix: &str) -> String {
     format!("{prefix}.l3.request")
 }
 
 /// Answers the requests on `subject` with `books` until `shutdown`, each on a task of its own
-/// (a hot-spot request waits for the simulator).
+/// (a hot-spot request waits for the simulator). Admin requests must carry a proof of
+/// `admin_token`; refused ones are counted in `poison`.
 pub async fn serve(
     books: Arc<L3Books>,
     client: async_nats::Client,
     subject: String,
+    admin_token: Option<&str>,
+    poison: Arc<PoisonStats>,
     shutdown: &Shutdown,
 ) -> Result<(), async_nats::SubscribeError> {
     let mut sub = client.subscribe(subject).await?;
+    let verifier = Arc::new(Verifier::new(admin_token));
     let (spawner, stop) = (shutdown.clone(), shutdown.clone());
     shutdown.spawn(async move {
         loop {
@@ -78,8 +120,9 @@ pub async fn serve(
             };
             let Some(reply) = m.reply else { continue };
             let (books, client) = (books.clone(), client.clone());
+            let (verifier, poison) = (verifier.clone(), poison.clone());
             spawner.spawn(async move {
-                let body = answer(&books, &m.payload).await;
+                let body = answer(&books, &verifier, &poison, &m.payload).await;
                 let _ = client.publish(reply, body.into()).await;
             });
         }
@@ -88,15 +131,42 @@ pub async fn serve(
 }
 
 /// The host's answer to one request: `{"Ok":…}` or `{"Err":Refusal}`.
-async fn answer(books: &L3Books, payload: &[u8]) -> Vec<u8> {
+async fn answer(
+    books: &L3Books,
+    verifier: &Verifier,
+    poison: &PoisonStats,
+    payload: &[u8],
+) -> Vec<u8> {
     let result: Result<serde_json::Value, Refusal> = match serde_json::from_slice(payload) {
-        Err(e) => Err(Refusal::bad(Code::Malformed, format!("not a tick-by-tick request: {e}"))),
-        Ok(L3Request::Shards) => Ok(value(&books.shards().await)),
-        Ok(L3Request::Books) => Ok(value(&books.books())),
-        Ok(L3Request::Depth { instrument, limit }) => Ok(value(&books.depth(&instrument, limit))),
-        Ok(L3Request::Migrate(r)) => books.migrate(&r).map(|r| value(&r)),
-        Ok(L3Request::AutoBalance(r)) => Ok(value(&books.auto_balance(&r))),
-        Ok(L3Request::Hotspot(r)) => books.hotspot(&r).await.map(|r| value(&r)),
+        Err(e) => {
+            poison.record(Poison::Unparsable, "a tick-by-tick request that does not parse");
+            Err(Refusal::bad(Code::Malformed, format!("not a tick-by-tick request: {e}")))
+        }
+        Ok(L3Message { request, proof }) => {
+            let proven = match request.admin_purpose() {
+                None => Ok(()),
+                Some(purpose) => {
+                    let body = serde_json::to_vec(&request).expect("serialisable");
+                    verifier.verify(purpose, &body, proof.as_ref(), wall_clock_ms())
+                }
+            };
+            match proven {
+                Err(e) => {
+                    poison.record(Poison::Unsigned, format_args!("an admin request refused: {e}"));
+                    Err(Refusal { status: 403, code: Code::Unauthorized, msg: e.to_string() })
+                }
+                Ok(()) => match request {
+                    L3Request::Shards => Ok(value(&books.shards().await)),
+                    L3Request::Books => Ok(value(&books.books())),
+                    L3Request::Depth { instrument, limit } => {
+                        Ok(value(&books.depth(&instrument, limit)))
+                    }
+                    L3Request::Migrate(r) => books.migrate(&r).map(|r| value(&r)),
+                    L3Request::AutoBalance(r) => Ok(value(&books.auto_balance(&r))),
+                    L3Request::Hotspot(r) => books.hotspot(&r).await.map(|r| value(&r)),
+                },
+            }
+        }
     };
     serde_json::to_vec(&result).expect("serialisable")
 }
@@ -127,11 +197,14 @@ pub struct RemoteL3 {
     refresh: Duration,
     started_ms: i64,
     known: Mutex<Known>,
+    /// Signs forwarded admin requests (see [`Proof`]).
+    admin_token: Option<String>,
 }
 
 impl RemoteL3 {
     /// Starts asking `host` for its report every `refresh`, marking its books always on in
     /// `registry` (a subscription to one needs no job).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         client: async_nats::Client,
         prefix: &str,
@@ -139,6 +212,7 @@ impl RemoteL3 {
         sources: Vec<String>,
         registry: Arc<BookRegistry>,
         refresh: Duration,
+        admin_token: Option<String>,
         shutdown: &Shutdown,
     ) -> Arc<Self> {
         let remote = Arc::new(RemoteL3 {
@@ -149,6 +223,7 @@ impl RemoteL3 {
             refresh,
             started_ms: wall_clock_ms(),
             known: Mutex::new(Known::default()),
+            admin_token,
         });
         let (r, stop) = (remote.clone(), shutdown.clone());
         shutdown.spawn(async move {
@@ -171,7 +246,8 @@ impl RemoteL3 {
 
     /// Asks the host; a timeout, an unreachable NATS or an unreadable answer is a 503.
     async fn ask<T: DeserializeOwned>(&self, request: &L3Request) -> Result<T, Refusal> {
-        let body = serde_json::to_vec(request).expect("serialisable");
+        let message = L3Message::new(request, self.admin_token.as_deref());
+        let body = serde_json::to_vec(&message).expect("serialisable");
         let host = &self.host;
         let asked =
             tokio::time::timeout(ASK_WAIT, self.client.request(self.subject.clone(), body.into()));

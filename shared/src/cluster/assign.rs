@@ -224,6 +224,26 @@ impl Assigner {
         self.phase != Phase::Standby
     }
 
+    /// Whether a status from `worker` would be its first (it would add a worker), and how
+    /// many workers are known: the shell bounds them ([`super::bounds::MAX_WORKERS`]).
+    pub fn knows_worker(&self, worker: &str) -> bool {
+        self.workers.contains_key(worker)
+    }
+
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether `gateway`'s demand is known, and how many gateways' are
+    /// ([`super::bounds::MAX_GATEWAYS`]).
+    pub fn knows_gateway(&self, gateway: &str) -> bool {
+        self.gateways.contains_key(gateway)
+    }
+
+    pub fn gateway_count(&self) -> usize {
+        self.gateways.len()
+    }
+
     pub fn is_running(&self) -> bool {
         self.phase == Phase::Running
     }
@@ -937,6 +957,7 @@ impl Assigner {
                 active: w.active,
                 leaving: w.leaving,
                 last_seen_ms: now_ms.saturating_sub(w.last_seen_ms),
+                refused: Default::default(),
             })
             .collect();
         let tasks = self
@@ -966,6 +987,7 @@ impl Assigner {
                 warmup_remaining_ms,
                 redundancy: self.cfg.redundancy,
                 stats: self.stats,
+                refused: Default::default(),
             },
             workers,
             tasks,

@@ -14,8 +14,11 @@
 //!   stops.
 //! - [`timer::LowResTimer`] is the one low-precision timer every timeout and poll goes through.
 //! - [`payload`]: what the data plane carries between processes, with natural ids and de-dup.
+//! - [`bounds`]: what a message read from the bus must fit (times, sizes, ids), and the kinds of
+//!   [`bounds::Poison`] a reader refuses.
 
 pub mod assign;
+pub mod bounds;
 pub mod payload;
 pub mod timer;
 pub mod worker;
@@ -128,6 +131,10 @@ pub struct WorkerStatus {
     /// task ids. A supervisor that does not know that version takes it as a sign of life only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ages: Option<Vec<Option<u64>>>,
+    /// Messages this worker refused from the bus, by kind ([`bounds::Poison`]'s labels): the
+    /// leader's report shows them (a worker serves no `/metrics`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub refused: std::collections::BTreeMap<String, u64>,
 }
 
 /// One instruction set for one worker (the seed's 指令集): applied as "pre-reset", then "end

@@ -29,6 +29,8 @@ use crate::candle::Candle;
 use crate::fixed::Price;
 use crate::protocol::{KlineEvent, Push, SeriesId};
 
+use super::bounds::{IdWindow, Poison, TimeWindow};
+
 /// A closed 1m candle from a worker's kline task, on its way to the store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -142,6 +144,10 @@ pub enum Admit {
     Duplicate,
     /// Not a kline push.
     Malformed,
+    /// A time outside the window the exchange's clock allows (a forged or broken push): dropped
+    /// without moving the marks, so it cannot hold back the real updates that follow. Says on
+    /// which side ([`Poison::TooOld`] or [`Poison::TooNew`]).
+    Outside(Poison),
 }
 
 /// The high-water marks of one `kline@{series}` topic (see the module docs).
@@ -158,17 +164,25 @@ impl KlineDedup {
         Self::default()
     }
 
-    /// Decides on one push frame (`{"stream":"kline@…","data":{…}}`).
-    pub fn admit(&mut self, frame: &[u8]) -> Admit {
+    /// Decides on one push frame (`{"stream":"kline@…","data":{…}}`) whose times must lie in
+    /// `window` (the exchange's clock with its margins).
+    pub fn admit(&mut self, frame: &[u8], window: &TimeWindow) -> Admit {
         let Ok(push) = serde_json::from_slice::<Push<KlineEvent>>(frame) else {
             return Admit::Malformed;
         };
-        self.admit_event(&push.data)
+        self.admit_event(&push.data, window)
     }
 
-    /// Decides on one kline event.
-    pub fn admit_event(&mut self, ev: &KlineEvent) -> Admit {
+    /// Decides on one kline event. Its event time, its open time and, once closed, its close
+    /// time must not lie beyond `window` (the exchange cannot have sent them yet): a mark never
+    /// moves past what the exchange can have sent. (An old push is not refused: it cannot move
+    /// a mark, and history pushed after a backfill is old.)
+    pub fn admit_event(&mut self, ev: &KlineEvent, window: &TimeWindow) -> Admit {
         let open = ev.k.t;
+        let newest = if ev.k.x { ev.k.close_time.max(open) } else { open };
+        if newest.max(ev.event_time) > window.latest_ms {
+            return Admit::Outside(Poison::TooNew);
+        }
         if ev.k.x {
             if self.closed.is_some_and(|c| open <= c) {
                 return Admit::Duplicate;
@@ -205,9 +219,16 @@ pub struct BookSnapshotReply {
 /// last diff passed (or may: `prev <= last`) passes at once, with every held diff it unblocks;
 /// one that does not is held for at most `hold_ms`, after which the held diffs pass in order of
 /// `u` and the consumer's own rules see the gap. A diff at or below the last `u` is a duplicate.
+///
+/// The diffs come from the bus, so their ids are checked against an [`IdWindow`] before they
+/// can move the position: a diff covering no ids or too many, or continuing from too far past
+/// the last `u`, is refused; at most [`DiffReorder::MAX_HELD`] diffs are held. A diff far below
+/// the last `u` means that position came from a diff outside the book's ids (the first diff
+/// of a feed has nothing to be checked against): the position is taken anew from it.
 #[derive(Debug, Clone)]
 pub struct DiffReorder<T> {
     hold_ms: i64,
+    ids: IdWindow,
     last_u: Option<u64>,
     /// Held diffs by `u`: (prev, item).
     held: BTreeMap<u64, (u64, T)>,
@@ -215,33 +236,81 @@ pub struct DiffReorder<T> {
     since: Option<i64>,
     duplicates: u64,
     released_gaps: u64,
+    refused: u64,
+    reanchored: u64,
+}
+
+/// What [`DiffReorder::push`] did with a diff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Passed (with whatever held diffs it unblocked).
+    Passed,
+    /// Held until the diff it continues from arrives, or `hold_ms` ends.
+    Held,
+    /// Already passed (or held).
+    Duplicate,
+    /// Outside the book's ids (see [`IdWindow`]), or more than [`DiffReorder::MAX_HELD`] held.
+    Refused,
 }
 
 impl<T> DiffReorder<T> {
+    /// Most diffs held at once (a few 100 ms diffs of each replica are held, at most).
+    pub const MAX_HELD: usize = 256;
+
     pub fn new(hold_ms: i64) -> Self {
+        Self::with_ids(hold_ms, IdWindow::default())
+    }
+
+    pub fn with_ids(hold_ms: i64, ids: IdWindow) -> Self {
         DiffReorder {
             hold_ms,
+            ids,
             last_u: None,
             held: BTreeMap::new(),
             since: None,
             duplicates: 0,
             released_gaps: 0,
+            refused: 0,
+            reanchored: 0,
         }
     }
 
     /// Takes one diff; what may pass now is appended to `out`.
-    pub fn push(&mut self, prev: u64, u: u64, item: T, now_ms: i64, out: &mut Vec<T>) {
-        if self.last_u.is_some_and(|l| u <= l) || self.held.contains_key(&u) {
+    pub fn push(&mut self, prev: u64, u: u64, item: T, now_ms: i64, out: &mut Vec<T>) -> Pushed {
+        if u <= prev || u - prev > self.ids.span {
+            self.refused += 1;
+            return Pushed::Refused;
+        }
+        if let Some(last) = self.last_u {
+            if u <= last {
+                if last - u < self.ids.below {
+                    self.duplicates += 1;
+                    return Pushed::Duplicate;
+                }
+                // The position came from outside the book's ids: take it anew from here.
+                self.reset();
+                self.reanchored += 1;
+            } else if prev > last.saturating_add(self.ids.ahead) {
+                self.refused += 1;
+                return Pushed::Refused;
+            }
+        }
+        if self.held.contains_key(&u) {
             self.duplicates += 1;
-            return;
+            return Pushed::Duplicate;
         }
         if self.last_u.is_none_or(|l| prev <= l) {
             self.last_u = Some(u);
             out.push(item);
             self.release_continuing(out);
+            Pushed::Passed
+        } else if self.held.len() >= Self::MAX_HELD {
+            self.refused += 1;
+            Pushed::Refused
         } else {
             self.held.insert(u, (prev, item));
             self.since.get_or_insert(now_ms);
+            Pushed::Held
         }
     }
 
@@ -298,6 +367,16 @@ impl<T> DiffReorder<T> {
     /// Times held diffs were released over a gap that never filled.
     pub fn released_gaps(&self) -> u64 {
         self.released_gaps
+    }
+
+    /// Diffs refused as outside the book's ids.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Times the position was taken anew because it had come from outside the book's ids.
+    pub fn reanchored(&self) -> u64 {
+        self.reanchored
     }
 }
 
@@ -399,23 +478,61 @@ mod tests {
         serde_json::to_vec(&push).unwrap()
     }
 
+    const ANY: TimeWindow = TimeWindow { earliest_ms: i64::MIN, latest_ms: i64::MAX };
+
     #[test]
     fn each_update_passes_once_and_never_goes_back() {
         let mut d = KlineDedup::new();
         // replica A: events 1, 3; replica B: 2, 3 — interleaved 1, 3(A), 2(B), 3(B)
-        assert_eq!(d.admit(&frame(0, 1, false)), Admit::Pass);
-        assert_eq!(d.admit(&frame(0, 3, false)), Admit::Pass);
-        assert_eq!(d.admit(&frame(0, 2, false)), Admit::Duplicate, "older than what passed");
-        assert_eq!(d.admit(&frame(0, 3, false)), Admit::Duplicate);
+        assert_eq!(d.admit(&frame(0, 1, false), &ANY), Admit::Pass);
+        assert_eq!(d.admit(&frame(0, 3, false), &ANY), Admit::Pass);
+        assert_eq!(d.admit(&frame(0, 2, false), &ANY), Admit::Duplicate, "older than what passed");
+        assert_eq!(d.admit(&frame(0, 3, false), &ANY), Admit::Duplicate);
         // the next minute forms before the persister's closed candle of minute 0 arrives
-        assert_eq!(d.admit(&frame(60_000, 60_500, false)), Admit::Pass);
-        assert_eq!(d.admit(&frame(0, 60_000, true)), Admit::Pass);
-        assert_eq!(d.admit(&frame(0, 60_000, true)), Admit::Duplicate, "a redelivery");
-        assert_eq!(d.admit(&frame(60_000, 61_000, false)), Admit::Pass);
-        assert_eq!(d.admit(&frame(60_000, 120_000, true)), Admit::Pass);
+        assert_eq!(d.admit(&frame(60_000, 60_500, false), &ANY), Admit::Pass);
+        assert_eq!(d.admit(&frame(0, 60_000, true), &ANY), Admit::Pass);
+        assert_eq!(d.admit(&frame(0, 60_000, true), &ANY), Admit::Duplicate, "a redelivery");
+        assert_eq!(d.admit(&frame(60_000, 61_000, false), &ANY), Admit::Pass);
+        assert_eq!(d.admit(&frame(60_000, 120_000, true), &ANY), Admit::Pass);
         // a late forming update of a closed minute
-        assert_eq!(d.admit(&frame(60_000, 119_000, false)), Admit::Duplicate);
-        assert_eq!(d.admit(b"{\"stream\":\"heartbeat\"}"), Admit::Malformed);
+        assert_eq!(d.admit(&frame(60_000, 119_000, false), &ANY), Admit::Duplicate);
+        assert_eq!(d.admit(b"{\"stream\":\"heartbeat\"}", &ANY), Admit::Malformed);
+    }
+
+    #[test]
+    fn a_push_beyond_the_exchange_clock_moves_no_mark() {
+        const TEN_YEARS: i64 = 10 * 365 * 86_400_000;
+        let now = 1_700_000_000_000 / 60_000 * 60_000;
+        let w = TimeWindow::around(now, 3_600_000, 120_000);
+        let mut d = KlineDedup::new();
+        assert_eq!(d.admit(&frame(now - 60_000, now, true), &w), Admit::Pass);
+        // a real closed push moved ten years ahead, then one at the end of time
+        assert_eq!(
+            d.admit(&frame(now + TEN_YEARS, now + TEN_YEARS, true), &w),
+            Admit::Outside(Poison::TooNew)
+        );
+        assert_eq!(d.admit(&frame(1 << 53, 1 << 53, false), &w), Admit::Outside(Poison::TooNew));
+        assert_eq!(d.admit(&frame(now, now + 500, false), &w), Admit::Pass, "live goes on");
+        assert_eq!(d.admit(&frame(now, now + 60_000, true), &w), Admit::Pass);
+        // a forming update whose event time alone is far ahead
+        assert_eq!(
+            d.admit(&frame(now + 60_000, now + TEN_YEARS, false), &w),
+            Admit::Outside(Poison::TooNew)
+        );
+        assert_eq!(d.admit(&frame(now + 60_000, now + 61_000, false), &w), Admit::Pass);
+        // a closed candle whose minute has not ended by the exchange's clock
+        assert_eq!(
+            d.admit(&frame(now + 60_000, now + 90_000, true), &w),
+            Admit::Pass,
+            "ends in time"
+        );
+        assert_eq!(
+            d.admit(&frame(now + 120_000, now + 120_000, true), &w),
+            Admit::Outside(Poison::TooNew),
+            "its minute ends at now + 180 s"
+        );
+        // the past is no threat to a mark: an old push is a duplicate
+        assert_eq!(d.admit(&frame(0, 0, true), &w), Admit::Duplicate);
     }
 
     #[test]
@@ -466,6 +583,48 @@ mod tests {
         // futures ids (prev = pu) work the same way
         r.push(22, 25, "f25", 400, &mut out);
         assert_eq!(out.last(), Some(&"f25"));
+    }
+
+    #[test]
+    fn diffs_outside_the_books_ids_never_move_the_position() {
+        let ids = IdWindow { ahead: 1_000, span: 500, below: 10_000 };
+        let mut r = DiffReorder::with_ids(200, ids);
+        let mut out = Vec::new();
+        assert_eq!(r.push(99, 100, "a", 0, &mut out), Pushed::Passed);
+        // `Millrace-U` at u64::MAX, continuing from the last id: covers too many ids
+        assert_eq!(r.push(100, u64::MAX, "max", 1, &mut out), Pushed::Refused);
+        // a diff continuing from far past the position
+        assert_eq!(r.push(100 + 1_001, 100 + 1_002, "far", 2, &mut out), Pushed::Refused);
+        // no ids at all, or backwards
+        assert_eq!(r.push(150, 150, "none", 3, &mut out), Pushed::Refused);
+        assert_eq!(r.push(160, 150, "back", 3, &mut out), Pushed::Refused);
+        assert_eq!(r.refused(), 4);
+        // the book goes on
+        assert_eq!(r.push(100, 120, "b", 4, &mut out), Pushed::Passed);
+        assert_eq!(out, vec!["a", "b"]);
+        // at most MAX_HELD held: diffs beyond a gap are refused rather than kept
+        for i in 0..DiffReorder::<&str>::MAX_HELD as u64 {
+            assert_eq!(r.push(130 + i, 131 + i, "held", 5, &mut out), Pushed::Held);
+        }
+        assert_eq!(r.push(900, 901, "one too many", 6, &mut out), Pushed::Refused);
+        r.expire(205, &mut out);
+        assert_eq!(out.len(), 2 + DiffReorder::<&str>::MAX_HELD);
+    }
+
+    #[test]
+    fn a_position_taken_from_a_forged_first_diff_is_taken_anew() {
+        let ids = IdWindow { ahead: 1_000, span: 500, below: 10_000 };
+        let mut r = DiffReorder::with_ids(200, ids);
+        let mut out = Vec::new();
+        // the feed's first diff has nothing to be checked against
+        assert_eq!(r.push(5_000_000, 5_000_100, "forged", 0, &mut out), Pushed::Passed);
+        // the book's real diffs are far below it: not late copies
+        assert_eq!(r.push(99, 100, "a", 1, &mut out), Pushed::Passed);
+        assert_eq!(r.reanchored(), 1);
+        assert_eq!(r.push(100, 110, "b", 2, &mut out), Pushed::Passed);
+        // a late copy near the position is still a duplicate
+        assert_eq!(r.push(99, 100, "a again", 3, &mut out), Pushed::Duplicate);
+        assert_eq!(out, vec!["forged", "a", "b"]);
     }
 
     #[test]

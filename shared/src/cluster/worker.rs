@@ -114,6 +114,7 @@ impl WorkerTasks {
                 .map(|t| TaskReport { task: t.clone(), data_age_ms: age(t) })
                 .collect(),
             ages: None,
+            refused: Default::default(),
         }
     }
 
@@ -153,6 +154,7 @@ impl WorkerTasks {
             leaving,
             list: self.version,
             tasks: Vec::new(),
+            refused: Default::default(),
             ages: Some(self.wanted.iter().map(age).collect()),
         }
     }

@@ -783,6 +783,9 @@ pub struct SupervisorInfo {
     /// Handler invocations since start: statuses, demands, ticks, timer checks, assignment
     /// events and instruction sets sent (at steady state only the first three grow).
     pub stats: SupervisorStats,
+    /// Messages the answering supervisor refused from the bus, by kind.
+    #[serde(default)]
+    pub refused: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -808,6 +811,9 @@ pub struct ClusterWorker {
     pub leaving: bool,
     /// Milliseconds since its last status.
     pub last_seen_ms: u64,
+    /// Messages it refused from the bus, by kind (as its last full status said).
+    #[serde(default)]
+    pub refused: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
