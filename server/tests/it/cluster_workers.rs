@@ -52,7 +52,12 @@ fn nats_url() -> String {
 
 fn cluster_config(sim: &SimHandle, pg: &PgDb, prefix: &str, redundancy: u32) -> Config {
     let mut c = test_config(vec![external_sim_source(sim)]);
-    c.bus = BusConfig { kind: BusKind::Nats, url: nats_url(), prefix: prefix.into() };
+    c.bus = BusConfig {
+        kind: BusKind::Nats,
+        url: nats_url(),
+        prefix: prefix.into(),
+        ..BusConfig::default()
+    };
     c.store =
         StoreConfig { kind: StoreKind::Postgres, url: Some(pg.url().into()), ..Default::default() };
     c.cluster = ClusterConfig {
