@@ -141,7 +141,12 @@ impl Backends {
         let (bus, nats): (Arc<dyn Bus>, _) = match config.bus.kind {
             BusKind::Inprocess => (Arc::new(InProcessBus::new(config.limits.bus_capacity)), None),
             BusKind::Nats => {
-                let client = crate::cluster::connect(&config.bus, "millrace serve").await?;
+                let client = crate::cluster::connect(
+                    &config.bus,
+                    crate::cluster::Role::Gateway,
+                    "millrace serve",
+                )
+                .await?;
                 tracing::info!(url = %config.bus.url, prefix = %config.bus.prefix, "bus on NATS");
                 let bus = NatsBus::new(
                     client.clone(),
