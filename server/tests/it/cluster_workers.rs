@@ -41,8 +41,8 @@ use shared::protocol::{KlineEvent, ServerFrame};
 use sim::SimHandle;
 use testkit::*;
 
-const BTC: &str = "sim:spot:BTC/USDT";
-const ETH: &str = "sim:spot:ETH/USDT";
+pub(crate) const BTC: &str = "sim:spot:BTC/USDT";
+pub(crate) const ETH: &str = "sim:spot:ETH/USDT";
 const TICK_MS: u64 = 200;
 const WORKER_TIMEOUT_S: u64 = 2;
 
@@ -50,7 +50,7 @@ fn nats_url() -> String {
     std::env::var("MILLRACE_TEST_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
 
-fn cluster_config(sim: &SimHandle, pg: &PgDb, prefix: &str, redundancy: u32) -> Config {
+pub(crate) fn cluster_config(sim: &SimHandle, pg: &PgDb, prefix: &str, redundancy: u32) -> Config {
     let mut c = test_config(vec![external_sim_source(sim)]);
     c.bus = BusConfig {
         kind: BusKind::Nats,
@@ -155,7 +155,7 @@ async fn report(gateway: &TestServer) -> Option<ClusterReport> {
 
 /// Waits until every task is held by `n` distinct active workers, none of them in `gone`;
 /// returns the report.
-async fn fully_assigned(gateway: &TestServer, n: usize, gone: &[&str]) -> ClusterReport {
+pub(crate) async fn fully_assigned(gateway: &TestServer, n: usize, gone: &[&str]) -> ClusterReport {
     let tasks = gateway.config.cluster.pinned_tasks().len();
     eventually(&format!("every task on {n} live workers (not {gone:?})"), || async {
         let r = report(gateway).await?;
@@ -228,7 +228,7 @@ async fn stored_count(pg: &PgDb, series: &'static str) -> usize {
 }
 
 /// Waits until `series` has `n` more stored candles than `from`; returns the count.
-async fn stored_grows(pg: &PgDb, series: &'static str, from: usize, n: usize) -> usize {
+pub(crate) async fn stored_grows(pg: &PgDb, series: &'static str, from: usize, n: usize) -> usize {
     eventually(&format!("{n} more stored candles of {series}"), || async {
         let c = stored_count(pg, series).await;
         (c >= from + n).then_some(c)
@@ -237,7 +237,7 @@ async fn stored_grows(pg: &PgDb, series: &'static str, from: usize, n: usize) ->
 }
 
 /// A browser client on the gateway: closed 1m candles of BTC seen, by open time.
-fn watch_closed(
+pub(crate) fn watch_closed(
     mut ws: Ws,
 ) -> (std::sync::Arc<std::sync::Mutex<BTreeMap<i64, u32>>>, tokio::task::JoinHandle<()>) {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
