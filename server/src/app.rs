@@ -146,7 +146,12 @@ impl Backends {
                 (Arc::new(InProcessBus::new(config.limits.bus_capacity)), None, None)
             }
             BusKind::Nats => {
-                let client = crate::cluster::connect(&config.bus, "millrace serve").await?;
+                let client = crate::cluster::connect(
+                    &config.bus,
+                    crate::cluster::Role::Gateway,
+                    "millrace serve",
+                )
+                .await?;
                 tracing::info!(url = %config.bus.url, prefix = %config.bus.prefix, "bus on NATS");
                 let bus = NatsBus::new(
                     client.clone(),

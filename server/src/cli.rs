@@ -190,7 +190,8 @@ fn supervisor(args: &SupervisorArgs) -> anyhow::Result<ExitCode> {
         format!("supervisor-{}-{}", host.trim(), std::process::id())
     });
     runtime()?.block_on(async {
-        let client = crate::cluster::connect(&config.bus, &id).await?;
+        let client =
+            crate::cluster::connect(&config.bus, crate::cluster::Role::Supervisor, &id).await?;
         let shutdown = crate::shutdown::Shutdown::new();
         // The sources list what the pattern matches, and what a gateway's demand may name (a
         // task of an instrument no source lists is refused).
@@ -250,7 +251,8 @@ fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
         drain: std::time::Duration::from_secs(args.drain_s),
     };
     runtime()?.block_on(async {
-        let client = crate::cluster::connect(&config.bus, &args.id).await?;
+        let client =
+            crate::cluster::connect(&config.bus, crate::cluster::Role::Worker, &args.id).await?;
         let shutdown = crate::shutdown::Shutdown::new();
         crate::cluster::worker::run(
             config,

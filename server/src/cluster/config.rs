@@ -2,6 +2,8 @@
 //! seeds/supervisor-worker-load-balancing.md. The defaults are the single process: the
 //! in-process bus, SQLite under `server.data_dir`, no cluster.
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 use shared::cluster::assign::AssignConfig;
 use shared::cluster::{TaskId, TaskKind};
@@ -17,16 +19,51 @@ pub enum BusKind {
     Nats,
 }
 
-/// `[bus]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `[bus]`. With NATS, how this process proves who it is — at most one of `user` +
+/// `password`, `token`, `nkey_seed` / `nkey_seed_file`, `credentials_file` — and TLS (`ca_file`,
+/// `cert_file` + `key_file`, `require_tls`). The secrets (`password`, `token`, `nkey_seed`) are
+/// never printed by `Debug` and never logged; they can come from the environment
+/// (`MILLRACE_BUS__PASSWORD`) rather than a file. docs/nats/ holds a server configuration with
+/// one user per role.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
     pub kind: BusKind,
-    /// NATS server URL(s), comma-separated (`nats://127.0.0.1:4222`).
+    /// NATS server URL(s), comma-separated (`nats://127.0.0.1:4222`, `tls://…` to require
+    /// TLS). Credentials in a URL (`nats://user:pass@host`, `nats://token@host`) are refused:
+    /// the client would not send them, and a URL is printed where secrets must not be; use the
+    /// keys below.
     pub url: String,
     /// First token of every subject, stream and bucket name, so several clusters (or test runs)
     /// share one NATS server: letters, digits, `_` and `-`.
     pub prefix: String,
+    /// NATS user name (the server's `authorization { users }` or an account's `users`); with
+    /// `password`.
+    pub user: Option<String>,
+    /// The user's password (secret).
+    pub password: Option<String>,
+    /// A token the server accepts (`authorization { token }`) (secret).
+    pub token: Option<String>,
+    /// An nkey user seed (`SU…`; the server lists the user's public key, `U…`) (secret).
+    /// Prefer `nkey_seed_file`: a seed in the environment is readable in `/proc/<pid>/environ`
+    /// by the user's other processes, and one in the configuration file is copied with it.
+    pub nkey_seed: Option<String>,
+    /// A file holding an nkey user seed (only its owner should read it, `chmod 600`).
+    pub nkey_seed_file: Option<PathBuf>,
+    /// A NATS credentials file (`.creds`: a user JWT and its nkey seed, made by `nsc`), for a
+    /// server in operator mode.
+    pub credentials_file: Option<PathBuf>,
+    /// PEM file of the certificate authorities that sign the server's certificate; without it
+    /// the system's roots are trusted. Setting it requires TLS.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for a server that verifies clients (`tls { verify: true }`);
+    /// with `key_file`. Setting it requires TLS.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Refuse a server that does not speak TLS. Without it (and without `ca_file` /
+    /// `cert_file`), TLS is used when the server asks for it or the URL is `tls://`.
+    pub require_tls: bool,
 }
 
 impl Default for BusConfig {
@@ -35,6 +72,258 @@ impl Default for BusConfig {
             kind: BusKind::Inprocess,
             url: "nats://127.0.0.1:4222".into(),
             prefix: "millrace".into(),
+            user: None,
+            password: None,
+            token: None,
+            nkey_seed: None,
+            nkey_seed_file: None,
+            credentials_file: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            require_tls: false,
+        }
+    }
+}
+
+/// Shows whether a secret is set, never the secret.
+fn secret(s: &Option<String>) -> &'static str {
+    if s.is_some() {
+        "Some(<redacted>)"
+    } else {
+        "None"
+    }
+}
+
+impl std::fmt::Debug for BusConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusConfig")
+            .field("kind", &self.kind)
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user)
+            .field("password", &format_args!("{}", secret(&self.password)))
+            .field("token", &format_args!("{}", secret(&self.token)))
+            .field("nkey_seed", &format_args!("{}", secret(&self.nkey_seed)))
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("credentials_file", &self.credentials_file)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("require_tls", &self.require_tls)
+            .finish()
+    }
+}
+
+/// How a process proves who it is to NATS, read from `[bus]` ([`BusConfig::auth`]). `Debug`
+/// shows the method, never the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub enum BusAuth {
+    /// No credentials (a server without authentication).
+    None,
+    UserPassword {
+        user: String,
+        password: String,
+    },
+    Token(String),
+    /// An nkey user seed, from `key` (`bus.nkey_seed` or `bus.nkey_seed_file`).
+    NkeySeed {
+        key: &'static str,
+        seed: String,
+    },
+    /// The text of a credentials file (a user JWT and its seed).
+    Credentials(String),
+}
+
+impl std::fmt::Debug for BusAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BusAuth::None => write!(f, "None"),
+            BusAuth::UserPassword { user, .. } => write!(f, "UserPassword({user:?}, <redacted>)"),
+            BusAuth::Token(_) => write!(f, "Token(<redacted>)"),
+            BusAuth::NkeySeed { key, .. } => write!(f, "NkeySeed({key}, <redacted>)"),
+            BusAuth::Credentials(_) => write!(f, "Credentials(<redacted>)"),
+        }
+    }
+}
+
+impl BusConfig {
+    /// The credentials `[bus]` names, their files read and checked; the error names the key.
+    pub fn auth(&self) -> Result<BusAuth, InvalidKey> {
+        let set: Vec<&str> = [
+            ("bus.user", self.user.is_some() || self.password.is_some()),
+            ("bus.token", self.token.is_some()),
+            ("bus.nkey_seed", self.nkey_seed.is_some()),
+            ("bus.nkey_seed_file", self.nkey_seed_file.is_some()),
+            ("bus.credentials_file", self.credentials_file.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(key, on)| on.then_some(key))
+        .collect();
+        if let [first, second, ..] = set[..] {
+            return Err(invalid(
+                second,
+                format!("only one way to authenticate to NATS may be set, and {first} is set too"),
+            ));
+        }
+        let not_empty = |key: &str, v: &str| {
+            if v.trim().is_empty() {
+                Err(invalid(key, "must not be empty"))
+            } else {
+                Ok(())
+            }
+        };
+        match (&self.user, &self.password) {
+            (Some(_), None) => return Err(invalid("bus.password", "is required with bus.user")),
+            (None, Some(_)) => return Err(invalid("bus.user", "is required with bus.password")),
+            (Some(user), Some(password)) => {
+                not_empty("bus.user", user)?;
+                not_empty("bus.password", password)?;
+                return Ok(BusAuth::UserPassword {
+                    user: user.clone(),
+                    password: password.clone(),
+                });
+            }
+            (None, None) => {}
+        }
+        if let Some(token) = &self.token {
+            not_empty("bus.token", token)?;
+            return Ok(BusAuth::Token(token.clone()));
+        }
+        if let Some(seed) = &self.nkey_seed {
+            return user_seed("bus.nkey_seed", seed.trim())
+                .map(|seed| BusAuth::NkeySeed { key: "bus.nkey_seed", seed });
+        }
+        if let Some(path) = &self.nkey_seed_file {
+            let text = read("bus.nkey_seed_file", path)?;
+            return user_seed("bus.nkey_seed_file", text.trim())
+                .map(|seed| BusAuth::NkeySeed { key: "bus.nkey_seed_file", seed });
+        }
+        if let Some(path) = &self.credentials_file {
+            let text = read("bus.credentials_file", path)?;
+            async_nats::ConnectOptions::new().credentials(&text).map_err(|e| {
+                invalid(
+                    "bus.credentials_file",
+                    format!(
+                        "{} is not a NATS credentials file (a user JWT and its nkey seed): {e}",
+                        path.display()
+                    ),
+                )
+            })?;
+            return Ok(BusAuth::Credentials(text));
+        }
+        Ok(BusAuth::None)
+    }
+
+    /// The key of the credentials in use, which a refusal by the server names.
+    pub fn auth_key(&self) -> &'static str {
+        if self.user.is_some() || self.password.is_some() {
+            "bus.password"
+        } else if self.token.is_some() {
+            "bus.token"
+        } else if self.nkey_seed.is_some() {
+            "bus.nkey_seed"
+        } else if self.nkey_seed_file.is_some() {
+            "bus.nkey_seed_file"
+        } else if self.credentials_file.is_some() {
+            "bus.credentials_file"
+        } else {
+            "bus.user"
+        }
+    }
+
+    /// Whether the connection must be TLS: asked for, or implied by a CA or client certificate
+    /// (which would otherwise be silently unused on a plain connection).
+    pub fn tls_required(&self) -> bool {
+        self.require_tls || self.ca_file.is_some() || self.cert_file.is_some()
+    }
+
+    /// The key that makes TLS required (a server without TLS is reported under it).
+    pub fn tls_key(&self) -> &'static str {
+        if self.require_tls {
+            "bus.require_tls"
+        } else if self.ca_file.is_some() {
+            "bus.ca_file"
+        } else if self.cert_file.is_some() {
+            "bus.cert_file"
+        } else {
+            "bus.url"
+        }
+    }
+
+    /// Checks the TLS files: each readable, certificates and a private key in PEM.
+    fn check_tls(&self) -> Result<(), InvalidKey> {
+        use async_nats::rustls::pki_types::pem::PemObject as _;
+        use async_nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certificates = |key: &str, path: &Path| {
+            read(key, path)?;
+            let n = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    invalid(key, format!("{}: not PEM certificates: {e}", path.display()))
+                })?
+                .len();
+            if n == 0 {
+                return Err(invalid(key, format!("{} holds no PEM certificate", path.display())));
+            }
+            Ok(())
+        };
+        if let Some(ca) = &self.ca_file {
+            certificates("bus.ca_file", ca)?;
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => {
+                return Err(invalid("bus.key_file", "is required with bus.cert_file"))
+            }
+            (None, Some(_)) => {
+                return Err(invalid("bus.cert_file", "is required with bus.key_file"))
+            }
+            (Some(cert), Some(key)) => {
+                certificates("bus.cert_file", cert)?;
+                read("bus.key_file", key)?;
+                PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                    invalid("bus.key_file", format!("{}: no PEM private key: {e}", key.display()))
+                })?;
+            }
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    /// The keys that only NATS uses, set while `kind` is not NATS.
+    fn nats_only_key_set(&self) -> Option<&'static str> {
+        [
+            ("bus.user", self.user.is_some()),
+            ("bus.password", self.password.is_some()),
+            ("bus.token", self.token.is_some()),
+            ("bus.nkey_seed", self.nkey_seed.is_some()),
+            ("bus.nkey_seed_file", self.nkey_seed_file.is_some()),
+            ("bus.credentials_file", self.credentials_file.is_some()),
+            ("bus.ca_file", self.ca_file.is_some()),
+            ("bus.cert_file", self.cert_file.is_some()),
+            ("bus.key_file", self.key_file.is_some()),
+            ("bus.require_tls", self.require_tls),
+        ]
+        .into_iter()
+        .find_map(|(key, on)| on.then_some(key))
+    }
+}
+
+/// A file's text; an error naming `key` and the file (never its content).
+fn read(key: &str, path: &Path) -> Result<String, InvalidKey> {
+    std::fs::read_to_string(path)
+        .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))
+}
+
+/// `seed` if it is an nkey user seed; the error never shows it.
+fn user_seed(key: &str, seed: &str) -> Result<String, InvalidKey> {
+    match nkeys::KeyPair::from_seed(seed) {
+        Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::User => Ok(seed.to_string()),
+        Ok(_) => {
+            Err(invalid(key, "is an nkey seed, but not a user's (a user seed starts with `SU`)"))
+        }
+        Err(_) => {
+            Err(invalid(key, "is not an nkey user seed (`SU…`, as `nk -gen user` prints it)"))
         }
     }
 }
@@ -240,10 +529,23 @@ pub fn validate(
     }
     if bus.kind == BusKind::Nats {
         for url in bus.url.split(',') {
-            url.trim().parse::<async_nats::ServerAddr>().map_err(|e| {
+            let addr = url.trim().parse::<async_nats::ServerAddr>().map_err(|e| {
                 invalid("bus.url", format!("{url:?} is not a NATS server URL: {e}"))
             })?;
+            if addr.has_user_pass() {
+                // (the URL is not shown: it holds a secret)
+                return Err(invalid(
+                    "bus.url",
+                    "holds credentials (`user:password@` or `token@`), which the NATS client \
+                     does not send: set bus.user and bus.password, or bus.token, and take them \
+                     out of the URL",
+                ));
+            }
         }
+        bus.auth()?;
+        bus.check_tls()?;
+    } else if let Some(key) = bus.nats_only_key_set() {
+        return Err(invalid(key, "is only for bus.kind = \"nats\""));
     }
     match (store.kind, &store.url) {
         (StoreKind::Postgres, None) => {
@@ -341,7 +643,12 @@ mod tests {
 
     #[test]
     fn keys_are_named_in_errors() {
-        let bus = BusConfig { kind: BusKind::Nats, url: "nats://[bad".into(), prefix: "t".into() };
+        let bus = BusConfig {
+            kind: BusKind::Nats,
+            url: "nats://[bad".into(),
+            prefix: "t".into(),
+            ..BusConfig::default()
+        };
         let e = validate(&bus, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
         assert!(e.to_string().contains("bus.url"), "{e}");
         let bus = BusConfig { prefix: "a.b".into(), ..BusConfig::default() };
@@ -372,5 +679,199 @@ mod tests {
             &ClusterConfig::default()
         )
         .is_ok());
+    }
+
+    fn nats() -> BusConfig {
+        BusConfig { kind: BusKind::Nats, ..BusConfig::default() }
+    }
+
+    fn key_of(bus: &BusConfig) -> String {
+        let e = validate(bus, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
+        e.key
+    }
+
+    fn dir(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("millrace-busconfig-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn bus_credentials_are_one_method_and_name_their_key() {
+        let some = |s: &str| Some(s.to_string());
+        let user_only = BusConfig { user: some("worker"), ..nats() };
+        assert_eq!(key_of(&user_only), "bus.password");
+        let password_only = BusConfig { password: some("pw-1"), ..nats() };
+        assert_eq!(key_of(&password_only), "bus.user");
+        let empty = BusConfig { user: some("worker"), password: some(" "), ..nats() };
+        assert_eq!(key_of(&empty), "bus.password");
+        let empty = BusConfig { token: some(""), ..nats() };
+        assert_eq!(key_of(&empty), "bus.token");
+        // two methods: the second is named, and the first in the message
+        let two = BusConfig { user: some("w"), password: some("p"), token: some("t"), ..nats() };
+        let e = validate(&two, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
+        assert_eq!(e.key, "bus.token");
+        assert!(e.problem.contains("bus.user"), "{e}");
+        let two =
+            BusConfig { nkey_seed: some("x"), credentials_file: Some("c.creds".into()), ..nats() };
+        assert_eq!(key_of(&two), "bus.credentials_file");
+        let ok = BusConfig { user: some("w"), password: some("p"), ..nats() };
+        assert_eq!(
+            ok.auth().unwrap(),
+            BusAuth::UserPassword { user: "w".into(), password: "p".into() }
+        );
+        assert_eq!(ok.auth_key(), "bus.password");
+        assert_eq!(nats().auth().unwrap(), BusAuth::None);
+        assert_eq!(nats().auth_key(), "bus.user");
+    }
+
+    #[test]
+    fn nkey_seeds_are_checked_and_never_shown() {
+        let user = nkeys::KeyPair::new_user();
+        let seed = user.seed().unwrap();
+        let ok = BusConfig { nkey_seed: Some(seed.clone()), ..nats() };
+        assert_eq!(
+            ok.auth().unwrap(),
+            BusAuth::NkeySeed { key: "bus.nkey_seed", seed: seed.clone() }
+        );
+        // a seed with a character changed fails its checksum; the error does not repeat it
+        let mut bad = seed.clone().into_bytes();
+        bad[10] = if bad[10] == b'A' { b'B' } else { b'A' };
+        let bad = String::from_utf8(bad).unwrap();
+        let e = BusConfig { nkey_seed: Some(bad.clone()), ..nats() }.auth().unwrap_err();
+        assert_eq!(e.key, "bus.nkey_seed");
+        assert!(!e.to_string().contains(&bad[2..]), "{e}");
+        let account = nkeys::KeyPair::new_account().seed().unwrap();
+        let e = BusConfig { nkey_seed: Some(account), ..nats() }.auth().unwrap_err();
+        assert!(e.problem.contains("not a user's"), "{e}");
+        // from a file (trailing newline and all)
+        let d = dir("seed");
+        let file = d.join("worker.nk");
+        std::fs::write(&file, format!("{seed}\n")).unwrap();
+        let ok = BusConfig { nkey_seed_file: Some(file.clone()), ..nats() };
+        assert_eq!(ok.auth().unwrap(), BusAuth::NkeySeed { key: "bus.nkey_seed_file", seed });
+        let missing = BusConfig { nkey_seed_file: Some(d.join("nope.nk")), ..nats() };
+        let e = validate(&missing, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
+        assert_eq!(e.key, "bus.nkey_seed_file");
+        assert!(e.problem.contains("nope.nk"), "{e}");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn credentials_and_tls_files_are_read_at_start() {
+        let d = dir("files");
+        let junk = d.join("junk.txt");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let creds = BusConfig { credentials_file: Some(junk.clone()), ..nats() };
+        assert_eq!(key_of(&creds), "bus.credentials_file");
+        let creds = BusConfig { credentials_file: Some(d.join("none.creds")), ..nats() };
+        assert_eq!(key_of(&creds), "bus.credentials_file");
+        let ca = BusConfig { ca_file: Some(junk.clone()), ..nats() };
+        assert_eq!(key_of(&ca), "bus.ca_file");
+        let ca = BusConfig { ca_file: Some(d.join("none.pem")), ..nats() };
+        assert_eq!(key_of(&ca), "bus.ca_file");
+        let cert_alone = BusConfig { cert_file: Some(junk.clone()), ..nats() };
+        assert_eq!(key_of(&cert_alone), "bus.key_file");
+        let key_alone = BusConfig { key_file: Some(junk.clone()), ..nats() };
+        assert_eq!(key_of(&key_alone), "bus.cert_file");
+        let both = BusConfig { cert_file: Some(junk.clone()), key_file: Some(junk), ..nats() };
+        assert_eq!(key_of(&both), "bus.cert_file");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_refused_without_showing_them() {
+        for url in [
+            "nats://worker:hunter2-secret@127.0.0.1:4222",
+            "nats://hunter2-secret@127.0.0.1:4222",
+            "nats://127.0.0.1:4222, tls://worker:hunter2-secret@h:4222",
+        ] {
+            let bus = BusConfig { url: url.into(), ..nats() };
+            let e = validate(&bus, &StoreConfig::default(), &ClusterConfig::default()).unwrap_err();
+            assert_eq!(e.key, "bus.url", "{url}");
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+            assert!(e.problem.contains("bus.password"), "{e}");
+        }
+    }
+
+    #[test]
+    fn nats_keys_need_the_nats_bus() {
+        let bus = BusConfig { password: Some("pw".into()), ..BusConfig::default() };
+        assert_eq!(key_of(&bus), "bus.password");
+        let bus = BusConfig { require_tls: true, ..BusConfig::default() };
+        assert_eq!(key_of(&bus), "bus.require_tls");
+    }
+
+    #[test]
+    fn tls_is_required_by_a_ca_or_a_client_certificate() {
+        assert!(!nats().tls_required());
+        let ca = BusConfig { ca_file: Some("ca.pem".into()), ..nats() };
+        assert!(ca.tls_required());
+        assert_eq!(ca.tls_key(), "bus.ca_file");
+        let both = BusConfig { require_tls: true, ..ca };
+        assert_eq!(both.tls_key(), "bus.require_tls");
+    }
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let bus = BusConfig {
+            user: Some("worker".into()),
+            password: Some("pw-SECRET-1".into()),
+            token: Some("tok-SECRET-2".into()),
+            nkey_seed: Some("SU-SECRET-3".into()),
+            ..nats()
+        };
+        let shown = format!(
+            "{bus:?} {:?}",
+            crate::config::Config { bus: bus.clone(), ..Default::default() }
+        );
+        assert!(shown.contains("worker") && shown.contains("<redacted>"), "{shown}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        for auth in [
+            BusAuth::UserPassword { user: "w".into(), password: "pw-SECRET".into() },
+            BusAuth::Token("tok-SECRET".into()),
+            BusAuth::NkeySeed { key: "bus.nkey_seed", seed: "SU-SECRET".into() },
+            BusAuth::Credentials("jwt-SECRET".into()),
+        ] {
+            assert!(!format!("{auth:?}").contains("SECRET"));
+        }
+    }
+
+    #[test]
+    fn every_bus_key_comes_from_the_environment() {
+        let seed = nkeys::KeyPair::new_user().seed().unwrap();
+        let env = |pairs: &[(&str, &str)]| {
+            let mut v: Vec<(String, String)> = vec![("MILLRACE_BUS__KIND".into(), "nats".into())];
+            v.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            crate::config::Config::load(None, v, &crate::config::Overrides::default())
+        };
+        let c = env(&[("MILLRACE_BUS__USER", "worker"), ("MILLRACE_BUS__PASSWORD", "12345678")])
+            .unwrap();
+        assert_eq!(
+            (c.bus.user.as_deref(), c.bus.password.as_deref()),
+            (Some("worker"), Some("12345678"))
+        );
+        let c = env(&[("MILLRACE_BUS__TOKEN", "true")]).unwrap();
+        assert_eq!(c.bus.token.as_deref(), Some("true"), "a string key takes the raw value");
+        let c = env(&[("MILLRACE_BUS__NKEY_SEED", &seed)]).unwrap();
+        assert_eq!(c.bus.nkey_seed.as_deref(), Some(seed.as_str()));
+        let c = env(&[("MILLRACE_BUS__REQUIRE_TLS", "true")]).unwrap();
+        assert!(c.bus.require_tls);
+        for (name, key) in [
+            ("MILLRACE_BUS__NKEY_SEED_FILE", "bus.nkey_seed_file"),
+            ("MILLRACE_BUS__CREDENTIALS_FILE", "bus.credentials_file"),
+            ("MILLRACE_BUS__CA_FILE", "bus.ca_file"),
+        ] {
+            let e = env(&[(name, "/nonexistent/file")]).unwrap_err().to_string();
+            assert!(e.contains(key), "{name}: {e}");
+        }
+        let e = env(&[
+            ("MILLRACE_BUS__CERT_FILE", "/nonexistent/c.pem"),
+            ("MILLRACE_BUS__KEY_FILE", "/nonexistent/c.key"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("bus.cert_file"), "{e}");
     }
 }

@@ -3,6 +3,7 @@
 //! process, or the `millrace` binary as a child process), a real simulator, and small HTTP and
 //! WebSocket clients.
 
+pub mod nats;
 pub mod tls;
 
 use std::net::SocketAddr;

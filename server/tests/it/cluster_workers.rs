@@ -41,8 +41,8 @@ use shared::protocol::{KlineEvent, ServerFrame};
 use sim::SimHandle;
 use testkit::*;
 
-const BTC: &str = "sim:spot:BTC/USDT";
-const ETH: &str = "sim:spot:ETH/USDT";
+pub(crate) const BTC: &str = "sim:spot:BTC/USDT";
+pub(crate) const ETH: &str = "sim:spot:ETH/USDT";
 const TICK_MS: u64 = 200;
 const WORKER_TIMEOUT_S: u64 = 2;
 
@@ -52,7 +52,12 @@ pub(crate) fn nats_url() -> String {
 
 pub(crate) fn cluster_config(sim: &SimHandle, pg: &PgDb, prefix: &str, redundancy: u32) -> Config {
     let mut c = test_config(vec![external_sim_source(sim)]);
-    c.bus = BusConfig { kind: BusKind::Nats, url: nats_url(), prefix: prefix.into() };
+    c.bus = BusConfig {
+        kind: BusKind::Nats,
+        url: nats_url(),
+        prefix: prefix.into(),
+        ..BusConfig::default()
+    };
     c.store =
         StoreConfig { kind: StoreKind::Postgres, url: Some(pg.url().into()), ..Default::default() };
     c.cluster = ClusterConfig {
@@ -228,7 +233,7 @@ pub(crate) async fn stored_count(pg: &PgDb, series: &'static str) -> usize {
 }
 
 /// Waits until `series` has `n` more stored candles than `from`; returns the count.
-async fn stored_grows(pg: &PgDb, series: &'static str, from: usize, n: usize) -> usize {
+pub(crate) async fn stored_grows(pg: &PgDb, series: &'static str, from: usize, n: usize) -> usize {
     eventually(&format!("{n} more stored candles of {series}"), || async {
         let c = stored_count(pg, series).await;
         (c >= from + n).then_some(c)
@@ -237,7 +242,7 @@ async fn stored_grows(pg: &PgDb, series: &'static str, from: usize, n: usize) ->
 }
 
 /// A browser client on the gateway: closed 1m candles of BTC seen, by open time.
-fn watch_closed(
+pub(crate) fn watch_closed(
     mut ws: Ws,
 ) -> (std::sync::Arc<std::sync::Mutex<BTreeMap<i64, u32>>>, tokio::task::JoinHandle<()>) {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));

@@ -14,6 +14,7 @@ mod bus_nats;
 mod churn;
 mod cli_replay_klines;
 mod cli_replay_l3;
+mod cluster_auth;
 mod cluster_forged;
 mod cluster_supervisor;
 mod cluster_workers;

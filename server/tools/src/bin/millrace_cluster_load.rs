@@ -140,7 +140,12 @@ async fn main() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("millrace-cluster-load-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = Config {
-        bus: BusConfig { kind: BusKind::Nats, url: args.nats.clone(), prefix: prefix.clone() },
+        bus: BusConfig {
+            kind: BusKind::Nats,
+            url: args.nats.clone(),
+            prefix: prefix.clone(),
+            ..BusConfig::default()
+        },
         cluster: ClusterConfig {
             warmup_s: args.warmup_s,
             tick_ms: args.tick_ms,

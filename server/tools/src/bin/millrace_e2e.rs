@@ -260,7 +260,12 @@ async fn cluster(
     let port = free_port()?;
     let prefix = format!("e2e{}", std::process::id());
     let mut config = base_config(sim, dir, port)?;
-    config.bus = BusConfig { kind: BusKind::Nats, url: args.nats.clone(), prefix: prefix.clone() };
+    config.bus = BusConfig {
+        kind: BusKind::Nats,
+        url: args.nats.clone(),
+        prefix: prefix.clone(),
+        ..BusConfig::default()
+    };
     config.store = StoreConfig {
         kind: StoreKind::Postgres,
         url: Some(db.url().to_string()),

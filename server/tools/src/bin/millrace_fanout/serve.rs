@@ -269,7 +269,7 @@ fn config(opts: &ServeOpts, dir: &std::path::Path, db: Option<&PgDb>) -> anyhow:
     c.sources = vec![SourceConfig { speed: 1.0, seed: opts.seed, ..SourceConfig::default() }];
     if let (Some(url), Some(db)) = (&opts.gateway, db) {
         let prefix = format!("fanout{}", std::process::id());
-        c.bus = BusConfig { kind: BusKind::Nats, url: url.clone(), prefix };
+        c.bus = BusConfig { kind: BusKind::Nats, url: url.clone(), prefix, ..BusConfig::default() };
         c.store = StoreConfig {
             kind: StoreKind::Postgres,
             url: Some(db.url().to_string()),
