@@ -139,14 +139,9 @@ pub async fn run(
         WorkerBackends::open(&config, client.clone(), &shutdown).await?;
     // What it refuses from the bus (instruction sets, admin requests to the books it hosts).
     let poison = Arc::new(PoisonStats::default());
-    // The leader lease, against which a new leader's epoch is checked.
-    let leases = super::kv_bucket(
-        &js,
-        &subjects.lease_bucket(),
-        Duration::from_secs(config.cluster.lease_s),
-    )
-    .await
-    .map_err(WorkerError::JetStream)?;
+    // The leader lease, against which a new leader's epoch is checked (read only, and only
+    // when a new epoch comes).
+    let leases = (js.clone(), subjects.lease_bucket());
     let endpoints = crate::sources::remote_endpoints(&config.sources)?;
     let sources =
         Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
@@ -320,13 +315,18 @@ async fn check_instructions(
     tasks: &WorkerTasks,
     id: &str,
     max_load: u32,
-    leases: &async_nats::jetstream::kv::Store,
+    leases: &(async_nats::jetstream::Context, String),
 ) -> Result<(), Poison> {
     set.check(id, tasks.applied(), max_load)?;
     if set.epoch <= tasks.applied().0 {
         return Ok(());
     }
-    match leases.entry(super::supervisor::LEADER_KEY).await {
+    let (js, bucket) = leases;
+    let entry = match js.get_key_value(bucket.as_str()).await {
+        Ok(kv) => kv.entry(super::supervisor::LEADER_KEY).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match entry {
         Ok(Some(entry)) if set.epoch <= entry.revision => Ok(()),
         Ok(_) => Err(Poison::Instructions),
         Err(e) => {
