@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use server::bus::nats::Side;
 use server::bus::{Bus, NatsBus, PoisonStats};
 use server::candles::writer::{CandleWriter, ForwardClosed};
 use server::cluster::bounds::ClusterBounds;
@@ -112,7 +113,8 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
     let fwd = t0.elapsed();
 
     // 2. persist
-    let bus: Arc<dyn Bus> = Arc::new(NatsBus::new(client.clone(), &prefix, 1024, &shutdown));
+    let bus: Arc<dyn Bus> =
+        Arc::new(NatsBus::new(client.clone(), &prefix, Side::Gateway, 1024, &shutdown));
     let stats = Arc::new(PersisterStats::default());
     let persister = Persister {
         client: client.clone(),

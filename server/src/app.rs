@@ -17,6 +17,7 @@ use tracing::Instrument as _;
 
 use crate::books::depth_job::{DepthRole, DepthRunner};
 use crate::books::BookRegistry;
+use crate::bus::nats::Side;
 use crate::bus::{Bus, InProcessBus, NatsBus, PoisonStats};
 use crate::candles::backfill::Backfill;
 use crate::candles::kline_job::KlineRunner;
@@ -156,6 +157,7 @@ impl Backends {
                 let bus = NatsBus::new(
                     client.clone(),
                     &config.bus.prefix,
+                    Side::Gateway,
                     config.limits.bus_capacity,
                     &Shutdown::new(),
                 )
@@ -189,8 +191,14 @@ impl WorkerBackends {
         let store = blocking(move || PostgresStore::open(&url)).await.map_err(|source| {
             StartError::Store { path: format!("{shown} (configuration key `store.url`)"), source }
         })?;
-        let bus = NatsBus::new(client, &config.bus.prefix, config.limits.bus_capacity, shutdown)
-            .share_tick_books(config.l3.worker_host().is_some());
+        let bus = NatsBus::new(
+            client,
+            &config.bus.prefix,
+            Side::Worker,
+            config.limits.bus_capacity,
+            shutdown,
+        )
+        .share_tick_books(config.l3.worker_host().is_some());
         Ok(WorkerBackends {
             store: Arc::new(store),
             bus: Arc::new(bus),
@@ -373,7 +381,6 @@ impl App {
                     g.client.clone(),
                     g.subjects.clone(),
                     config.cluster.depth_stream_mb,
-                    g.bounds.clone(),
                     g.poison.clone(),
                 ),
                 g.demand.clone(),

@@ -100,6 +100,11 @@ impl ExchangeClock {
         Some(extrapolate(prev.map(|(p, m)| (p, m, at, ms)), ms, elapsed))
     }
 
+    /// Whether two readings far enough apart to measure the rate were taken.
+    fn has_rate(&self) -> bool {
+        lock(&self.samples)[0].is_some()
+    }
+
     /// When it was last sampled.
     pub fn sampled_at(&self) -> Option<Instant> {
         lock(&self.samples)[1].map(|(at, _)| at)
@@ -374,7 +379,9 @@ impl Sources {
                             }
                             Err(_) => {}
                         }
-                        let next = tokio::time::sleep(every);
+                        // the second reading a second after the first: the rate is known at once
+                        let wait = if s.clock.has_rate() { every } else { Duration::from_secs(1) };
+                        let next = tokio::time::sleep(wait);
                         tokio::select! {
                             () = next => {}
                             () = s.clock.wanted.notified() => {

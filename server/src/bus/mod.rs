@@ -76,4 +76,7 @@ pub trait Bounds: Send + Sync + 'static {
         &self,
         instrument: &shared::protocol::InstrumentId,
     ) -> Option<shared::cluster::bounds::TimeWindow>;
+
+    /// Asks for a fresh reading of `instrument`'s clock (a push was beyond the estimate).
+    fn refresh(&self, instrument: &shared::protocol::InstrumentId);
 }

@@ -1,6 +1,12 @@
 //! [`NatsBus`]: the [`Bus`] between processes, on core NATS (`[bus] kind = "nats"`).
 //!
-//! A topic `T` travels on the subject `{prefix}.bus.{encode(T)}` ([`subject_of`]). Publishing
+//! A topic `T` travels on the subject `{prefix}.bus.{side}.{encode(T)}` ([`subject_of`]), where
+//! `side` says who publishes it ([`Side`]: `w` a worker — forming candles, the tick-by-tick
+//! host's books — or `g` a gateway — the persister's stored closed candles): a NATS server with
+//! a user per role lets a worker publish only `bus.w.>`, and a gateway takes a closed candle
+//! only from `bus.g.`, so a worker's credentials cannot make a browser see a closed candle that
+//! was never stored ([`Poison::Sender`]). A process subscribes to `{prefix}.bus.*.{encode(T)}`.
+//! Publishing
 //! hands the frame to one task that writes it to the NATS connection (a bounded queue: a
 //! publisher never waits for the network; what does not fit is counted in
 //! [`NatsBusStats::dropped`], never silently). A process subscribes to a topic's subject when its
@@ -110,6 +116,9 @@ pub struct NatsBusStats {
     /// Kline pushes dropped because the exchange's clock of their instrument is not known yet
     /// (nothing to check their times against).
     pub unbounded: AtomicU64,
+    /// Kline pushes refused: a time beyond the exchange's clock, or a closed candle from a
+    /// worker (by kind in the process's [`PoisonStats`]).
+    pub refused: AtomicU64,
 }
 
 /// What a [`NatsBus`] checks what it reads against, and where it counts what it refuses.
@@ -118,12 +127,46 @@ struct Guard {
     poison: Arc<PoisonStats>,
 }
 
-/// The subject of `topic` under `prefix`. Topics are browser stream names
+/// Who publishes on a [`NatsBus`]: the subject token after `bus` (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// A cluster's worker: forming candles, the tick-by-tick host's books.
+    Worker,
+    /// A gateway (or a single server on the NATS bus): everything it publishes, among which
+    /// the stored closed candles.
+    Gateway,
+}
+
+impl Side {
+    fn token(self) -> &'static str {
+        match self {
+            Side::Worker => "w",
+            Side::Gateway => "g",
+        }
+    }
+}
+
+/// The subject of `topic` published by `side` under `prefix`. Topics are browser stream names
 /// (`kline@sim:spot:BTC/USDT:5m`, `depth@…,20`); the characters NATS gives a meaning to — `.`
 /// (token separator), `*`, `>` and whitespace — and `%` are percent-encoded, so every topic is
 /// one subject token and distinct topics have distinct subjects.
-pub fn subject_of(prefix: &str, topic: &str) -> String {
-    format!("{prefix}.bus.{}", token(topic))
+pub fn subject_of(prefix: &str, side: Side, topic: &str) -> String {
+    format!("{prefix}.bus.{}.{}", side.token(), token(topic))
+}
+
+/// The subject a process subscribes to for `topic`, whoever publishes it.
+fn any_side(prefix: &str, topic: &str) -> String {
+    format!("{prefix}.bus.*.{}", token(topic))
+}
+
+/// Who published a message on `subject` (`None`: not a bus subject of a side).
+fn side_of(prefix: &str, subject: &str) -> Option<Side> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix(".bus.")?;
+    match rest.split_once('.')?.0 {
+        "w" => Some(Side::Worker),
+        "g" => Some(Side::Gateway),
+        _ => None,
+    }
 }
 
 /// `name` as one subject token (see [`subject_of`]).
@@ -157,6 +200,8 @@ pub struct NatsBus {
     /// Set once by the gateway ([`NatsBus::guard_with`]); unset, pushes are not time-checked
     /// (a worker's bus reads none).
     guard: Arc<OnceLock<Guard>>,
+    /// Who this process publishes as.
+    side: Side,
     shutdown: Shutdown,
 }
 
@@ -183,6 +228,7 @@ impl NatsBus {
     pub fn new(
         client: async_nats::Client,
         prefix: &str,
+        side: Side,
         capacity: usize,
         shutdown: &Shutdown,
     ) -> Self {
@@ -213,6 +259,7 @@ impl NatsBus {
             subscribed: Arc::new(Mutex::new(HashMap::new())),
             tick_books_shared: false,
             guard: Arc::new(OnceLock::new()),
+            side,
             stats,
             shutdown,
         }
@@ -234,7 +281,8 @@ impl NatsBus {
 
     /// Opens the NATS subscription of `topic` (the caller holds the `subscribed` lock).
     fn open(&self, topic: &str) -> tokio::task::JoinHandle<()> {
-        let subject = subject_of(&self.prefix, topic);
+        let subject = any_side(&self.prefix, topic);
+        let prefix = self.prefix.clone();
         let (client, fanout, stats, guard) =
             (self.client.clone(), self.fanout.clone(), self.stats.clone(), self.guard.clone());
         let (subscribed, token, topic) =
@@ -263,6 +311,7 @@ impl NatsBus {
                     m = sub.next() => match m {
                         Some(m) => {
                             stats.received.fetch_add(1, Relaxed);
+                            let sender = side_of(&prefix, m.subject.as_str());
                             let Some(frames) = unpack(m.payload) else {
                                 stats.malformed.fetch_add(1, Relaxed);
                                 if let Some(g) = guard.get() {
@@ -278,7 +327,7 @@ impl NatsBus {
                             for frame in frames {
                                 let admit = match (dedup.as_mut(), &window) {
                                     (None, _) => Admit::Pass,
-                                    (Some(d), Some(w)) => d.admit(&frame, w),
+                                    (Some(d), Some(w)) => d.admit_from(&frame, w, sender == Some(Side::Gateway)),
                                     (Some(_), None) => {
                                         stats.unbounded.fetch_add(1, Relaxed);
                                         continue;
@@ -297,9 +346,14 @@ impl NatsBus {
                                             g.poison.record(Poison::Unparsable, format_args!("{subject}: not a kline push"));
                                         }
                                     }
-                                    Admit::Outside(side) => {
+                                    Admit::Outside(kind) => {
+                                        stats.refused.fetch_add(1, Relaxed);
+                                        if let (Some(g), Some(i), Poison::TooNew) = (guard.get(), &instrument, kind) {
+                                            // maybe the clock's estimate is stale: read it again
+                                            g.bounds.refresh(i);
+                                        }
                                         if let Some(g) = guard.get() {
-                                            g.poison.record(side, format_args!("{subject}: a push outside the exchange's clock"));
+                                            g.poison.record(kind, format_args!("{}: a push refused", m.subject));
                                         }
                                     }
                                 }
@@ -354,7 +408,7 @@ impl Bus for NatsBus {
             return self.fanout.publish(topic, payload);
         }
         let local = self.fanout.subscriber_count(topic);
-        if self.queue.try_send((subject_of(&self.prefix, topic), payload)).is_err() {
+        if self.queue.try_send((subject_of(&self.prefix, self.side, topic), payload)).is_err() {
             self.stats.dropped.fetch_add(1, Relaxed);
         }
         local
@@ -369,7 +423,7 @@ impl Bus for NatsBus {
             }
             return;
         }
-        let subject = subject_of(&self.prefix, topic);
+        let subject = subject_of(&self.prefix, self.side, topic);
         for batch in pack(payloads) {
             if self.queue.try_send((subject.clone(), batch)).is_err() {
                 self.stats.dropped.fetch_add(1, Relaxed);
@@ -403,14 +457,20 @@ mod tests {
     #[test]
     fn topics_become_one_subject_token_each() {
         assert_eq!(
-            subject_of("mr", "kline@sim:spot:BTC/USDT:5m"),
-            "mr.bus.kline@sim:spot:BTC/USDT:5m"
+            subject_of("mr", Side::Worker, "kline@sim:spot:BTC/USDT:5m"),
+            "mr.bus.w.kline@sim:spot:BTC/USDT:5m"
         );
         assert_eq!(
-            subject_of("mr", "depth@x:spot:A.B/C*>:1 %"),
-            "mr.bus.depth@x:spot:A%2EB/C%2A%3E:1%20%25"
+            subject_of("mr", Side::Gateway, "depth@x:spot:A.B/C*>:1 %"),
+            "mr.bus.g.depth@x:spot:A%2EB/C%2A%3E:1%20%25"
         );
-        assert_ne!(subject_of("mr", "a.b"), subject_of("mr", "a%2Eb"));
+        assert_ne!(subject_of("mr", Side::Worker, "a.b"), subject_of("mr", Side::Worker, "a%2Eb"));
+        assert_eq!(any_side("mr", "kline@x:spot:A/B:1m"), "mr.bus.*.kline@x:spot:A/B:1m");
+        for side in [Side::Worker, Side::Gateway] {
+            assert_eq!(side_of("mr", &subject_of("mr", side, "heartbeat")), Some(side));
+        }
+        assert_eq!(side_of("mr", "mr.bus.x.heartbeat"), None);
+        assert_eq!(side_of("mr", "other.bus.w.heartbeat"), None);
     }
 
     #[test]

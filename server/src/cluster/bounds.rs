@@ -96,4 +96,10 @@ impl Bounds for ClusterBounds {
     fn window(&self, instrument: &InstrumentId) -> Option<TimeWindow> {
         self.window_of(instrument)
     }
+
+    fn refresh(&self, instrument: &InstrumentId) {
+        if let Some(clock) = self.sources.clock(instrument) {
+            clock.refresh();
+        }
+    }
 }

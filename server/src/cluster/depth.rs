@@ -33,7 +33,6 @@ use shared::sync::DepthSnapshot;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
-use super::bounds::ClusterBounds;
 use super::Subjects;
 use crate::bus::nats::token;
 use crate::bus::PoisonStats;
@@ -164,8 +163,7 @@ pub struct ClusterBooks {
     js: jetstream::Context,
     /// `cluster.depth_stream_mb`, should this gateway be the first to make the stream.
     stream_mb: u64,
-    /// What a diff read from the bus must fit (its event time by the exchange's clock).
-    bounds: Arc<ClusterBounds>,
+    /// Where refused diffs are counted.
     poison: Arc<PoisonStats>,
 }
 
@@ -174,11 +172,10 @@ impl ClusterBooks {
         client: async_nats::Client,
         subjects: Subjects,
         stream_mb: u64,
-        bounds: Arc<ClusterBounds>,
         poison: Arc<PoisonStats>,
     ) -> Arc<Self> {
         let js = jetstream::new(client.clone());
-        Arc::new(ClusterBooks { client, subjects, js, stream_mb, bounds, poison })
+        Arc::new(ClusterBooks { client, subjects, js, stream_mb, poison })
     }
 
     /// Opens the diff feed of `instrument` from now on; `stall` without a diff ends it.
@@ -206,9 +203,7 @@ impl ClusterBooks {
         let messages = consumer.messages().await.map_err(|e| fail(&e))?;
         Ok(ClusterFeed {
             messages,
-            instrument: instrument.clone(),
             subject: url,
-            bounds: self.bounds.clone(),
             poison: self.poison.clone(),
             levels: (Vec::new(), Vec::new()),
             reorder: DiffReorder::new(HOLD_MS),
@@ -248,9 +243,7 @@ impl ClusterBooks {
 /// The diffs of one instrument, de-duplicated and in order (see the module docs).
 pub struct ClusterFeed {
     messages: push::Ordered,
-    instrument: InstrumentId,
     subject: String,
-    bounds: Arc<ClusterBounds>,
     poison: Arc<PoisonStats>,
     /// Scratch for parsing a diff's body (its levels are not kept).
     levels: (Vec<Level>, Vec<Level>),
@@ -318,7 +311,8 @@ impl ClusterFeed {
 
     /// The ids of one forwarded diff, from its body (the exchange's frame, parsed as the
     /// depth job will): `(prev, u)`, `prev` being `pu` or `U − 1`. The worker's headers must
-    /// say the same, and the event time must lie within the exchange's clock.
+    /// say the same. (The ids are what the reorder's position follows; they are checked there,
+    /// against the book's id window.)
     fn check(
         &mut self,
         payload: &Bytes,
@@ -333,9 +327,6 @@ impl ClusterFeed {
         let prev = frame.prev_last_id.unwrap_or(frame.first_id.saturating_sub(1));
         if headers != (Some(prev), Some(frame.last_id)) {
             return Err(Poison::DiffHeaders);
-        }
-        if let Some(window) = self.bounds.window_of(&self.instrument) {
-            window.place(frame.event_time)?;
         }
         Ok((prev, frame.last_id))
     }

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use server::bus::nats::Side;
 use server::bus::{Bus, NatsBus, Subscription};
 use server::shutdown::Shutdown;
 
@@ -19,7 +20,7 @@ async fn bus(prefix: &str, stop: &Shutdown) -> NatsBus {
 /// A bus whose local subscribers each hold up to `capacity` frames.
 async fn bus_of(prefix: &str, capacity: usize, stop: &Shutdown) -> NatsBus {
     let client = async_nats::connect(nats_url()).await.expect("NATS (run scripts/services)");
-    NatsBus::new(client, prefix, capacity, stop)
+    NatsBus::new(client, prefix, Side::Gateway, capacity, stop)
 }
 
 /// Publishes `payload` on `from` until `sub` receives it (the subscription reaches the server
@@ -121,6 +122,34 @@ async fn kline_pushes_of_two_replicas_arrive_once_and_in_order() {
     assert_eq!(got, vec![(1, false), (3, false), (60_000, true)], "each once, never older");
     let dups = gateway.stats().duplicates.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(dups, 3, "b's 2 and 3 and its close were dropped");
+    stop.stop();
+    assert!(stop.stopped(Duration::from_secs(5)).await);
+}
+
+/// A worker publishes on its own side of the bus: its forming candles reach a gateway's
+/// subscribers, a closed candle does not (only the persister pushes closed candles, after
+/// storing them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_candle_from_a_workers_side_reaches_no_subscriber() {
+    let stop = Shutdown::new();
+    let prefix = format!("tbusw{}", std::process::id());
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let worker = NatsBus::new(client, &prefix, Side::Worker, 64, &stop);
+    let gateway = bus(&prefix, &stop).await;
+    let topic = "kline@sim:spot:BTC/USDT:1m";
+    let mut sub = gateway.subscribe(topic);
+    tokio::time::sleep(Duration::from_millis(200)).await; // the NATS subscription is up
+    worker.publish(topic, kline(0, 1, false));
+    worker.publish(topic, kline(0, 60_000, true));
+    worker.publish(topic, kline(60_000, 60_001, false));
+    let mut got = Vec::new();
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), sub.recv()).await {
+        let push: shared::protocol::Push<shared::protocol::KlineEvent> =
+            serde_json::from_slice(&m.payload).unwrap();
+        got.push((push.data.event_time, push.data.k.x));
+    }
+    assert_eq!(got, vec![(1, false), (60_001, false)], "the forming candles only");
+    assert_eq!(gateway.stats().refused.load(std::sync::atomic::Ordering::Relaxed), 1);
     stop.stop();
     assert!(stop.stopped(Duration::from_secs(5)).await);
 }

@@ -9,8 +9,8 @@
 //! message, an admin request to the tick-by-tick host without (or with a wrong) proof, demands
 //! of a malformed gateway and of foreign instruments, statuses out of bounds, instruction sets
 //! of epoch `u64::MAX` and for another worker, depth diffs with `Millrace-U` at `u64::MAX`
-//! (headers that lie, and a body that says it), and a closed kline push ten years ahead — and
-//! then checks that:
+//! (headers that lie, and a body that says it), a closed kline push ten years ahead, and a
+//! closed candle pushed where workers publish — and then checks that:
 //! - no process exited;
 //! - no row was written: no candle of BTC outside the exchange's minutes, no foreign series;
 //! - live charts and books keep moving: closed candles keep arriving on a browser's socket and
@@ -150,7 +150,10 @@ async fn forged_messages_crash_nothing_write_nothing_stop_nothing_and_are_counte
     forge_candles(&js, &subjects, &btc_1m, vec![minute(0), minute(end_of_time)], "oom").await;
     forge_candles(&js, &subjects, &btc_1m, vec![minute(0)], "zero").await;
     forge_candles(&js, &subjects, &btc_1m, vec![minute(minute_now + ten_years)], "ten-years").await;
-    forge_candles(&js, &subjects, &btc_1m, vec![minute(minute_now + 2 * MINUTE_MS)], "ahead").await;
+    // an hour ahead (at speed 60, an hour of the exchange is a minute here: it stays ahead
+    // through the persister's waits for a fresh clock)
+    let ahead = minute(minute_now + 60 * MINUTE_MS);
+    forge_candles(&js, &subjects, &btc_1m, vec![ahead], "ahead").await;
     let recent = minute_now - 5 * MINUTE_MS;
     forge_candles(&js, &subjects, "evil:spot:BTC/USDT:1m", vec![minute(recent)], "no-source").await;
     forge_candles(&js, &subjects, "sim:spot:NOPE/USDT:1m", vec![minute(recent)], "no-symbol").await;
@@ -233,9 +236,15 @@ async fn forged_messages_crash_nothing_write_nothing_stop_nothing_and_are_counte
     // 5. A closed kline push ten years ahead on the gateways' bus.
     let series: SeriesId = btc_1m.parse().unwrap();
     let push = closed_push(&series, &minute(minute_now + ten_years));
-    let topic = server::bus::nats::subject_of(&prefix, &format!("kline@{btc_1m}"));
+    use server::bus::nats::{subject_of, Side};
+    let kline_topic = format!("kline@{btc_1m}");
+    let topic = subject_of(&prefix, Side::Gateway, &kline_topic);
     nats.publish(topic.clone(), push).await.unwrap();
     nats.publish(topic, Bytes::from_static(b"\x00\x00\x00\x00\x09{")).await.unwrap();
+    // and a closed candle of the minute that is forming, where workers publish: only the
+    // persister pushes closed candles (it stored them first)
+    let forming = closed_push(&series, &minute(minute_now));
+    nats.publish(subject_of(&prefix, Side::Worker, &kline_topic), forming).await.unwrap();
     nats.flush().await.unwrap();
 
     // Live data goes on: closed candles keep arriving and being stored, the book stays right.
@@ -261,6 +270,7 @@ async fn forged_messages_crash_nothing_write_nothing_stop_nothing_and_are_counte
             "unparsable",
             "diff_headers",
             "diff_ids",
+            "sender",
         ];
         kinds.iter().all(|k| poison(&m, k) > 0).then_some(m)
     })

@@ -152,10 +152,13 @@ pub enum Poison {
     Unsigned,
     /// A snapshot answer larger than a book can be, or that does not fit the request.
     Snapshot,
+    /// A message its sender's role does not send: a closed candle pushed by a worker (only the
+    /// persister, after storing it, pushes closed candles).
+    Sender,
 }
 
 impl Poison {
-    pub const ALL: [Poison; 15] = [
+    pub const ALL: [Poison; 16] = [
         Poison::Unparsable,
         Poison::NotOneMinute,
         Poison::ForeignSeries,
@@ -171,6 +174,7 @@ impl Poison {
         Poison::Demand,
         Poison::Unsigned,
         Poison::Snapshot,
+        Poison::Sender,
     ];
 
     /// The metric label.
@@ -191,6 +195,7 @@ impl Poison {
             Poison::Demand => "demand",
             Poison::Unsigned => "unsigned",
             Poison::Snapshot => "snapshot",
+            Poison::Sender => "sender",
         }
     }
 

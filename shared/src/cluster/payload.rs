@@ -144,9 +144,9 @@ pub enum Admit {
     Duplicate,
     /// Not a kline push.
     Malformed,
-    /// A time outside the window the exchange's clock allows (a forged or broken push): dropped
-    /// without moving the marks, so it cannot hold back the real updates that follow. Says on
-    /// which side ([`Poison::TooOld`] or [`Poison::TooNew`]).
+    /// Refused without moving the marks, so it cannot hold back the real updates that follow:
+    /// a time beyond the exchange's clock ([`Poison::TooNew`]), or a closed candle from a
+    /// sender that stores none ([`Poison::Sender`]).
     Outside(Poison),
 }
 
@@ -167,9 +167,19 @@ impl KlineDedup {
     /// Decides on one push frame (`{"stream":"kline@…","data":{…}}`) whose times must lie in
     /// `window` (the exchange's clock with its margins).
     pub fn admit(&mut self, frame: &[u8], window: &TimeWindow) -> Admit {
+        self.admit_from(frame, window, true)
+    }
+
+    /// [`KlineDedup::admit`] for a frame whose sender may (`stored`: the persister, after its
+    /// commit) or may not (a worker: forming candles only) send a closed candle: a closed
+    /// candle from a sender that stores none is refused ([`Poison::Sender`]).
+    pub fn admit_from(&mut self, frame: &[u8], window: &TimeWindow, stored: bool) -> Admit {
         let Ok(push) = serde_json::from_slice::<Push<KlineEvent>>(frame) else {
             return Admit::Malformed;
         };
+        if push.data.k.x && !stored {
+            return Admit::Outside(Poison::Sender);
+        }
         self.admit_event(&push.data, window)
     }
 
@@ -533,6 +543,12 @@ mod tests {
         );
         // the past is no threat to a mark: an old push is a duplicate
         assert_eq!(d.admit(&frame(0, 0, true), &w), Admit::Duplicate);
+        // a closed candle from a sender that stores none (a worker) is refused
+        let mut e = KlineDedup::new();
+        let closed = frame(now - 60_000, now, true);
+        assert_eq!(e.admit_from(&closed, &w, false), Admit::Outside(Poison::Sender));
+        assert_eq!(e.admit_from(&frame(now, now + 500, false), &w, false), Admit::Pass);
+        assert_eq!(e.admit_from(&closed, &w, true), Admit::Pass, "from the persister");
     }
 
     #[test]

@@ -41,6 +41,7 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use serde_json::json;
 use server::app::{App, Backends};
+use server::bus::nats::Side;
 use server::bus::{Bus, Fanout, InProcessBus, NatsBus};
 use server::candles::writer::kline_frame;
 use server::cluster::config::{BusConfig, BusKind, StoreConfig, StoreKind};
@@ -323,26 +324,28 @@ async fn run(
     let capacity = config.limits.bus_capacity;
     let tools = Shutdown::new();
     let opened = Backends::open(&config).await?;
-    let (backends, fanout, gateway, publish_on): (Backends, Fanout, _, Arc<dyn Bus>) =
-        match &opts.gateway {
-            None => {
-                let bus = Arc::new(InProcessBus::new(capacity));
-                let fanout = bus.fanout().clone();
-                (Backends { bus: bus.clone(), ..opened }, fanout, None, bus)
-            }
-            Some(url) => {
-                let prefix = config.bus.prefix.clone();
-                let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
-                let bus = Arc::new(NatsBus::new(gateway, &prefix, capacity, &tools));
-                let worker = async_nats::connect(url.as_str())
-                    .await
-                    .with_context(|| format!("cannot connect to NATS at --gateway {url}"))?;
-                let worker_bus: Arc<dyn Bus> =
-                    Arc::new(NatsBus::new(worker, &prefix, PUBLISH_CAPACITY, &tools));
-                let fanout = bus.fanout().clone();
-                (Backends { bus: bus.clone(), ..opened }, fanout, Some(bus), worker_bus)
-            }
-        };
+    let (backends, fanout, gateway, publish_on): (Backends, Fanout, _, Arc<dyn Bus>) = match &opts
+        .gateway
+    {
+        None => {
+            let bus = Arc::new(InProcessBus::new(capacity));
+            let fanout = bus.fanout().clone();
+            (Backends { bus: bus.clone(), ..opened }, fanout, None, bus)
+        }
+        Some(url) => {
+            let prefix = config.bus.prefix.clone();
+            let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
+            let bus = Arc::new(NatsBus::new(gateway, &prefix, Side::Gateway, capacity, &tools));
+            let worker = async_nats::connect(url.as_str())
+                .await
+                .with_context(|| format!("cannot connect to NATS at --gateway {url}"))?;
+            // (it publishes closed candles too, as the persister does: the gateway's side)
+            let worker_bus: Arc<dyn Bus> =
+                Arc::new(NatsBus::new(worker, &prefix, Side::Gateway, PUBLISH_CAPACITY, &tools));
+            let fanout = bus.fanout().clone();
+            (Backends { bus: bus.clone(), ..opened }, fanout, Some(bus), worker_bus)
+        }
+    };
     let app = Arc::new(App::start_with(config.clone(), backends).await?);
     // Subscriptions need the simulator's symbols; wait for them before saying READY.
     let deadline = Instant::now() + Duration::from_secs(60);
