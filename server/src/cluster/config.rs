@@ -230,6 +230,7 @@ pub fn validate(
     if bus.kind == BusKind::Nats {
         for url in bus.url.split(',') {
             url.trim().parse::<async_nats::ServerAddr>().map_err(|e| {
+                let url = crate::redact::redact(url);
                 invalid("bus.url", format!("{url:?} is not a NATS server URL: {e}"))
             })?;
         }
@@ -242,7 +243,7 @@ pub fn validate(
             url.parse::<postgres::Config>().map_err(|e| {
                 invalid(
                     "store.url",
-                    format!("{} is not a PostgreSQL URL: {e}", crate::store::postgres::redact(url)),
+                    format!("{} is not a PostgreSQL URL: {e}", crate::redact::redact(url)),
                 )
             })?;
         }

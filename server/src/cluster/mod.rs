@@ -97,18 +97,29 @@ pub enum ConnectError {
     },
 }
 
-/// Connects to `[bus] url`. At start an unreachable server is an error naming the key; once
-/// connected, the client reconnects by itself (with back-off) for as long as the process runs.
+/// Connects to `[bus] url`. At start an unreachable server is an error naming the key (and the
+/// URL, redacted); once connected, the client reconnects by itself (with back-off) for as long
+/// as the process runs. The addresses reach async-nats without their userinfo: it does not use
+/// one, and its debug log prints each address it tries in full.
 pub async fn connect(bus: &BusConfig, name: &str) -> Result<async_nats::Client, ConnectError> {
-    let addrs: Vec<async_nats::ServerAddr> =
-        bus.url.split(',').filter_map(|u| u.trim().parse().ok()).collect();
+    let addrs: Vec<async_nats::ServerAddr> = bus
+        .url
+        .split(',')
+        .filter_map(|u| u.trim().parse::<async_nats::ServerAddr>().ok())
+        .filter_map(|a| {
+            let mut url = a.into_inner();
+            let _ = url.set_password(None);
+            let _ = url.set_username("");
+            async_nats::ServerAddr::from_url(url).ok()
+        })
+        .collect();
     async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5))
         .max_reconnects(None)
         .connect(addrs)
         .await
-        .map_err(|source| ConnectError::Nats { url: bus.url.clone(), source })
+        .map_err(|source| ConnectError::Nats { url: crate::redact::redact(&bus.url), source })
 }
 
 /// The KV bucket `bucket` whose entries live `max_age`, created if missing. The bucket's stream

@@ -516,10 +516,14 @@ impl PgDb {
         let name = format!("millrace_{tag}_{}_{n}", std::process::id());
         let url = match admin.rfind('/') {
             Some(i) if admin[..i].contains("://") => format!("{}/{name}", &admin[..i]),
-            _ => anyhow::bail!("{admin:?} is not a postgres:// URL ending in /DATABASE"),
+            _ => anyhow::bail!(
+                "{:?} is not a postgres:// URL ending in /DATABASE",
+                server::redact::redact(admin)
+            ),
         };
-        let mut client = postgres::Client::connect(admin, postgres::NoTls)
-            .with_context(|| format!("cannot connect to PostgreSQL at {admin}"))?;
+        let mut client = postgres::Client::connect(admin, postgres::NoTls).with_context(|| {
+            format!("cannot connect to PostgreSQL at {}", server::redact::redact(admin))
+        })?;
         client
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .and_then(|()| client.batch_execute(&format!("CREATE DATABASE {name}")))

@@ -334,9 +334,9 @@ async fn run(
                 let prefix = config.bus.prefix.clone();
                 let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
                 let bus = Arc::new(NatsBus::new(gateway, &prefix, capacity, &tools));
-                let worker = async_nats::connect(url.as_str())
-                    .await
-                    .with_context(|| format!("cannot connect to NATS at --gateway {url}"))?;
+                let worker = async_nats::connect(url.as_str()).await.with_context(|| {
+                    format!("cannot connect to NATS at --gateway {}", server::redact::redact(url))
+                })?;
                 let worker_bus: Arc<dyn Bus> =
                     Arc::new(NatsBus::new(worker, &prefix, PUBLISH_CAPACITY, &tools));
                 let fanout = bus.fanout().clone();
