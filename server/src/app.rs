@@ -130,7 +130,7 @@ impl Backends {
             }
             StoreKind::Postgres => {
                 let url = config.store.url.clone().unwrap_or_default();
-                let shown = crate::store::postgres::redact(&url);
+                let shown = crate::redact::redact(&url);
                 let store = blocking(move || PostgresStore::open(&url))
                     .await
                     .map(Arc::new)
@@ -153,7 +153,8 @@ impl Backends {
                     "millrace serve",
                 )
                 .await?;
-                tracing::info!(url = %config.bus.url, prefix = %config.bus.prefix, "bus on NATS");
+                let url = crate::redact::redact(&config.bus.url);
+                tracing::info!(%url, prefix = %config.bus.prefix, "bus on NATS");
                 let bus = NatsBus::new(
                     client.clone(),
                     &config.bus.prefix,
@@ -187,7 +188,7 @@ impl WorkerBackends {
         shutdown: &Shutdown,
     ) -> Result<WorkerBackends, StartError> {
         let url = config.store.url.clone().unwrap_or_default();
-        let shown = crate::store::postgres::redact(&url);
+        let shown = crate::redact::redact(&url);
         let store = blocking(move || PostgresStore::open(&url)).await.map_err(|source| {
             StartError::Store { path: format!("{shown} (configuration key `store.url`)"), source }
         })?;
@@ -277,10 +278,7 @@ impl App {
         }
         if let Some(g) = &self.gateway {
             if g.client.connection_state() != async_nats::connection::State::Connected {
-                out.push(format!(
-                    "NATS at {} (bus.url) is unreachable; reconnecting",
-                    self.config.bus.url
-                ));
+                out.push("NATS (bus.url) is unreachable; reconnecting".to_string());
             }
             if let Some(why) = lock(&g.store_down).as_ref() {
                 out.push(format!("the store (store.url) does not answer: {why}; retrying"));
@@ -986,7 +984,9 @@ async fn check_store(
     let set = |why: Option<String>| {
         let mut was = lock(&down);
         match (&*was, &why) {
-            (None, Some(w)) => tracing::warn!(error = %w, "the store does not answer"),
+            (None, Some(w)) => {
+                tracing::warn!(key = "store.url", error = %w, "the store does not answer")
+            }
             (Some(_), None) => tracing::info!("the store answers again"),
             _ => {}
         }

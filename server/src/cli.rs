@@ -112,7 +112,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub static_dir: Option<PathBuf>,
     /// Print the effective configuration (defaults, file, environment and flags merged) as TOML
-    /// and exit: every key millrace understands, with its value.
+    /// and exit: every key millrace understands, with its value — secrets (`server.admin_token`,
+    /// keys ending in password, token, seed, secret) as "<redacted>", URLs without credentials.
     #[arg(long)]
     pub print_config: bool,
 }
@@ -274,11 +275,11 @@ fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
 fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     crate::telemetry::init();
     if args.print_config {
-        let mut config = args.load()?;
-        if config.server.admin_token.is_some() {
-            config.server.admin_token = Some("<redacted>".into());
-        }
-        print!("{}", toml::to_string(&config).context("cannot print the configuration")?);
+        // The configuration keeps its real values; only what is printed is redacted.
+        let mut table =
+            toml::Table::try_from(args.load()?).context("cannot print the configuration")?;
+        crate::redact::redact_config(&mut table);
+        print!("{}", toml::to_string(&table).context("cannot print the configuration")?);
         return Ok(ExitCode::SUCCESS);
     }
     let config = ServeConfig::new(args.load()?)?;

@@ -71,7 +71,7 @@ pub enum ConfigError {
     Toml {
         path: PathBuf,
         #[source]
-        source: toml::de::Error,
+        source: TomlSyntax,
     },
     /// A value out of range, of the wrong type, or naming something that does not exist.
     #[error("configuration key `{key}`: {problem}")]
@@ -83,6 +83,26 @@ pub enum ConfigError {
 impl From<crate::cluster::config::InvalidKey> for ConfigError {
     fn from(e: crate::cluster::config::InvalidKey) -> Self {
         ConfigError::Invalid { key: e.key, problem: e.problem }
+    }
+}
+
+/// Where a configuration file is not TOML, and why: the parser's message and position, without
+/// the text of the line (toml's own error quotes it, and the line may hold a secret).
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}, column {column}: {message} (the line is not shown: it may hold a secret)")]
+pub struct TomlSyntax {
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl TomlSyntax {
+    fn new(text: &str, e: &toml::de::Error) -> Self {
+        let at = e.span().map_or(0, |s| s.start).min(text.len());
+        let before = text.get(..at).unwrap_or_default();
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
+        TomlSyntax { line, column, message: e.message().to_string() }
     }
 }
 
@@ -561,8 +581,10 @@ impl Config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-                text.parse::<toml::Table>()
-                    .map_err(|source| ConfigError::Toml { path: path.to_path_buf(), source })?
+                text.parse::<toml::Table>().map_err(|e| ConfigError::Toml {
+                    path: path.to_path_buf(),
+                    source: TomlSyntax::new(&text, &e),
+                })?
             }
             None => toml::Table::new(),
         };
@@ -573,6 +595,16 @@ impl Config {
             let de = toml::Value::Table(table);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let path = e.path().to_string();
+                let name = path.rsplit('.').next().unwrap_or_default();
+                if crate::redact::is_secret_key(name) || crate::redact::is_location_key(name) {
+                    // serde's message quotes the value
+                    return ConfigError::Invalid {
+                        key: path,
+                        problem: "must be a string (the value is not shown: the key holds a \
+                                  secret or a location that may carry one)"
+                            .into(),
+                    };
+                }
                 invalid(format!("configuration key `{path}`: {}", e.into_inner()))
             })?
         };
@@ -1056,5 +1088,37 @@ mod tests {
         assert!(e.contains("l3.feed_stale_after_ms"), "{e}");
         let c = load("[l3]\nfeed_stale_after_ms = 500\n", &[]).unwrap();
         assert_eq!(c.l3.feed_stale_after_ms, 500);
+    }
+
+    /// Errors about a secret-bearing key, or a file that is not TOML, never quote the value.
+    #[test]
+    fn errors_never_quote_a_secret() {
+        let dir =
+            std::env::temp_dir().join(format!("millrace-config-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cases = [
+            (
+                "wrong-type",
+                "[server]\nadmin_token = 31415926535\n",
+                "31415926535",
+                "server.admin_token",
+            ),
+            ("wrong-type-url", "[store]\nurl = 27182818284\n", "27182818284", "store.url"),
+            (
+                "not-toml",
+                "[bus]\nkind = \"nats\"\nurl = \"nats://u:Unterminated-S3cret@h\n",
+                "S3cret",
+                "line 3, column 38",
+            ),
+        ];
+        for (name, text, secret, named) in cases {
+            let path = dir.join(format!("{name}.toml"));
+            std::fs::write(&path, text).unwrap();
+            let e = Config::load(Some(&path), Vec::new(), &Overrides::default()).unwrap_err();
+            let shown = crate::error::report(&e);
+            assert!(!shown.contains(secret), "{name}: {shown}");
+            assert!(shown.contains(named), "{name}: {shown}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

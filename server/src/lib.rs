@@ -20,6 +20,7 @@ pub mod lock;
 pub mod malloc;
 pub mod metrics;
 pub mod rate;
+pub mod redact;
 pub mod shutdown;
 pub mod sources;
 pub mod store;

@@ -111,7 +111,7 @@ pub fn l2_workload(
 }
 
 /// Distance from the top of book (in ticks) of a new order, calibrated on the real SSE sample
-/// (`shared/data/sse-tick-by-tick`, 2023-07-11, five stocks): replaying it, 84.4% of all level
+/// (`testdata/sse-tick-by-tick`, 2023-07-11, five stocks): replaying it, 84.4% of all level
 /// changes land in the top 5 levels of their side, 91.0% in the top 15, 95.0% in the top 35,
 /// 99.5% in the top 200; the books hold 36-403 levels per side and 560-4,900 live orders.
 fn l3_depth(rng: &mut Rng) -> i64 {

@@ -4,7 +4,9 @@
 //! - no two public types of the workspace share a name;
 //! - the service spawns tasks and threads only through its one shutdown mechanism;
 //! - only the composition root names the concrete bus and store;
-//! - no `Result<_, String>` crosses a module boundary.
+//! - no `Result<_, String>` crosses a module boundary;
+//! - no source, script or manifest names a path outside the repository (the repository tests on
+//!   its own: recorded data lives in `testdata/`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -223,4 +225,201 @@ fn no_public_function_returns_a_string_error() {
         }
     }
     assert!(hits.is_empty(), "public functions returning Result<_, String>:\n{}", hits.join("\n"));
+}
+
+/// Directories the walk for paths leaving the repository skips (relative to the root): build and
+/// package outputs, and the recorded data (no code).
+const NOT_CODE: [&str; 9] = [
+    "target",
+    "dist",
+    "data",
+    "testdata",
+    "tests/browser/out",
+    "fuzz/target",
+    "fuzz/corpus",
+    "fuzz/artifacts",
+    "fuzz/coverage",
+];
+
+/// Every source, test, bench, example and build script (`.rs`), manifest (`Cargo.toml`), shell
+/// script (`.sh`, or a `#!` line naming a shell) and `.mjs` file of the checkout.
+fn code_and_scripts(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap_or_default().to_string_lossy().to_string();
+        if p.is_dir() {
+            if name != ".git"
+                && name != "node_modules"
+                && !NOT_CODE.contains(&relative(&p).as_str())
+            {
+                code_and_scripts(&p, out);
+            }
+            continue;
+        }
+        let shell = || {
+            let head = std::fs::read(&p).unwrap_or_default();
+            let first = head.split(|b| *b == b'\n').next().unwrap_or_default();
+            first.starts_with(b"#!") && String::from_utf8_lossy(first).contains("sh")
+        };
+        if name.ends_with(".rs")
+            || name.ends_with(".mjs")
+            || name.ends_with(".sh")
+            || name == "Cargo.toml"
+            || shell()
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// The places in `text` (the file `file`, relative to the root) that name a path outside the
+/// repository: an absolute path under a home or work directory (`/home/…`, `/root/…`, `/Users/…`,
+/// `/work/…`, `~/…`), or a relative path with a `..` component that names nothing in the
+/// checkout from any base it could be relative to — the file's directory, its crate's directory
+/// (what `CARGO_MANIFEST_DIR` and a manifest's `path =` start from) and the root — for it
+/// climbs above the root (`../shared/data` beside the checkout) or names nothing that exists.
+/// `exists` answers for a path relative to the root.
+fn paths_leaving_the_repository(
+    file: &Path,
+    text: &str,
+    exists: &dyn Fn(&Path) -> bool,
+) -> Vec<String> {
+    let dir = file.parent().unwrap_or(Path::new(""));
+    let krate = dir
+        .ancestors()
+        .find(|d| exists(&d.join("Cargo.toml")))
+        .unwrap_or(Path::new(""))
+        .to_path_buf();
+    let bases = [dir.to_path_buf(), krate, PathBuf::new()];
+    let is_path_char = |c: char| c.is_ascii_alphanumeric() || "_-./~$".contains(c);
+    let mut hits = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut rest = line;
+        while let Some(start) = rest.find(is_path_char) {
+            let before = rest[..start].chars().last();
+            let len = rest[start..].find(|c: char| !is_path_char(c)).unwrap_or(rest.len() - start);
+            let token = &rest[start..start + len];
+            rest = &rest[start + len..];
+            let home = ["/home/", "/root/", "/Users/", "/work/", "~/"];
+            if home.iter().any(|h| token.starts_with(h)) {
+                hits.push(format!(
+                    "{}:{}: {token} (a home or work directory)",
+                    file.display(),
+                    n + 1
+                ));
+                continue;
+            }
+            // `$(dirname "$0")/..`, `${dir}/..`: relative to something the line computes
+            let relative_token = match token.strip_prefix('/') {
+                Some(t) if matches!(before, Some(')' | '}')) => t,
+                Some(_) => continue,
+                None if token.contains('/') => token,
+                None => continue, // `..` alone is Rust's range or struct update
+            };
+            let parts: Vec<&str> = relative_token.split('/').collect();
+            if !parts.contains(&"..") {
+                continue;
+            }
+            let inside = bases.iter().any(|base| {
+                let mut at: Vec<String> =
+                    base.components().map(|c| c.as_os_str().to_string_lossy().into()).collect();
+                for (i, part) in parts.iter().enumerate() {
+                    // a sentence's full stop is not part of the name
+                    let part = if i + 1 == parts.len() && *part != ".." {
+                        part.trim_end_matches('.')
+                    } else {
+                        part
+                    };
+                    match part {
+                        "" | "." => {}
+                        ".." => {
+                            if at.pop().is_none() {
+                                return false;
+                            }
+                        }
+                        name => at.push(name.to_string()),
+                    }
+                }
+                exists(&at.iter().collect::<PathBuf>())
+            });
+            if !inside {
+                hits.push(format!(
+                    "{}:{}: {token} (leaves the repository or names nothing in it)",
+                    file.display(),
+                    n + 1
+                ));
+            }
+        }
+    }
+    hits
+}
+
+/// The repository tests on its own (a clone with no siblings passes): no source, test, bench,
+/// example, build script, manifest, shell script or `.mjs` file names a path outside it.
+#[test]
+fn no_path_leaves_the_repository() {
+    let root = workspace_root();
+    let mut files = Vec::new();
+    code_and_scripts(&root, &mut files);
+    for must in ["scripts/test", ".ci/run", "fuzz/Cargo.toml", "server/build.rs"] {
+        assert!(files.iter().any(|f| relative(f) == must), "the walk missed {must}");
+    }
+    assert!(files.iter().any(|f| relative(f).ends_with(".mjs")), "the walk found no .mjs file");
+    let exists = |p: &Path| root.join(p).exists();
+    let mut hits = Vec::new();
+    // this file is left out: the test below plants the violations it must find
+    for f in files.iter().filter(|f| relative(f) != "tests/it/tidy.rs") {
+        let text = std::fs::read_to_string(f).unwrap();
+        hits.extend(paths_leaving_the_repository(Path::new(&relative(f)), &text, &exists));
+    }
+    assert!(hits.is_empty(), "paths outside the repository:\n{}", hits.join("\n"));
+}
+
+/// The rule above finds each kind of path that leaves the repository, planted where it used to
+/// be or could be, and passes the paths that stay inside.
+#[test]
+fn paths_leaving_the_repository_are_found() {
+    let root = workspace_root();
+    let exists = |p: &Path| root.join(p).exists();
+    let check =
+        |file: &str, text: &str| paths_leaving_the_repository(Path::new(file), text, &exists);
+    let planted = [
+        // the data beside the checkout, from a crate's manifest directory
+        (
+            "server/replay/src/input.rs",
+            r#"Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data")"#,
+        ),
+        (
+            "server/tests/it/l3_replay.rs",
+            r#"PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/sse-tick-by-tick")"#,
+        ),
+        ("server/binance/src/wire.rs", "// copied from ../shared/data/binance-ws/cryptofeed"),
+        ("README.md", "D=../shared/data"),
+        ("fuzz/Cargo.toml", r#"shared = { path = "../../shared" }"#),
+        ("scripts/test", r#"cd "$(dirname "$0")/../..""#),
+        ("tests/browser/harness.mjs", "const data = '../../../data';"),
+        ("server/tests/it/main.rs", r#"let f = "/home/alice/millrace/testdata/x.gz";"#),
+        ("scripts/bench", "cp out.json /work/results/"),
+        ("scripts/bench", "cp out.json ~/results/"),
+        ("server/benches/store.rs", r#"std::fs::read("/root/data.bin")"#),
+    ];
+    for (file, text) in planted {
+        assert_eq!(check(file, text).len(), 1, "not found in {file}: {text}");
+    }
+    let fine = [
+        ("fuzz/Cargo.toml", r#"shared = { path = "../shared" }"#),
+        ("fuzz/Cargo.toml", r#"replay = { path = "../server/replay" }"#),
+        ("scripts/test", r#"cd "$(dirname "$0")/..""#),
+        ("server/tests/it/main.rs", "Candle { minutes: 1, ..*a }; for i in 0..=843 {}"),
+        ("server/tests/it/main.rs", r#"// `{"code":-1,"msg":".."}`, steps `n..` applied"#),
+        (
+            "server/replay/src/input.rs",
+            r#"Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")"#,
+        ),
+        ("scripts/bench", r#"export PATH="$HOME/.cargo/bin:$PATH""#),
+        ("scripts/cluster", "mkdir -p /var/tmp/millrace-cluster"),
+    ];
+    for (file, text) in fine {
+        assert_eq!(check(file, text), Vec::<String>::new(), "in {file}: {text}");
+    }
 }

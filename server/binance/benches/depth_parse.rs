@@ -1,5 +1,5 @@
 //! Upstream depth throughput over the recorded Binance stream (11 minutes of ETHUSDT spot
-//! `depth@100ms` from ../shared/data/binance-ws/hftbacktest, raw JSON frames held in memory):
+//! `depth@100ms` from testdata/binance-ws/hftbacktest, raw JSON frames held in memory):
 //!
 //! - `serde_borrowed_anchor`: the anchor, plain borrowed serde_json decoding of the
 //!   frame into `&str` fields and `[&str; 2]` levels (no fixed point, no validation beyond
@@ -39,7 +39,7 @@ struct Capture {
 }
 
 fn capture() -> Capture {
-    let dir = replay::input::shared_data_dir().join("binance-ws/hftbacktest");
+    let dir = replay::input::testdata_dir().join("binance-ws/hftbacktest");
     let mut frames = Vec::new();
     let mut snapshot = None;
     for name in ["spot_ethusdt_20240808.gz", "spot_ethusdt_20240809.gz"] {

@@ -12,7 +12,7 @@ use shared::sync::{BookSync, ContinuityRule, SyncConfig};
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "parse_apply".into());
     let passes: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let dir = replay::input::shared_data_dir().join("binance-ws/hftbacktest");
+    let dir = replay::input::testdata_dir().join("binance-ws/hftbacktest");
     let (mut frames, mut snapshot) = (Vec::new(), None);
     for name in ["spot_ethusdt_20240808.gz", "spot_ethusdt_20240809.gz"] {
         for line in replay::input::open(&dir.join(name)).expect("capture").lines() {

@@ -1100,7 +1100,7 @@ mod tests {
     }
 
     fn captures() -> Vec<PathBuf> {
-        let d = replay::input::shared_data_dir().join("binance-ws");
+        let d = replay::input::testdata_dir().join("binance-ws");
         vec![
             d.join("hftbacktest/spot_ethusdt_20240808.gz"),
             d.join("hftbacktest/spot_ethusdt_20240809.gz"),

@@ -1425,7 +1425,7 @@ mod tests {
         Qty::parse(s).unwrap()
     }
 
-    // Real frames, copied from ../shared/data/binance-ws/cryptofeed (see its README).
+    // Real frames, copied from testdata/binance-ws/cryptofeed (see testdata/README.md).
     const SPOT_KLINE: &str = r#"{"stream":"nknusdt@kline_1m","data":{"e":"kline","E":1633998523963,"s":"NKNUSDT","k":{"t":1633998480000,"T":1633998539999,"s":"NKNUSDT","i":"1m","f":19862761,"L":19862790,"o":"0.35270000","c":"0.35280000","h":"0.35280000","l":"0.35220000","v":"25877.00000000","n":30,"x":false,"q":"9116.04600000","V":"58.00000000","Q":"20.46240000","B":"0"}}}"#;
     const FUT_DEPTH: &str = r#"{"stream":"sushiusdt@depth@100ms","data":{"e":"depthUpdate","E":1626992741037,"T":1626992741024,"s":"SUSHIUSDT","U":600859599090,"u":600859600917,"pu":600859598061,"b":[["7.5040","813"],["7.6090","0"],["7.6110","2"]],"a":[["7.6150","1563"],["7.6220","3284"]]}}"#;
     const SPOT_DEPTH: &str = r#"{"stream":"nknusdt@depth@100ms","data":{"e":"depthUpdate","E":1633998512568,"s":"NKNUSDT","U":499869753,"u":499869754,"b":[["0.35170000","4265.00000000"]],"a":[["0.35290000","10968.00000000"]]}}"#;

@@ -1,5 +1,5 @@
 //! The shared sync machine replaying a recorded Binance stream (11 minutes of ETHUSDT spot from
-//! ../shared/data/binance-ws/hftbacktest), JSON parsing excluded: decoded deltas and the snapshot
+//! testdata/binance-ws/hftbacktest), JSON parsing excluded: decoded deltas and the snapshot
 //! are prepared once, then fed to a fresh `BookSync` per iteration.
 //!
 //! `cargo bench -p server --bench sync_replay`
@@ -9,7 +9,7 @@ use replay::depth::{book_inputs, BookInput};
 use shared::sync::{BookSync, ContinuityRule, SyncConfig};
 
 fn bench(c: &mut Criterion) {
-    let dir = replay::input::shared_data_dir().join("binance-ws/hftbacktest");
+    let dir = replay::input::testdata_dir().join("binance-ws/hftbacktest");
     let files = [dir.join("spot_ethusdt_20240808.gz"), dir.join("spot_ethusdt_20240809.gz")];
     let inputs = book_inputs(&files).expect("the hftbacktest capture");
     let (_, inputs) = inputs.get("ETHUSDT").expect("ETHUSDT in the capture").clone();

@@ -8,13 +8,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-/// The real exchange data the tests and benchmarks check millrace against: `../shared/data`
-/// beside the checkout (see its README for the known facts), or `MILLRACE_SHARED_DATA`.
-pub fn shared_data_dir() -> PathBuf {
-    match std::env::var_os("MILLRACE_SHARED_DATA") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"),
-    }
+/// The recorded exchange data the tests, benches and examples check millrace against: the
+/// workspace's `testdata/` (its README names each file's origin, licence and known facts).
+/// Located from this crate's manifest directory (`server/replay`), so it is found from any
+/// working directory and in any checkout.
+pub fn testdata_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the replay crate lives two levels below the workspace root")
+        .join("testdata")
 }
 
 /// Where a piece of input came from: `file:line`.

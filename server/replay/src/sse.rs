@@ -22,7 +22,7 @@
 //!   on that channel is charged one `seq_gaps` (the lost message could have been any of theirs)
 //!   and marked stale, the loss is accepted and the replay continues; the check fails.
 //! * `--subset` (`increasing`): for files that keep only some securities of a channel — like the
-//!   five-stock sample in `shared/data/sse-tick-by-tick`, whose channel 1 numbers run from 1 to
+//!   five-stock sample in `testdata/sse-tick-by-tick`, whose channel 1 numbers run from 1 to
 //!   13,847,862 with 177,565 holes belonging to other securities. Numbers must still increase
 //!   strictly per channel (duplicates are dropped and counted), but holes are allowed and only
 //!   reported (`channel_seq_holes`). A lost message of a kept security cannot be told apart from

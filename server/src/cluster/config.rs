@@ -530,6 +530,7 @@ pub fn validate(
     if bus.kind == BusKind::Nats {
         for url in bus.url.split(',') {
             let addr = url.trim().parse::<async_nats::ServerAddr>().map_err(|e| {
+                let url = crate::redact::redact(url);
                 invalid("bus.url", format!("{url:?} is not a NATS server URL: {e}"))
             })?;
             if addr.has_user_pass() {
@@ -555,7 +556,7 @@ pub fn validate(
             url.parse::<postgres::Config>().map_err(|e| {
                 invalid(
                     "store.url",
-                    format!("{} is not a PostgreSQL URL: {e}", crate::store::postgres::redact(url)),
+                    format!("{} is not a PostgreSQL URL: {e}", crate::redact::redact(url)),
                 )
             })?;
         }

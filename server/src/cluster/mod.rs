@@ -155,8 +155,19 @@ pub async fn connect(
     role: Role,
     name: &str,
 ) -> Result<async_nats::Client, ConnectError> {
-    let addrs: Vec<async_nats::ServerAddr> =
-        bus.url.split(',').filter_map(|u| u.trim().parse().ok()).collect();
+    // (the addresses reach async-nats without userinfo: validation refuses credentials in the
+    // URL, and its debug log prints each address it tries in full)
+    let addrs: Vec<async_nats::ServerAddr> = bus
+        .url
+        .split(',')
+        .filter_map(|u| u.trim().parse::<async_nats::ServerAddr>().ok())
+        .filter_map(|a| {
+            let mut url = a.into_inner();
+            let _ = url.set_password(None);
+            let _ = url.set_username("");
+            async_nats::ServerAddr::from_url(url).ok()
+        })
+        .collect();
     let options = async_nats::ConnectOptions::new()
         .name(name)
         .custom_inbox_prefix(inbox_prefix(&bus.prefix, role))
@@ -184,7 +195,7 @@ pub async fn connect(
     }
     options.connect(addrs).await.map_err(|source| match refusal(bus, &source) {
         Some((key, problem)) => ConnectError::Refused { key, problem, source },
-        None => ConnectError::Nats { url: bus.url.clone(), source },
+        None => ConnectError::Nats { url: crate::redact::redact(&bus.url), source },
     })
 }
 

@@ -182,7 +182,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn data() -> PathBuf {
-        replay::input::shared_data_dir().join("sse-tick-by-tick")
+        replay::input::testdata_dir().join("sse-tick-by-tick")
     }
 
     fn day() -> SseReplay {

@@ -113,7 +113,7 @@ pub enum WriteMethod {
 /// The PostgreSQL store. See the module documentation.
 pub struct PostgresStore {
     config: postgres::Config,
-    /// The URL without its password, for messages.
+    /// How messages name the store ([`LOCATION`]).
     display: String,
     method: WriteMethod,
     /// Idle writer connections (a write takes one, or opens one, and gives it back).
@@ -153,19 +153,9 @@ fn corrupt(table: &'static str, detail: impl Into<String>) -> StoreError {
     StoreError::Corrupt { table, detail: detail.into() }
 }
 
-/// `url` without a password (for logs and errors).
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
+/// How messages, the log and `/healthz` name the store: by its configuration key, never by the
+/// URL, which may hold a password (`crate::redact` shows it at start, in the log only).
+const LOCATION: &str = "at `store.url`";
 
 impl PostgresStore {
     /// Parses `url` (a `postgres://` URL or a `key=value` string), connects, and migrates the
@@ -176,10 +166,10 @@ impl PostgresStore {
 
     /// [`PostgresStore::open`] with a chosen [`WriteMethod`] (benchmarks).
     pub fn open_with(url: &str, method: WriteMethod) -> Result<Self, StoreError> {
-        let display = redact(url);
-        let config: postgres::Config = url
-            .parse()
-            .map_err(|e| StoreError::db(format!("parsing the PostgreSQL URL {display}"), e))?;
+        let display = LOCATION.to_string();
+        let config: postgres::Config = url.parse().map_err(|e| {
+            StoreError::db("`store.url` is not a PostgreSQL URL or connection string", e)
+        })?;
         let health =
             StoreHealth::new(display.clone(), "find the rows that do not decode and repair them");
         let store = PostgresStore {
@@ -197,7 +187,7 @@ impl PostgresStore {
         Ok(store)
     }
 
-    /// Where this store is (the URL without a password).
+    /// How this store is named in messages: by its configuration key, not its URL.
     pub fn location(&self) -> &str {
         &self.display
     }
@@ -205,7 +195,7 @@ impl PostgresStore {
     fn connect(&self) -> Result<Client, StoreError> {
         self.config
             .connect(NoTls)
-            .map_err(|e| StoreError::db(format!("connecting to PostgreSQL at {}", self.display), e))
+            .map_err(|e| StoreError::db(format!("connecting to PostgreSQL {}", self.display), e))
     }
 
     /// Runs `f` on a reader connection (a pooled one, or a new one); a connection that broke is
@@ -530,7 +520,7 @@ fn save_progress(tx: &mut Transaction<'_>, p: &BackfillProgress) -> Result<(), S
 }
 
 fn migrate(client: &mut Client, display: &str) -> Result<(), StoreError> {
-    let mut tx = client.transaction().map_err(db(format!("migrating {display}")))?;
+    let mut tx = client.transaction().map_err(db(format!("migrating the schema {display}")))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .map_err(db("locking for migration"))?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS millrace_schema (version integer NOT NULL)")
@@ -542,7 +532,7 @@ fn migrate(client: &mut Client, display: &str) -> Result<(), StoreError> {
     let found = found.unwrap_or(0);
     if found > SCHEMA_VERSION {
         return Err(StoreError::SchemaTooNew {
-            path: display.to_string(),
+            path: format!("the database {display}"),
             found: i64::from(found),
             supported: i64::from(SCHEMA_VERSION),
         });
@@ -556,7 +546,7 @@ fn migrate(client: &mut Client, display: &str) -> Result<(), StoreError> {
     tx.execute("DELETE FROM millrace_schema", &[]).map_err(db("recording the schema version"))?;
     tx.execute("INSERT INTO millrace_schema (version) VALUES ($1)", &[&SCHEMA_VERSION])
         .map_err(db("recording the schema version"))?;
-    tx.commit().map_err(db(format!("committing the migration of {display}")))?;
+    tx.commit().map_err(db(format!("committing the schema migration {display}")))?;
     Ok(())
 }
 
@@ -785,23 +775,5 @@ impl BackfillStore for PostgresStore {
         progress: &BackfillProgress,
     ) -> Result<usize, StoreError> {
         self.write_batch(batch, Some(progress))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_shown_without_their_password() {
-        assert_eq!(
-            redact("postgres://millrace:s3cret@db.example:5432/market"),
-            "postgres://millrace:***@db.example:5432/market"
-        );
-        assert_eq!(redact("postgres://postgres@127.0.0.1/x"), "postgres://postgres@127.0.0.1/x");
-        assert_eq!(
-            redact("host=/run/postgresql user=postgres"),
-            "host=/run/postgresql user=postgres"
-        );
     }
 }

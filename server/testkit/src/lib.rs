@@ -517,10 +517,14 @@ impl PgDb {
         let name = format!("millrace_{tag}_{}_{n}", std::process::id());
         let url = match admin.rfind('/') {
             Some(i) if admin[..i].contains("://") => format!("{}/{name}", &admin[..i]),
-            _ => anyhow::bail!("{admin:?} is not a postgres:// URL ending in /DATABASE"),
+            _ => anyhow::bail!(
+                "{:?} is not a postgres:// URL ending in /DATABASE",
+                server::redact::redact(admin)
+            ),
         };
-        let mut client = postgres::Client::connect(admin, postgres::NoTls)
-            .with_context(|| format!("cannot connect to PostgreSQL at {admin}"))?;
+        let mut client = postgres::Client::connect(admin, postgres::NoTls).with_context(|| {
+            format!("cannot connect to PostgreSQL at {}", server::redact::redact(admin))
+        })?;
         client
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .and_then(|()| client.batch_execute(&format!("CREATE DATABASE {name}")))
@@ -660,6 +664,58 @@ impl Drop for OwnPostgres {
         let data = self.data.to_str().unwrap_or_default().to_string();
         let _ =
             self.command("pg_ctl").args(["stop", "-w", "-m", "immediate", "-D", &data]).status();
+    }
+}
+
+/// A NATS server of one test's own (JetStream on, file store in `dir`, no authentication) on a
+/// free port of 127.0.0.1, to stop and start. `nats-server` comes from `scripts/setup`.
+pub struct OwnNats {
+    pub port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl OwnNats {
+    pub fn start(dir: std::path::PathBuf) -> OwnNats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut n = OwnNats { port, dir, child: None };
+        n.restart();
+        n
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts it again (after [`OwnNats::kill9`]), on the same port and store.
+    pub fn restart(&mut self) {
+        let child = std::process::Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server (scripts/setup installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `kill -9`.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnNats {
+    fn drop(&mut self) {
+        self.kill9();
     }
 }
 

@@ -1,11 +1,11 @@
 //! The `millrace replay klines` command line, run as a real process on the Binance archives in
-//! `../shared/data/klines`.
+//! `testdata/klines`.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn day_file(day: u32, ext: &str) -> PathBuf {
-    replay::input::shared_data_dir()
+    replay::input::testdata_dir()
         .join(format!("klines/binance-spot-BTCUSDT-1m/BTCUSDT-1m-2020-01-{day:02}.{ext}"))
 }
 

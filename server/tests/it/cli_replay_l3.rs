@@ -20,7 +20,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 #[test]
 fn replay_sse_on_the_real_sample() {
-    let dir = replay::input::shared_data_dir().join("sse-tick-by-tick");
+    let dir = replay::input::testdata_dir().join("sse-tick-by-tick");
     let (orders, trades) = (dir.join("SHorders.zip"), dir.join("SHtrans.zip"));
     let out = millrace(&[
         "replay",

@@ -539,55 +539,6 @@ async fn with_redundancy_3_every_candle_and_diff_goes_downstream_once() {
     c.stop().await;
 }
 
-/// A NATS server of one test's own (JetStream on, file store in `dir`), to stop and start.
-struct OwnNats {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<std::process::Child>,
-}
-
-impl OwnNats {
-    fn start(dir: std::path::PathBuf) -> OwnNats {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut n = OwnNats { port, dir, child: None };
-        n.restart();
-        n
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    fn restart(&mut self) {
-        let child = std::process::Command::new("nats-server")
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
-            .arg(&self.dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("nats-server (scripts/setup installs it)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for OwnNats {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_restart_then_a_postgres_restart_lose_nothing() {
     let mut nats = OwnNats::start(temp_dir("ownnats"));

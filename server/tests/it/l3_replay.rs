@@ -1,4 +1,4 @@
-//! The Shanghai tick-by-tick files (../shared/data/sse-tick-by-tick, real SSE data) replayed into
+//! The Shanghai tick-by-tick files (testdata/sse-tick-by-tick, real SSE data) replayed into
 //! the running service's sharded engine at 3600x the original pace, with the books migrated between
 //! shards while the day plays: the published books end equal to single-threaded processing of the
 //! same rows, and to the `millrace replay sse` tool's books.
@@ -15,7 +15,7 @@ use testkit::*;
 const TOKEN: &str = "l3-replay-test-token";
 
 fn data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/sse-tick-by-tick")
+    replay::input::testdata_dir().join("sse-tick-by-tick")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

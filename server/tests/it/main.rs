@@ -4,8 +4,8 @@
 //! (`ingest_faults`, `crash`, `backfill`), the SQLite store (`store`), order books (`depth_api`,
 //! `depth_faults`), the tick-by-tick engine and its books (`l3engine`, `l3_service`,
 //! `l3_replay`), and the `millrace replay` commands (`cli_replay_*`); the seams — a second bus
-//! and store, shutdown leaving no task (`seams`) — and the API's shapes against their `shared`
-//! types (`api_shapes`).
+//! and store, shutdown leaving no task (`seams`) — the API's shapes against their `shared`
+//! types (`api_shapes`), and no secret in any output (`secrets`).
 
 mod api;
 mod api_shapes;
@@ -31,6 +31,7 @@ mod l3engine;
 mod log_spans;
 mod malloc_arenas;
 mod seams;
+mod secrets;
 mod serve_pg_nats;
 mod sim_control;
 mod sim_restart;

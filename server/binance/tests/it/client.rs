@@ -1,7 +1,7 @@
 //! The Binance REST and stream clients over real sockets. Each test starts a small server on
 //! port 0 (tokio-tungstenite for streams, axum for REST) that sends genuine Binance bytes — the
-//! frames and REST bodies captured in `../shared/data/binance-ws/cryptofeed`, the kline rows of
-//! Binance's archives in `../shared/data/klines`, and Binance's own rate-limit and error
+//! frames and REST bodies captured in `testdata/binance-ws/cryptofeed`, the kline rows of
+//! Binance's archives in `testdata/klines`, and Binance's own rate-limit and error
 //! answers — plus the failures a real connection meets: a damaged frame, server pings, silence,
 //! a close frame, a dropped socket, 429/418 with `Retry-After`, a slow answer.
 
@@ -34,10 +34,8 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 
 fn capture(name: &str) -> String {
-    std::fs::read_to_string(
-        replay::input::shared_data_dir().join("binance-ws/cryptofeed").join(name),
-    )
-    .unwrap()
+    std::fs::read_to_string(replay::input::testdata_dir().join("binance-ws/cryptofeed").join(name))
+        .unwrap()
 }
 
 /// The stream names of a cryptofeed `.ws` capture (its first line's URL) and its frames, verbatim.
@@ -471,7 +469,7 @@ async fn rest_server() -> (SocketAddr, Arc<App>) {
         }
     }
     let csv = std::fs::read_to_string(
-        replay::input::shared_data_dir()
+        replay::input::testdata_dir()
             .join("klines/binance-spot-BTCUSDT-1m/BTCUSDT-1m-2020-01-01.csv"),
     )
     .unwrap();

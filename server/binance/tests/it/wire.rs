@@ -1,8 +1,8 @@
 //! `binance::wire` against real Binance bytes: every frame and REST depth body of the captures in
-//! `../shared/data/binance-ws` and every row of the kline archives in `../shared/data/klines`
-//! (see `../shared/data/README.md`) decodes, and the decoded values reproduce the README's known
+//! `testdata/binance-ws` and every row of the kline archives in `testdata/klines`
+//! (see `testdata/README.md`) decodes, and the decoded values reproduce the README's known
 //! facts through millrace's own sync machine and candle merge, so the conversions are exact.
-//! The directory is `replay::input::shared_data_dir()`.
+//! The directory is `replay::input::testdata_dir()`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -19,7 +19,7 @@ use shared::sync::{BookSync, ContinuityRule, SyncConfig, SyncEvent};
 use shared::{Price, Volume};
 
 fn cf(name: &str) -> PathBuf {
-    replay::input::shared_data_dir().join("binance-ws/cryptofeed").join(name)
+    replay::input::testdata_dir().join("binance-ws/cryptofeed").join(name)
 }
 
 /// A capture line's receive time in ns and its JSON.
@@ -195,7 +195,7 @@ fn futures_capture_decodes_and_syncs_to_every_ticker() {
 fn hftbacktest_capture_decodes_and_syncs() {
     let mut inputs = Vec::new();
     for day in ["20240808", "20240809"] {
-        let path = replay::input::shared_data_dir()
+        let path = replay::input::testdata_dir()
             .join(format!("binance-ws/hftbacktest/spot_ethusdt_{day}.gz"));
         for_each_line(&path, |origin, line| {
             let (ts, json) = split_line(line).unwrap_or_else(|| panic!("{origin}: no timestamp"));
@@ -281,7 +281,7 @@ fn kline_archive_rows_decode_exactly_and_merge_to_binance_daily_candles() {
         ("2020-01-02", "7200.77", "7212.5", "6924.74", "6965.71", "31951.483932", None),
     ];
     for (day, o, h, l, c, v, trades) in expected {
-        let path = replay::input::shared_data_dir()
+        let path = replay::input::testdata_dir()
             .join(format!("klines/binance-spot-BTCUSDT-1m/BTCUSDT-1m-{day}.csv"));
         let mut candles: Vec<Candle> = Vec::new();
         let mut rows = Vec::new();

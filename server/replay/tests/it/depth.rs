@@ -1,12 +1,12 @@
-//! `replay depth` on the real Binance captures in ../shared/data/binance-ws: the known facts of
-//! ../shared/data/README.md hold through millrace's own sync machine, and a damaged capture is
+//! `replay depth` on the real Binance captures in testdata/binance-ws: the known facts of
+//! testdata/README.md hold through millrace's own sync machine, and a damaged capture is
 //! caught.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 
 use replay::depth::{replay, run, DepthArgs, DepthReport};
-use replay::input::shared_data_dir as data_dir;
+use replay::input::testdata_dir as data_dir;
 
 fn cf(name: &str) -> PathBuf {
     data_dir().join("binance-ws/cryptofeed").join(name)

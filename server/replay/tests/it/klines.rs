@@ -1,4 +1,4 @@
-//! `millrace replay klines` on real Binance archives (`../shared/data/klines`): the merged daily
+//! `millrace replay klines` on real Binance archives (`testdata/klines`): the merged daily
 //! candles equal Binance's published 1d candles, every input form gives the same answer, and bad
 //! input is an error naming the file and line.
 
@@ -12,7 +12,7 @@ const DAY1: i64 = 1_577_836_800_000; // 2020-01-01T00:00:00Z
 const DAY2: i64 = 1_577_923_200_000; // 2020-01-02T00:00:00Z
 
 fn day_file(day: u32, ext: &str) -> PathBuf {
-    replay::input::shared_data_dir()
+    replay::input::testdata_dir()
         .join(format!("klines/binance-spot-BTCUSDT-1m/BTCUSDT-1m-2020-01-{day:02}.{ext}"))
 }
 

@@ -1,4 +1,4 @@
-//! `replay sse` on the real Shanghai tick-by-tick sample (`shared/data/sse-tick-by-tick`) and on
+//! `replay sse` on the real Shanghai tick-by-tick sample (`testdata/sse-tick-by-tick`) and on
 //! small hand-written files that break one rule each.
 
 use std::path::{Path, PathBuf};
@@ -8,7 +8,7 @@ use serde_json::Value;
 use shared::Price;
 
 fn real_args(subset: bool) -> SseArgs {
-    let dir = replay::input::shared_data_dir().join("sse-tick-by-tick");
+    let dir = replay::input::testdata_dir().join("sse-tick-by-tick");
     SseArgs {
         orders: dir.join("SHorders.zip"),
         trades: dir.join("SHtrans.zip"),

@@ -336,9 +336,9 @@ async fn run(
             let prefix = config.bus.prefix.clone();
             let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
             let bus = Arc::new(NatsBus::new(gateway, &prefix, Side::Gateway, capacity, &tools));
-            let worker = async_nats::connect(url.as_str())
-                .await
-                .with_context(|| format!("cannot connect to NATS at --gateway {url}"))?;
+            let worker = async_nats::connect(url.as_str()).await.with_context(|| {
+                format!("cannot connect to NATS at --gateway {}", server::redact::redact(url))
+            })?;
             // (it publishes closed candles too, as the persister does: the gateway's side)
             let worker_bus: Arc<dyn Bus> =
                 Arc::new(NatsBus::new(worker, &prefix, Side::Gateway, PUBLISH_CAPACITY, &tools));
