@@ -126,7 +126,8 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// Directory of the SQLite file (`millrace.db`); created if missing.
     pub data_dir: PathBuf,
-    /// Built dashboard; defaults to `dist` at the workspace root.
+    /// A directory with the built dashboard (`dist`, made by `scripts/build-client`), served
+    /// instead of the one embedded in the binary; default none: the embedded one.
     pub static_dir: Option<PathBuf>,
     /// Bearer token for admin actions; admin actions are disabled without one.
     pub admin_token: Option<String>,

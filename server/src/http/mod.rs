@@ -30,7 +30,6 @@ pub mod ws;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,11 +75,6 @@ pub enum ServeError {
     ConnectionCap(#[from] conn::CapOverFileLimit),
 }
 
-/// The workspace's `dist` directory, where `scripts/build-client` writes the dashboard.
-pub fn default_static_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".")).join("dist")
-}
-
 /// Everything [`serve`] needs besides a listener, checked at start-up.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -93,11 +87,10 @@ pub struct ServeConfig {
 
 impl ServeConfig {
     /// Checks a loaded configuration: a configured static directory without a dashboard is an
-    /// error that says how to make it; with none configured, the workspace's built `dist/`, the
-    /// copy embedded at build time, or none (the API runs; `/` says how to build it).
+    /// error that says how to make it; with none configured, the copy embedded at build time,
+    /// or none (the API runs; `/` says how to build it).
     pub fn new(config: Config) -> Result<Self, ServeError> {
-        let dashboard =
-            Dashboard::choose(config.server.static_dir.as_deref(), &default_static_dir())?;
+        let dashboard = Dashboard::choose(config.server.static_dir.as_deref())?;
         let heartbeat_every = Duration::from_millis(config.server.heartbeat_ms);
         Ok(Self { config, dashboard, heartbeat_every })
     }
