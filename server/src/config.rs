@@ -164,8 +164,13 @@ pub struct LimitsConfig {
     pub max_message_bytes: usize,
     /// Streams one WebSocket connection may hold.
     pub max_subscriptions_per_connection: usize,
-    /// Concurrent TCP connections (HTTP or WebSocket) from one IP address, counted at accept;
-    /// further ones are closed at once. At most half of `max_connections` is used.
+    /// Concurrent TCP connections (HTTP or WebSocket) from one client address (an IPv4
+    /// address; an IPv6 /64), counted at accept; further ones are closed at once. At most half
+    /// of `max_connections` is used. The default, 512, is out of reach of one person: a
+    /// dashboard page opens one WebSocket, and a browser opens at most ~260 connections to one
+    /// host in all (Chromium: 255 WebSockets and 6 HTTP/1.1 connections; Firefox: 200 and 6),
+    /// while one address can take no more than 512 of the global cap. Load tests that open
+    /// thousands of connections from one machine set it.
     pub max_connections_per_ip: usize,
     /// Concurrent TCP connections in all; further ones are closed at once. 0 = derived from the
     /// open-file limit (raised to its hard limit at start), leaving room for the server's own
@@ -196,7 +201,7 @@ impl Default for LimitsConfig {
         Self {
             max_message_bytes: 64 * 1024,
             max_subscriptions_per_connection: 200,
-            max_connections_per_ip: 10_000,
+            max_connections_per_ip: 512,
             max_connections: 0,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,

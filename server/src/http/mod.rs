@@ -5,9 +5,9 @@
 //! started. On shutdown, WebSocket sessions close with 1001, open connections drain (at most
 //! [`DRAIN_TIMEOUT`]), then the service stops in order, flushing buffered candles.
 //!
-//! Connections are accepted by the server's own loop ([`conn`]): capped per client IP and in
-//! total at accept, and closed when a request head is too slow or a keep-alive connection idles
-//! too long. `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]).
+//! Connections are accepted by the server's own loop ([`conn`]): capped per client address and
+//! in total at accept, and closed when a request head is too slow or a keep-alive connection
+//! idles too long. `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]).
 //!
 //! Routes (see [`api`] for the REST details):
 //! - `GET /ws` -> WebSocket speaking [`shared::protocol`] (see [`ws`])
@@ -29,7 +29,7 @@ mod upgrade;
 pub mod ws;
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +54,7 @@ pub use heartbeat::Heartbeats;
 
 use crate::app::App;
 use crate::bus::Bus;
+use crate::client_addr::ClientAddr;
 use crate::config::{Config, LimitsConfig};
 use crate::jobs::{Lease, SubscribeError, Supervisor};
 use crate::metrics::Metrics;
@@ -109,7 +110,7 @@ pub struct Sessions {
     pub shutdown: Shutdown,
     /// Would subscribing to this stream start an ingest job (none running for it)?
     pub starts_job: StartsJob,
-    /// Job starts left per client IP (`limits.max_job_starts_per_min_per_ip`).
+    /// Job starts left per client address (`limits.max_job_starts_per_min_per_ip`).
     pub ip_starts: starts::IpStarts,
 }
 
@@ -134,14 +135,16 @@ fn starts_job(app: &Arc<App>) -> StartsJob {
 
 /// See [`Sessions::depth_leases`].
 pub type DepthLeases = Arc<
-    dyn Fn(&InstrumentId, Option<IpAddr>) -> Result<Option<Lease>, SubscribeError> + Send + Sync,
+    dyn Fn(&InstrumentId, Option<ClientAddr>) -> Result<Option<Lease>, SubscribeError>
+        + Send
+        + Sync,
 >;
 
 /// Depth subscriptions: books of the tick-by-tick engine are always on; others need their depth
 /// job, which the subscription's lease keeps running.
 fn depth_leases(app: &Arc<App>) -> DepthLeases {
     let app = app.clone();
-    Arc::new(move |instrument: &InstrumentId, peer: Option<IpAddr>| {
+    Arc::new(move |instrument: &InstrumentId, peer: Option<ClientAddr>| {
         if app.books.is_always_on(instrument)
             || app.l3.remote().is_some_and(|r| r.serves(instrument))
         {
@@ -264,7 +267,7 @@ async fn ws_upgrade(
         async move {
             sessions.metrics.ws_connections.fetch_add(1, Relaxed);
             sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
-            ws::session(socket, sessions.clone(), Some(peer.ip().to_canonical())).await;
+            ws::session(socket, sessions.clone(), Some(ClientAddr::of(peer.ip()))).await;
             sessions.metrics.ws_connections.fetch_sub(1, Relaxed);
         }
         .instrument(span)
