@@ -138,6 +138,12 @@ pub struct ServerConfig {
     /// port, `"*"` for any page. A request without `Origin` (not a browser) is always allowed;
     /// others get 403. Default: localhost, 127.0.0.1 and [::1] on any port.
     pub allowed_origins: Vec<String>,
+    /// Names and addresses (any port; `"*"` for any) by which requests may reach this server:
+    /// a request whose `Host` is another gets 421 `host_not_allowed`, so a web page cannot read
+    /// the API through DNS rebinding. The address the server is bound to is always allowed.
+    /// Default: localhost, 127.0.0.1 and [::1]; a server bound to 0.0.0.0 or :: with the default
+    /// warns at start, since clients reaching it by another name are refused.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -152,6 +158,7 @@ impl Default for ServerConfig {
                 .iter()
                 .flat_map(|h| [format!("http://{h}:*"), format!("https://{h}:*")])
                 .collect(),
+            allowed_hosts: ["localhost", "127.0.0.1", "[::1]"].map(String::from).to_vec(),
         }
     }
 }
@@ -697,6 +704,12 @@ impl Config {
                 problem: e.to_string(),
             })?;
         }
+        for (n, h) in self.server.allowed_hosts.iter().enumerate() {
+            crate::http::host::HostPattern::parse(h).map_err(|e| ConfigError::Invalid {
+                key: format!("server.allowed_hosts[{n}]"),
+                problem: e.to_string(),
+            })?;
+        }
         self.l3.validate()?;
         if self.l3.worker_host().is_some() && !self.cluster.enabled {
             return Err(invalid(format!(
@@ -1053,6 +1066,27 @@ mod tests {
         assert!(e.contains("depth.pinned[0]"), "{e}");
         let e = load("", &[("MILLRACE_NOPE__X", "1")]).unwrap_err().to_string();
         assert!(e.contains("MILLRACE_NOPE__X"), "{e}");
+    }
+
+    #[test]
+    fn allowed_hosts_entries_are_checked() {
+        let d = Config::default();
+        assert_eq!(d.server.allowed_hosts, ["localhost", "127.0.0.1", "[::1]"]);
+        for (text, key) in [
+            (
+                "[server]\nallowed_hosts = [\"localhost\", \"http://x\"]\n",
+                "server.allowed_hosts[1]",
+            ),
+            ("[server]\nallowed_hosts = [\"a:99999\"]\n", "server.allowed_hosts[0]"),
+        ] {
+            let e = load(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(&format!("configuration key `{key}`")), "{text}: {e}");
+        }
+        let c = load("[server]\nallowed_hosts = [\"*\", \"::1\", \"dash.example:443\"]\n", &[])
+            .unwrap();
+        assert_eq!(c.server.allowed_hosts.len(), 3);
+        let c = load("", &[("MILLRACE_SERVER__ALLOWED_HOSTS", "[\"dash.example\"]")]).unwrap();
+        assert_eq!(c.server.allowed_hosts, ["dash.example"]);
     }
 
     #[test]

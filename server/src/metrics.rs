@@ -44,6 +44,8 @@ pub struct Metrics {
     pub subscriptions_refused_job_starts: AtomicU64,
     pub http_klines_requests: AtomicU64,
     pub http_bad_requests: AtomicU64,
+    /// HTTP requests refused (421) because their `Host` is not in `server.allowed_hosts`.
+    pub http_refused_host: AtomicU64,
     pub admin_unauthorized: AtomicU64,
 }
 
@@ -257,6 +259,12 @@ impl Metrics {
             "counter",
             "HTTP requests rejected as malformed.",
             c(&self.http_bad_requests),
+        );
+        e.single(
+            "millrace_http_refused_host_total",
+            "counter",
+            "HTTP requests refused (421): their Host is not in server.allowed_hosts.",
+            c(&self.http_refused_host),
         );
         e.single(
             "millrace_admin_unauthorized_total",

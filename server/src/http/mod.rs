@@ -7,7 +7,8 @@
 //!
 //! Connections are accepted by the server's own loop ([`conn`]): capped per client address and
 //! in total at accept, and closed when a request head is too slow or a keep-alive connection
-//! idles too long. `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]).
+//! idles too long. Every request naming a host this server does not answer to is refused (421,
+//! [`host`]); `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]).
 //!
 //! Routes (see [`api`] for the REST details):
 //! - `GET /ws` -> WebSocket speaking [`shared::protocol`] (see [`ws`])
@@ -23,6 +24,7 @@ pub mod conn;
 mod dashboard;
 mod error;
 mod heartbeat;
+pub mod host;
 pub mod origin;
 pub mod starts;
 mod upgrade;
@@ -163,10 +165,14 @@ pub struct AppState {
     static_files: Option<ServeDir>,
     /// Web pages that may open `/ws` (`server.allowed_origins`).
     origins: Arc<origin::AllowedOrigins>,
+    /// Names requests may reach this server by (`server.allowed_hosts`).
+    hosts: Arc<host::AllowedHosts>,
 }
 
-/// The router: API, WebSocket and the dashboard's files.
+/// The router: API, WebSocket and the dashboard's files. Every request passes the `Host` check
+/// first ([`host`]).
 fn router(dashboard: &Dashboard, state: AppState) -> Router {
+    use axum::middleware::from_fn_with_state;
     let routes = Router::new()
         .route("/api/v1/version", get(version))
         .route("/healthz", get(healthz))
@@ -177,7 +183,7 @@ fn router(dashboard: &Dashboard, state: AppState) -> Router {
         Dashboard::Embedded => routes.fallback(dashboard::serve_embedded),
         Dashboard::Missing => routes.fallback(dashboard::serve_missing),
     };
-    routes.with_state(state)
+    routes.layer(from_fn_with_state(state.clone(), host::check)).with_state(state)
 }
 
 /// A file of the static directory (`index.html` at `/`). A path that cannot name a file (too
@@ -313,14 +319,20 @@ pub async fn serve_app(
         Dashboard::Dir(dir) => Some(ServeDir::new(dir)),
         Dashboard::Embedded | Dashboard::Missing => None,
     };
+    let addr = listener.local_addr().map_err(ServeError::Listener)?;
+    let server = &config.config.server;
+    if let Some(warning) = host::AllowedHosts::bound_everywhere_warning(&server.allowed_hosts, addr)
+    {
+        tracing::warn!("{warning}");
+    }
     let state = AppState {
         sessions,
         app: app.clone(),
         static_files,
-        origins: Arc::new(origin::AllowedOrigins::new(&config.config.server.allowed_origins)),
+        origins: Arc::new(origin::AllowedOrigins::new(&server.allowed_origins)),
+        hosts: Arc::new(host::AllowedHosts::new(&server.allowed_hosts, addr)),
     };
     let router = router(&config.dashboard, state);
-    let addr = listener.local_addr().map_err(ServeError::Listener)?;
     tracing::info!(%addr, dashboard = %config.dashboard.describe(), "millrace listening on http://{addr}/");
     tracing::info!(
         open_file_limit = nofile,

@@ -1,5 +1,6 @@
-//! The HTTP edge against hostile clients, over raw sockets: client addresses of a dual-stack
-//! listener, and where the dashboard comes from.
+//! The HTTP edge against hostile clients, over raw sockets: requests naming a host the server
+//! does not answer to (DNS rebinding), client addresses of a dual-stack listener, and where the
+//! dashboard comes from.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -79,6 +80,10 @@ async fn ask_from(from: IpAddr, addr: SocketAddr, request: &str) -> (Answer, Tcp
     (answer, tcp)
 }
 
+async fn ask(addr: SocketAddr, request: &str) -> Answer {
+    ask_from(ip("127.0.0.1"), addr, request).await.0
+}
+
 /// Whether the server closes `tcp` within `within` (reading what it still sends).
 async fn closes_within(tcp: &mut TcpStream, within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;
@@ -147,5 +152,76 @@ async fn a_dual_stack_listener_counts_ipv4_clients_by_their_address_and_ipv6_one
     assert_eq!(answer.header("content-type"), Some("text/plain; version=0.0.4"));
     assert_eq!(metric(&answer.body, "millrace_connections_refused_total{reason=\"per_ip\"}"), 2);
     drop((held, held_v4));
+    server.stop().await;
+}
+
+// ---- the Host allow-list (DNS rebinding) ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_naming_a_host_the_server_does_not_answer_to_are_refused() {
+    let server = TestServer::start(test_config(vec![embedded_sim_source(1.0)])).await;
+    let (addr, port) = (server.addr, server.addr.port());
+    let evil = format!("rebound.evil.example:{port}");
+    let upgrade = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+    let mut refused = 0;
+    // Every kind of request: REST, static files, /metrics, /healthz, the WebSocket upgrade.
+    let paths = ["/", "/index.html", "/api/v1/series", "/api/v1/version", "/metrics", "/healthz"];
+    for path in paths.iter().chain(&["/fapi/v1/depth?symbol=sim:stock:600000", "/nope.js"]) {
+        let answer = ask(addr, &get(path, &evil)).await;
+        assert_eq!(answer.status, 421, "{path}: {answer:?}");
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        assert!(
+            answer.body.contains("\"host_not_allowed\"") && answer.body.contains("allowed_hosts")
+        );
+        refused += 1;
+    }
+    let ws = format!("GET /ws HTTP/1.1\r\nHost: {evil}\r\n{upgrade}\r\n");
+    assert_eq!(ask(addr, &ws).await.status, 421, "the WebSocket is not upgraded");
+    // A target in absolute form is checked too.
+    let absolute = "GET http://rebound.evil.example/healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    assert_eq!(ask(addr, absolute).await.status, 421);
+    refused += 2;
+    // The loopback names and the bound address, on any port, in any case.
+    for host in [
+        format!("localhost:{port}"),
+        "LocalHost".to_string(),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        assert_eq!(ask(addr, &get("/healthz", &host)).await.status, 200, "{host}");
+    }
+    let ws = format!("GET /ws HTTP/1.1\r\nHost: localhost:{port}\r\n{upgrade}\r\n");
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(ws.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(PROMPT, tcp.read_exact(&mut head)).await.unwrap().unwrap();
+    assert_eq!(&head, b"HTTP/1.1 101");
+    // HTTP/1.0 without Host (a tool, never a browser) is served; HTTP/1.1 needs one.
+    assert_eq!(ask(addr, "GET /healthz HTTP/1.0\r\n\r\n").await.status, 200);
+    assert_eq!(ask(addr, "GET /healthz HTTP/1.1\r\n\r\n").await.status, 400);
+    let two = "GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n";
+    assert_eq!(ask(addr, two).await.status, 400);
+    let metrics = server.get("/metrics").await.1;
+    assert_eq!(metric(&metrics, "millrace_http_refused_host_total"), refused);
+    server.stop().await;
+
+    // Bound to another address: that address is allowed as well; a configured list replaces
+    // the loopback names.
+    let server = TestServer::start_on(
+        test_config(vec![embedded_sim_source(1.0)]),
+        "127.0.0.3:0".parse().unwrap(),
+    )
+    .await;
+    let (addr, port) = (server.addr, server.addr.port());
+    assert_eq!(ask(addr, &get("/healthz", &format!("127.0.0.3:{port}"))).await.status, 200);
+    assert_eq!(ask(addr, &get("/healthz", &format!("127.0.0.4:{port}"))).await.status, 421);
+    server.stop().await;
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    config.server.allowed_hosts = vec!["dash.example".into()];
+    let server = TestServer::start_on(config, "127.0.0.3:0".parse().unwrap()).await;
+    let addr = server.addr;
+    assert_eq!(ask(addr, &get("/healthz", "dash.example:443")).await.status, 200);
+    assert_eq!(ask(addr, &get("/healthz", "127.0.0.3")).await.status, 200, "bound");
+    assert_eq!(ask(addr, &get("/healthz", "localhost")).await.status, 421, "not listed");
     server.stop().await;
 }

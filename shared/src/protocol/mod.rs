@@ -275,6 +275,9 @@ pub enum ErrorCode {
     TooManyConnections,
     /// HTTP: a web page of this origin may not open the WebSocket (`server.allowed_origins`).
     OriginNotAllowed,
+    /// HTTP: the request names this server by a host it does not answer to
+    /// (`server.allowed_hosts`).
+    HostNotAllowed,
     /// WebSocket: the request would start more ingest jobs than this connection or address may
     /// start now (`limits.max_job_starts_per_min_per_*`); nothing was subscribed.
     TooManyJobStarts,
