@@ -201,6 +201,13 @@ pub struct LimitsConfig {
     pub send_timeout_ms: u64,
     /// Largest `limit` of `GET /api/v1/klines`.
     pub max_klines_limit: usize,
+    /// A request body the server reads (the admin requests') must arrive whole within this
+    /// (ms) of the request's head; slower ones get 408 and their connection is closed.
+    pub body_timeout_ms: u64,
+    /// Failed admin attempts (a missing or wrong token) one client address may make per minute
+    /// (a token bucket: bursts up to this); beyond, its admin requests get 429 before their
+    /// token is compared. Successful requests take nothing.
+    pub max_admin_failures_per_min_per_ip: u32,
 }
 
 impl Default for LimitsConfig {
@@ -217,6 +224,8 @@ impl Default for LimitsConfig {
             bus_capacity: 1024,
             send_timeout_ms: 10_000,
             max_klines_limit: 5000,
+            body_timeout_ms: 10_000,
+            max_admin_failures_per_min_per_ip: 10,
         }
     }
 }
@@ -678,6 +687,13 @@ impl Config {
         range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
         range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
         range("limits.max_klines_limit", l.max_klines_limit, 1, 100_000)?;
+        range("limits.body_timeout_ms", l.body_timeout_ms, 10, 3_600_000)?;
+        range(
+            "limits.max_admin_failures_per_min_per_ip",
+            l.max_admin_failures_per_min_per_ip,
+            1,
+            100_000,
+        )?;
         let d = &self.depth;
         range("depth.snapshot_limit", d.snapshot_limit, 5, 5000)?;
         range("depth.verify_interval_ms", d.verify_interval_ms, 0, 86_400_000)?;
@@ -1096,5 +1112,23 @@ mod tests {
         assert!(e.contains("l3.feed_stale_after_ms"), "{e}");
         let c = load("[l3]\nfeed_stale_after_ms = 500\n", &[]).unwrap();
         assert_eq!(c.l3.feed_stale_after_ms, 500);
+    }
+
+    #[test]
+    fn the_body_timeout_and_the_admin_failures_are_checked() {
+        let d = Config::default();
+        let l = &d.limits;
+        assert_eq!((l.body_timeout_ms, l.max_admin_failures_per_min_per_ip), (10_000, 10));
+        for (text, key) in [
+            ("[limits]\nbody_timeout_ms = 0\n", "limits.body_timeout_ms"),
+            ("[limits]\nbody_timeout_ms = 3600001\n", "limits.body_timeout_ms"),
+            (
+                "[limits]\nmax_admin_failures_per_min_per_ip = 0\n",
+                "limits.max_admin_failures_per_min_per_ip",
+            ),
+        ] {
+            let e = load(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(&format!("configuration key `{key}`")), "{text}: {e}");
+        }
     }
 }

@@ -8,16 +8,18 @@
 //! Connections are accepted by the server's own loop ([`conn`]): capped per client address and
 //! in total at accept, and closed when a request head is too slow or a keep-alive connection
 //! idles too long. Every request naming a host this server does not answer to is refused (421,
-//! [`host`]); `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]).
+//! [`host`]); `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]); admin
+//! requests are checked before their body is read ([`admin`]).
 //!
 //! Routes (see [`api`] for the REST details):
 //! - `GET /ws` -> WebSocket speaking [`shared::protocol`] (see [`ws`])
 //! - `GET /api/v1/version`, `GET /healthz`, `GET /metrics`
 //! - `GET /api/v1/klines`, `GET /api/v1/series`, `GET /fapi/v1/depth`
 //! - `GET /api/v1/ops/{jobs,backfill,books,shards,sources}`
-//! - `POST /api/v1/admin/...` (Bearer token)
+//! - `POST /api/v1/admin/...` (Bearer token, [`admin`])
 //! - anything else -> a file from the static directory (`index.html` at `/`)
 
+pub mod admin;
 pub mod api;
 mod batch;
 pub mod conn;
@@ -167,17 +169,21 @@ pub struct AppState {
     origins: Arc<origin::AllowedOrigins>,
     /// Names requests may reach this server by (`server.allowed_hosts`).
     hosts: Arc<host::AllowedHosts>,
+    /// The admin token, failed attempts per address, admin bodies.
+    admin: Arc<admin::AdminGate>,
 }
 
 /// The router: API, WebSocket and the dashboard's files. Every request passes the `Host` check
-/// first ([`host`]).
+/// first ([`host`]); admin requests then pass their gate ([`admin`]) before their handler.
 fn router(dashboard: &Dashboard, state: AppState) -> Router {
     use axum::middleware::from_fn_with_state;
+    let admin = api::admin_routes().route_layer(from_fn_with_state(state.clone(), admin::guard));
     let routes = Router::new()
         .route("/api/v1/version", get(version))
         .route("/healthz", get(healthz))
         .route("/ws", get(ws_upgrade))
-        .merge(api::routes());
+        .merge(api::routes())
+        .merge(admin);
     let routes = match dashboard {
         Dashboard::Dir(_) => routes.fallback(static_file),
         Dashboard::Embedded => routes.fallback(dashboard::serve_embedded),
@@ -331,6 +337,7 @@ pub async fn serve_app(
         static_files,
         origins: Arc::new(origin::AllowedOrigins::new(&server.allowed_origins)),
         hosts: Arc::new(host::AllowedHosts::new(&server.allowed_hosts, addr)),
+        admin: Arc::new(admin::AdminGate::new(&config.config, app.metrics.clone())),
     };
     let router = router(&config.dashboard, state);
     tracing::info!(%addr, dashboard = %config.dashboard.describe(), "millrace listening on http://{addr}/");

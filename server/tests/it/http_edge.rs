@@ -1,9 +1,10 @@
-//! The HTTP edge against hostile clients, over raw sockets: requests naming a host the server
-//! does not answer to (DNS rebinding), client addresses of a dual-stack listener, and where the
-//! dashboard comes from.
+//! The HTTP edge against hostile clients, over raw sockets: admin requests checked before their
+//! body is read (size and time limits on the body), failed admin attempts throttled per client
+//! address, requests naming a host the server does not answer to (DNS rebinding), client
+//! addresses of a dual-stack listener, and where the dashboard comes from.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use server::http::{Dashboard, ServeConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -13,6 +14,8 @@ use testkit::*;
 
 /// Longest a refusal that needs no waiting may take.
 const PROMPT: Duration = Duration::from_secs(2);
+
+const TOKEN: &str = "edge-admin-token";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -95,6 +98,14 @@ async fn closes_within(tcp: &mut TcpStream, within: Duration) -> bool {
             Ok(Ok(_)) => continue,
         }
     }
+}
+
+/// The head of `POST path` with `auth` (a token, or none) and `extra` header lines.
+fn post_head(path: &str, auth: Option<&str>, extra: &str) -> String {
+    let auth = auth.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{auth}{extra}\r\n"
+    )
 }
 
 fn metric(metrics: &str, name: &str) -> u64 {
@@ -223,5 +234,116 @@ async fn requests_naming_a_host_the_server_does_not_answer_to_are_refused() {
     assert_eq!(ask(addr, &get("/healthz", "dash.example:443")).await.status, 200);
     assert_eq!(ask(addr, &get("/healthz", "127.0.0.3")).await.status, 200, "bound");
     assert_eq!(ask(addr, &get("/healthz", "localhost")).await.status, 421, "not listed");
+    server.stop().await;
+}
+
+// ---- admin requests: the token before the body; the body's size and time ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_requests_are_refused_before_their_body_is_read_and_bodies_are_bounded() {
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    config.server.admin_token = Some(TOKEN.into());
+    config.limits.body_timeout_ms = 600;
+    let server = TestServer::start(config).await;
+    let (addr, local) = (server.addr, ip("127.0.0.1"));
+    let stop = "/api/v1/admin/jobs/stop";
+
+    // A body announced and never sent: without the token, refused at once, connection closed.
+    for auth in [None, Some("not-the-token")] {
+        let head = post_head(stop, auth, "Content-Length: 2000000\r\n");
+        let (answer, mut tcp) = ask_from(local, addr, &head).await;
+        assert_eq!(answer.status, 401, "{answer:?}");
+        assert!(answer.body.contains("\"unauthorized\""), "{}", answer.body);
+        assert!(closes_within(&mut tcp, PROMPT).await, "the connection stayed open");
+    }
+
+    // With the token: a body over the cap, by its length (not read) or as it arrives.
+    let head = post_head(stop, Some(TOKEN), "Content-Length: 2000000\r\n");
+    let (answer, mut tcp) = ask_from(local, addr, &head).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert!(answer.body.contains("\"too_large\"") && answer.body.contains("4096"), "{answer:?}");
+    assert!(closes_within(&mut tcp, PROMPT).await);
+    let head = post_head(stop, Some(TOKEN), "Transfer-Encoding: chunked\r\n");
+    let chunked = format!("{head}1388\r\n{}\r\n", "a".repeat(5000));
+    let (answer, mut tcp) = ask_from(local, addr, &chunked).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert!(closes_within(&mut tcp, PROMPT).await);
+
+    // A body that trickles: 408 once limits.body_timeout_ms has passed, connection closed.
+    let mut tcp = connect_from(local, addr).await;
+    let head = post_head(stop, Some(TOKEN), "Content-Length: 64\r\n");
+    tcp.write_all(format!("{head}{{\"instrument\"").as_bytes()).await.unwrap();
+    let sent = Instant::now();
+    let answer = read_answer(&mut tcp, Duration::from_secs(3)).await;
+    let after = sent.elapsed();
+    assert_eq!(answer.status, 408, "{answer:?}");
+    assert!(answer.body.contains("\"timeout\"") && answer.body.contains("body_timeout_ms"));
+    assert!(after >= Duration::from_millis(500), "408 after only {after:?}");
+    assert_eq!(answer.header("connection"), Some("close"));
+    assert!(closes_within(&mut tcp, PROMPT).await);
+
+    // A whole, small body with the token is served.
+    let body = r#"{"instrument":"sim:spot:NOPE/USDT"}"#;
+    let head = post_head(stop, Some(TOKEN), &format!("Content-Length: {}\r\n", body.len()));
+    let answer = ask(addr, &format!("{head}{body}")).await;
+    assert_eq!(answer.status, 404, "{answer:?}");
+    assert!(answer.body.contains("no job for sim:spot:NOPE/USDT"), "{answer:?}");
+
+    let metrics = server.get("/metrics").await.1;
+    assert_eq!(metric(&metrics, "millrace_admin_unauthorized_total"), 2);
+    assert_eq!(metric(&metrics, "millrace_http_bodies_refused_total{reason=\"too_large\"}"), 2);
+    assert_eq!(metric(&metrics, "millrace_http_bodies_refused_total{reason=\"timeout\"}"), 1);
+    server.stop().await;
+}
+
+// ---- failed admin attempts, per client address ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_admin_attempts_are_throttled_per_client_address() {
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    config.server.admin_token = Some(TOKEN.into());
+    config.limits.max_admin_failures_per_min_per_ip = 3;
+    let server = TestServer::start(config).await;
+    let addr = server.addr;
+    let body = r#"{"instrument":"sim:spot:NOPE/USDT"}"#;
+    let stop = |token: &str| {
+        let head = post_head(
+            "/api/v1/admin/jobs/stop",
+            Some(token),
+            &format!("Content-Length: {}\r\nConnection: close\r\n", body.len()),
+        );
+        format!("{head}{body}")
+    };
+    let (a, b) = (ip("127.0.0.1"), ip("127.0.0.2"));
+
+    // Successful requests are never throttled.
+    for _ in 0..12 {
+        assert_eq!(ask_from(a, addr, &stop(TOKEN)).await.0.status, 404);
+    }
+    // Three failed attempts, then the address waits: even the right token is not compared.
+    for guess in ["guess-1", "guess-2", "guess-3"] {
+        assert_eq!(ask_from(a, addr, &stop(guess)).await.0.status, 401, "{guess}");
+    }
+    for token in ["guess-4", TOKEN] {
+        let (answer, _) = ask_from(a, addr, &stop(token)).await;
+        assert_eq!(answer.status, 429, "{answer:?}");
+        assert!(answer.body.contains("\"too_many_attempts\""), "{answer:?}");
+        assert_eq!(answer.header("retry-after"), Some("20"), "one attempt back every 20 s");
+    }
+    // The admin's view of ops/sources compares the token too, so it waits as well.
+    let sources = format!(
+        "GET /api/v1/ops/sources HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    );
+    assert_eq!(ask_from(a, addr, &sources).await.0.status, 429);
+    // Another address is served, and has its own attempts.
+    assert_eq!(ask_from(b, addr, &stop(TOKEN)).await.0.status, 404);
+    assert_eq!(ask_from(b, addr, &stop("guess-1")).await.0.status, 401);
+    let (answer, _) = ask_from(b, addr, &sources).await;
+    assert_eq!(answer.status, 200);
+    assert!(answer.body.contains("\"rest_base\":\"http://127.0.0.1:"), "{}", answer.body);
+
+    let metrics = server.get("/metrics").await.1;
+    assert_eq!(metric(&metrics, "millrace_admin_throttled_total"), 3);
+    assert_eq!(metric(&metrics, "millrace_admin_unauthorized_total"), 4);
     server.stop().await;
 }

@@ -286,6 +286,11 @@ pub enum ErrorCode {
     /// REST: in a cluster, another node does this (backfill runs on the node holding the
     /// persister lease).
     OtherNode,
+    /// REST: too many failed admin attempts from this address; try again later
+    /// (`limits.max_admin_failures_per_min_per_ip`).
+    TooManyAttempts,
+    /// REST: the request's body did not arrive in time (`limits.body_timeout_ms`).
+    Timeout,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
