@@ -459,7 +459,7 @@ impl App {
     pub fn subscribe_depth_as(
         &self,
         instrument: &InstrumentId,
-        owner: Option<std::net::IpAddr>,
+        owner: Option<crate::client_addr::ClientAddr>,
     ) -> Result<Lease, SubscribeError> {
         self.depth.subscribe_instrument(instrument, &format!("depth@{instrument}"), owner)
     }

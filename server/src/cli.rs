@@ -107,8 +107,8 @@ pub struct ServeArgs {
     #[arg(long, env = "MILLRACE_SIM_SPEED")]
     pub sim_speed: Option<f64>,
     /// Directory with the built dashboard (index.html, client.js, client_bg.wasm), made by
-    /// `scripts/build-client` [default: dist at the workspace root; key server.static_dir;
-    /// env MILLRACE_STATIC_DIR].
+    /// `scripts/build-client` [default: none, the dashboard embedded in the binary; key
+    /// server.static_dir; env MILLRACE_STATIC_DIR].
     #[arg(long)]
     pub static_dir: Option<PathBuf>,
     /// Print the effective configuration (defaults, file, environment and flags merged) as TOML

@@ -146,7 +146,8 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// Directory of the SQLite file (`millrace.db`); created if missing.
     pub data_dir: PathBuf,
-    /// Built dashboard; defaults to `dist` at the workspace root.
+    /// A directory with the built dashboard (`dist`, made by `scripts/build-client`), served
+    /// instead of the one embedded in the binary; default none: the embedded one.
     pub static_dir: Option<PathBuf>,
     /// Bearer token for admin actions; admin actions are disabled without one.
     pub admin_token: Option<String>,
@@ -157,6 +158,12 @@ pub struct ServerConfig {
     /// port, `"*"` for any page. A request without `Origin` (not a browser) is always allowed;
     /// others get 403. Default: localhost, 127.0.0.1 and [::1] on any port.
     pub allowed_origins: Vec<String>,
+    /// Names and addresses (any port; `"*"` for any) by which requests may reach this server:
+    /// a request whose `Host` is another gets 421 `host_not_allowed`, so a web page cannot read
+    /// the API through DNS rebinding. The address the server is bound to is always allowed.
+    /// Default: localhost, 127.0.0.1 and [::1]; a server bound to 0.0.0.0 or :: with the default
+    /// warns at start, since clients reaching it by another name are refused.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -171,6 +178,7 @@ impl Default for ServerConfig {
                 .iter()
                 .flat_map(|h| [format!("http://{h}:*"), format!("https://{h}:*")])
                 .collect(),
+            allowed_hosts: ["localhost", "127.0.0.1", "[::1]"].map(String::from).to_vec(),
         }
     }
 }
@@ -183,8 +191,13 @@ pub struct LimitsConfig {
     pub max_message_bytes: usize,
     /// Streams one WebSocket connection may hold.
     pub max_subscriptions_per_connection: usize,
-    /// Concurrent TCP connections (HTTP or WebSocket) from one IP address, counted at accept;
-    /// further ones are closed at once. At most half of `max_connections` is used.
+    /// Concurrent TCP connections (HTTP or WebSocket) from one client address (an IPv4
+    /// address; an IPv6 /64), counted at accept; further ones are closed at once. At most half
+    /// of `max_connections` is used. The default, 512, is out of reach of one person: a
+    /// dashboard page opens one WebSocket, and a browser opens at most ~260 connections to one
+    /// host in all (Chromium: 255 WebSockets and 6 HTTP/1.1 connections; Firefox: 200 and 6),
+    /// while one address can take no more than 512 of the global cap. Load tests that open
+    /// thousands of connections from one machine set it.
     pub max_connections_per_ip: usize,
     /// Concurrent TCP connections in all; further ones are closed at once. 0 = derived from the
     /// open-file limit (raised to its hard limit at start), leaving room for the server's own
@@ -208,6 +221,13 @@ pub struct LimitsConfig {
     pub send_timeout_ms: u64,
     /// Largest `limit` of `GET /api/v1/klines`.
     pub max_klines_limit: usize,
+    /// A request body the server reads (the admin requests') must arrive whole within this
+    /// (ms) of the request's head; slower ones get 408 and their connection is closed.
+    pub body_timeout_ms: u64,
+    /// Failed admin attempts (a missing or wrong token) one client address may make per minute
+    /// (a token bucket: bursts up to this); beyond, its admin requests get 429 before their
+    /// token is compared. Successful requests take nothing.
+    pub max_admin_failures_per_min_per_ip: u32,
 }
 
 impl Default for LimitsConfig {
@@ -215,7 +235,7 @@ impl Default for LimitsConfig {
         Self {
             max_message_bytes: 64 * 1024,
             max_subscriptions_per_connection: 200,
-            max_connections_per_ip: 10_000,
+            max_connections_per_ip: 512,
             max_connections: 0,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
@@ -224,6 +244,8 @@ impl Default for LimitsConfig {
             bus_capacity: 1024,
             send_timeout_ms: 10_000,
             max_klines_limit: 5000,
+            body_timeout_ms: 10_000,
+            max_admin_failures_per_min_per_ip: 10,
         }
     }
 }
@@ -697,6 +719,13 @@ impl Config {
         range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
         range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
         range("limits.max_klines_limit", l.max_klines_limit, 1, 100_000)?;
+        range("limits.body_timeout_ms", l.body_timeout_ms, 10, 3_600_000)?;
+        range(
+            "limits.max_admin_failures_per_min_per_ip",
+            l.max_admin_failures_per_min_per_ip,
+            1,
+            100_000,
+        )?;
         let d = &self.depth;
         range("depth.snapshot_limit", d.snapshot_limit, 5, 5000)?;
         range("depth.verify_interval_ms", d.verify_interval_ms, 0, 86_400_000)?;
@@ -720,6 +749,12 @@ impl Config {
         for (n, o) in self.server.allowed_origins.iter().enumerate() {
             crate::http::origin::Pattern::parse(o).map_err(|e| ConfigError::Invalid {
                 key: format!("server.allowed_origins[{n}]"),
+                problem: e.to_string(),
+            })?;
+        }
+        for (n, h) in self.server.allowed_hosts.iter().enumerate() {
+            crate::http::host::HostPattern::parse(h).map_err(|e| ConfigError::Invalid {
+                key: format!("server.allowed_hosts[{n}]"),
                 problem: e.to_string(),
             })?;
         }
@@ -1082,6 +1117,27 @@ mod tests {
     }
 
     #[test]
+    fn allowed_hosts_entries_are_checked() {
+        let d = Config::default();
+        assert_eq!(d.server.allowed_hosts, ["localhost", "127.0.0.1", "[::1]"]);
+        for (text, key) in [
+            (
+                "[server]\nallowed_hosts = [\"localhost\", \"http://x\"]\n",
+                "server.allowed_hosts[1]",
+            ),
+            ("[server]\nallowed_hosts = [\"a:99999\"]\n", "server.allowed_hosts[0]"),
+        ] {
+            let e = load(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(&format!("configuration key `{key}`")), "{text}: {e}");
+        }
+        let c = load("[server]\nallowed_hosts = [\"*\", \"::1\", \"dash.example:443\"]\n", &[])
+            .unwrap();
+        assert_eq!(c.server.allowed_hosts.len(), 3);
+        let c = load("", &[("MILLRACE_SERVER__ALLOWED_HOSTS", "[\"dash.example\"]")]).unwrap();
+        assert_eq!(c.server.allowed_hosts, ["dash.example"]);
+    }
+
+    #[test]
     fn the_feed_stale_limit_is_checked() {
         assert_eq!(Config::default().l3.feed_stale_after_ms, 2_000);
         let e = load("[l3]\nfeed_stale_after_ms = 10\n", &[]).unwrap_err().to_string();
@@ -1120,5 +1176,23 @@ mod tests {
             assert!(shown.contains(named), "{name}: {shown}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_body_timeout_and_the_admin_failures_are_checked() {
+        let d = Config::default();
+        let l = &d.limits;
+        assert_eq!((l.body_timeout_ms, l.max_admin_failures_per_min_per_ip), (10_000, 10));
+        for (text, key) in [
+            ("[limits]\nbody_timeout_ms = 0\n", "limits.body_timeout_ms"),
+            ("[limits]\nbody_timeout_ms = 3600001\n", "limits.body_timeout_ms"),
+            (
+                "[limits]\nmax_admin_failures_per_min_per_ip = 0\n",
+                "limits.max_admin_failures_per_min_per_ip",
+            ),
+        ] {
+            let e = load(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(&format!("configuration key `{key}`")), "{text}: {e}");
+        }
     }
 }

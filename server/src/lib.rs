@@ -8,6 +8,7 @@ pub mod books;
 pub mod bus;
 pub mod candles;
 pub mod cli;
+pub mod client_addr;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -44,7 +44,15 @@ pub struct Metrics {
     pub subscriptions_refused_job_starts: AtomicU64,
     pub http_klines_requests: AtomicU64,
     pub http_bad_requests: AtomicU64,
+    /// HTTP requests refused (421) because their `Host` is not in `server.allowed_hosts`.
+    pub http_refused_host: AtomicU64,
     pub admin_unauthorized: AtomicU64,
+    /// Admin requests refused (429) because their address used up its failed attempts.
+    pub admin_throttled: AtomicU64,
+    /// Request bodies refused: over their size limit (413) ...
+    pub http_body_too_large: AtomicU64,
+    /// ... or not whole within `limits.body_timeout_ms` (408).
+    pub http_body_timeouts: AtomicU64,
 }
 
 /// Builds the text exposition.
@@ -259,10 +267,37 @@ impl Metrics {
             c(&self.http_bad_requests),
         );
         e.single(
+            "millrace_http_refused_host_total",
+            "counter",
+            "HTTP requests refused (421): their Host is not in server.allowed_hosts.",
+            c(&self.http_refused_host),
+        );
+        e.single(
             "millrace_admin_unauthorized_total",
             "counter",
             "Admin requests without a valid token.",
             c(&self.admin_unauthorized),
+        );
+        e.single(
+            "millrace_admin_throttled_total",
+            "counter",
+            "Admin requests refused (429): their address used up its failed attempts.",
+            c(&self.admin_throttled),
+        );
+        e.family(
+            "millrace_http_bodies_refused_total",
+            "counter",
+            "Request bodies refused: over their size limit (413) or too slow (408).",
+        );
+        e.sample(
+            "millrace_http_bodies_refused_total",
+            &[("reason", "too_large")],
+            c(&self.http_body_too_large),
+        );
+        e.sample(
+            "millrace_http_bodies_refused_total",
+            &[("reason", "timeout")],
+            c(&self.http_body_timeouts),
         );
     }
 }

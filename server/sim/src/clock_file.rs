@@ -83,18 +83,37 @@ impl ClockFile {
     }
 
     /// Records simulated time `sim_ms` of a run at `speed` (`clean`: the run has stopped).
-    /// The file is replaced whole (written beside it, flushed, then renamed over it), so a
+    /// The file is replaced whole: written to `<path>.tmp`, synced, then renamed over it, so a
     /// crash mid-write leaves the previous clock.
+    ///
+    /// The temporary file is always a new file: created with `O_CREAT | O_EXCL`, which never
+    /// opens an existing path and never follows a symbolic link, so nothing planted at
+    /// `<path>.tmp` (a link to another file, a file left by a crash) is ever written through;
+    /// whatever is there is removed (a link itself, not what it points to) and the creation
+    /// tried once more. The rename replaces `path` itself, a link there included, and writes
+    /// nothing through it.
     pub fn save(&self, sim_ms: i64, speed: f64, clean: bool) -> Result<(), ClockFileError> {
         let write = || -> std::io::Result<()> {
             let mut tmp = self.path.clone().into_os_string();
             tmp.push(".tmp");
             let tmp = PathBuf::from(tmp);
-            let mut f = std::fs::File::create(&tmp)?;
-            serde_json::to_writer(&mut f, &Saved { sim_ms, speed, clean })?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
+            let create = || std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp);
+            let mut f = match create() {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    std::fs::remove_file(&tmp)?;
+                    create()?
+                }
+                other => other?,
+            };
+            let written = serde_json::to_writer(&mut f, &Saved { sim_ms, speed, clean })
+                .map_err(std::io::Error::from)
+                .and_then(|()| f.write_all(b"\n"))
+                .and_then(|()| f.sync_all())
+                .and_then(|()| std::fs::rename(&tmp, &self.path));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            written
         };
         write().map_err(|source| ClockFileError::Write { path: self.path.clone(), source })
     }
@@ -157,5 +176,43 @@ mod tests {
         let f = file("unwritable", "missing-dir/clock.json");
         let e = f.save(WALL, 1.0, true).unwrap_err().to_string();
         assert!(e.contains("cannot write") && e.contains("clock.json"), "{e}");
+    }
+
+    /// Links planted at the temporary path or at the clock file are never written through: the
+    /// file they point to keeps its contents, and the clock is written all the same.
+    #[test]
+    fn links_planted_at_the_temporary_file_or_the_clock_file_are_never_written_through() {
+        use std::os::unix::fs::symlink;
+        let f = file("links", "clock.json");
+        let dir = f.path().parent().unwrap().to_path_buf();
+        let victim = dir.join("victim.txt");
+        std::fs::write(&victim, "precious").unwrap();
+        let tmp = dir.join("clock.json.tmp");
+
+        // A link at the temporary path, to an existing file and to one that does not exist.
+        symlink(&victim, &tmp).unwrap();
+        f.save(WALL + 1_000, 1.0, true).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(f.resume_ms(WALL).unwrap(), Some(WALL + 1_000));
+        assert!(!std::fs::symlink_metadata(f.path()).unwrap().file_type().is_symlink());
+        let created = dir.join("created-through-the-link.txt");
+        symlink(&created, &tmp).unwrap();
+        f.save(WALL + 2_000, 1.0, true).unwrap();
+        assert!(!created.exists(), "a dangling link was followed");
+        assert_eq!(f.resume_ms(WALL).unwrap(), Some(WALL + 2_000));
+
+        // A link at the clock file itself is replaced, not written through.
+        std::fs::remove_file(f.path()).unwrap();
+        symlink(&victim, f.path()).unwrap();
+        f.save(WALL + 3_000, 1.0, true).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(!std::fs::symlink_metadata(f.path()).unwrap().file_type().is_symlink());
+        assert_eq!(f.resume_ms(WALL).unwrap(), Some(WALL + 3_000));
+
+        // A file left at the temporary path (a crash between create and rename) is replaced.
+        std::fs::write(&tmp, "half a clock").unwrap();
+        f.save(WALL + 4_000, 1.0, true).unwrap();
+        assert_eq!(f.resume_ms(WALL).unwrap(), Some(WALL + 4_000));
+        assert!(!tmp.exists());
     }
 }

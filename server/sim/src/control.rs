@@ -5,7 +5,8 @@
 //! - No token configured: control is disabled, `403` (fail closed; `millrace serve` passes its
 //!   `server.admin_token` to the simulator it embeds, `millrace sim` takes `--control-token` /
 //!   `MILLRACE_SIM_TOKEN`).
-//! - A missing or wrong token: `401` (compared in constant time).
+//! - A missing or wrong token: `401` (SHA-256 digests compared in constant time, so neither the
+//!   token's length nor where a guess differs leaks through timing).
 //! - A body that is not `Content-Type: application/json`: `415`. A web page can send a
 //!   `text/plain` POST to loopback without a CORS preflight; a JSON one needs the preflight,
 //!   which the simulator never grants.
@@ -30,10 +31,13 @@ pub(crate) struct Guard {
     pub faults: Arc<Faults>,
 }
 
-/// Whether `given` equals `expected`, in time independent of where they differ.
+/// Whether `given` equals `expected`, in time independent of their lengths and of where they
+/// differ: their digests are compared, in constant time.
 fn same_token(given: &str, expected: &str) -> bool {
-    given.len() == expected.len()
-        && given.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    use sha2::{Digest as _, Sha256};
+    use subtle::ConstantTimeEq as _;
+    let (given, expected) = (Sha256::digest(given.as_bytes()), Sha256::digest(expected.as_bytes()));
+    given.as_slice().ct_eq(expected.as_slice()).into()
 }
 
 /// Whether `req` carries a JSON content type (`application/json`, parameters allowed).

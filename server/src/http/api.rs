@@ -31,7 +31,9 @@
 //!   simulator's only with the admin token: its control endpoints take that token).
 //! - `GET /metrics` — Prometheus text format.
 //!
-//! Admin (`Authorization: Bearer <server.admin_token>`; disabled with 403 when no token is set):
+//! Admin (`Authorization: Bearer <server.admin_token>`; disabled with 403 when no token is set;
+//! the token, the address's failed attempts and the body's size and time are checked by
+//! [`super::admin`] before the handler runs):
 //! - `POST /api/v1/admin/backfill/start` and `/stop`, body `{"series":"sim:spot:BTC/USDT:1m"}`
 //! - `POST /api/v1/admin/jobs/stop`, body `{"instrument":"sim:spot:BTC/USDT"}`: ends the job's
 //!   run; a pinned or subscribed job starts again in place (`"result":"restarted"`, its sessions
@@ -50,8 +52,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, Request, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -64,6 +66,7 @@ use shared::protocol::ops::{
 };
 use shared::protocol::{InstrumentId, RestDepthResponse, SeriesId};
 
+use super::admin::TokenVerdict;
 use super::{ApiError, AppState};
 use crate::candles::backfill::BackfillError;
 use crate::store::blocking;
@@ -80,6 +83,11 @@ pub fn routes() -> Router<AppState> {
         .route("/fapi/v1/depth", get(rest_depth))
         .route("/api/v1/ops/books", get(ops_books))
         .route("/api/v1/ops/shards", get(ops_shards))
+}
+
+/// The admin requests; the caller puts them behind [`super::admin::guard`].
+pub fn admin_routes() -> Router<AppState> {
+    Router::new()
         .route("/api/v1/admin/shards/migrate", post(admin_migrate))
         .route("/api/v1/admin/shards/auto_balance", post(admin_auto_balance))
         .route("/api/v1/admin/sim/hotspot", post(admin_hotspot))
@@ -200,10 +208,29 @@ async fn ops_backfill(State(state): State<AppState>) -> Json<BackfillReport> {
 }
 
 /// Every source. The address of an embedded simulator (whose control endpoints take the admin
-/// token) is shown only to a request carrying the admin token.
-async fn ops_sources(State(state): State<AppState>, headers: HeaderMap) -> Json<SourcesReport> {
-    let reveal = is_admin(&state, &headers);
-    Json(SourcesReport { sources: state.app.sources.snapshot(reveal) })
+/// token) is shown only to a request carrying the admin token. A request carrying a wrong one
+/// is a failed admin attempt like any other: counted against its address, and refused (429)
+/// once the address used them up.
+async fn ops_sources(State(state): State<AppState>, request: Request) -> Response {
+    let headers = request.headers();
+    let reveal = match headers.contains_key(axum::http::header::AUTHORIZATION) {
+        false => false,
+        true => {
+            let who = super::admin::client_of(&request);
+            match state.admin.verdict(who, headers, tokio::time::Instant::now()) {
+                TokenVerdict::Admin => true,
+                TokenVerdict::Disabled => false,
+                TokenVerdict::Wrong => {
+                    state.app.metrics.admin_unauthorized.fetch_add(1, Relaxed);
+                    false
+                }
+                throttled @ TokenVerdict::Throttled { .. } => {
+                    return state.admin.refusal(throttled)
+                }
+            }
+        }
+    };
+    Json(SourcesReport { sources: state.app.sources.snapshot(reveal) }).into_response()
 }
 
 /// The leading supervisor's report, asked over NATS (a gateway only); `?max_tasks=N` (default
@@ -243,63 +270,19 @@ async fn metrics(State(state): State<AppState>) -> Response {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-/// Whether `headers` carry `Authorization: Bearer <admin token>` (compared in constant time:
-/// the token must not leak through timing). Never true while no token is configured.
-fn bearer_matches(expected: &str, headers: &HeaderMap) -> bool {
-    let given = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    given.is_some_and(|g| {
-        g.len() == expected.len()
-            && g.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+/// An admin request's JSON body (the request passed [`super::admin::guard`]: authorized, and
+/// its body read within its limits).
+fn admin<T: serde::de::DeserializeOwned>(state: &AppState, raw: &str) -> Result<T, ApiError> {
+    serde_json::from_str(raw).map_err(|e| {
+        state.bad_request(ApiError::bad(Code::Malformed, format!("bad JSON body: {e}")))
     })
-}
-
-/// Whether the request is an admin's (for answers that show more to admins; not counted).
-fn is_admin(state: &AppState, headers: &HeaderMap) -> bool {
-    state.app.config.server.admin_token.as_deref().is_some_and(|t| bearer_matches(t, headers))
-}
-
-/// Checks `Authorization: Bearer <token>` against the configured admin token.
-fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = state.app.config.server.admin_token.as_deref() else {
-        state.app.metrics.admin_unauthorized.fetch_add(1, Relaxed);
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            Code::Unauthorized,
-            "admin actions are disabled: set server.admin_token or MILLRACE_ADMIN_TOKEN",
-        ));
-    };
-    if bearer_matches(expected, headers) {
-        Ok(())
-    } else {
-        state.app.metrics.admin_unauthorized.fetch_add(1, Relaxed);
-        Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            Code::Unauthorized,
-            "missing or wrong `Authorization: Bearer <token>`",
-        ))
-    }
-}
-
-/// An admin request: authorized, then its JSON body.
-fn admin<T: serde::de::DeserializeOwned>(
-    state: &AppState,
-    headers: &HeaderMap,
-    raw: &str,
-) -> Result<T, ApiError> {
-    authorize(state, headers)?;
-    serde_json::from_str(raw)
-        .map_err(|e| ApiError::bad(Code::Malformed, format!("bad JSON body: {e}")))
 }
 
 async fn admin_backfill_start(
     State(state): State<AppState>,
-    headers: HeaderMap,
     raw: String,
 ) -> Result<Json<SeriesReply>, ApiError> {
-    let b: SeriesRequest = admin(&state, &headers, &raw)?;
+    let b: SeriesRequest = admin(&state, &raw)?;
     state.app.backfill.start(&b.series).map_err(|e| match e {
         BackfillError::UnknownTask(_) => ApiError::bad(Code::UnknownSeries, e.to_string()),
         BackfillError::OtherNode => {
@@ -311,10 +294,9 @@ async fn admin_backfill_start(
 
 async fn admin_backfill_stop(
     State(state): State<AppState>,
-    headers: HeaderMap,
     raw: String,
 ) -> Result<Json<SeriesReply>, ApiError> {
-    let b: SeriesRequest = admin(&state, &headers, &raw)?;
+    let b: SeriesRequest = admin(&state, &raw)?;
     state
         .app
         .backfill
@@ -325,10 +307,9 @@ async fn admin_backfill_stop(
 
 async fn admin_job_stop(
     State(state): State<AppState>,
-    headers: HeaderMap,
     raw: String,
 ) -> Result<Json<InstrumentReply>, ApiError> {
-    let b: InstrumentRequest = admin(&state, &headers, &raw)?;
+    let b: InstrumentRequest = admin(&state, &raw)?;
     let inst: InstrumentId =
         b.instrument.parse().map_err(|e| ApiError::bad(Code::BadStream, format!("{e}")))?;
     // A pinned or subscribed job restarts in place (its sessions stay attached); an idle
@@ -439,27 +420,24 @@ async fn ops_shards(State(state): State<AppState>) -> Result<Json<ShardsReport>,
 
 async fn admin_migrate(
     State(state): State<AppState>,
-    headers: HeaderMap,
     raw: String,
 ) -> Result<Json<MigrateReply>, ApiError> {
-    let b: MigrateRequest = admin(&state, &headers, &raw)?;
+    let b: MigrateRequest = admin(&state, &raw)?;
     Ok(Json(state.app.l3.migrate(b).await?))
 }
 
 async fn admin_auto_balance(
     State(state): State<AppState>,
-    headers: HeaderMap,
     raw: String,
 ) -> Result<Json<AutoBalanceReply>, ApiError> {
-    let b: AutoBalanceRequest = admin(&state, &headers, &raw)?;
+    let b: AutoBalanceRequest = admin(&state, &raw)?;
     Ok(Json(state.app.l3.auto_balance(b).await?))
 }
 
 async fn admin_hotspot(
     State(state): State<AppState>,
-    headers: HeaderMap,
     raw: String,
 ) -> Result<Json<HotspotReply>, ApiError> {
-    let b: HotspotRequest = admin(&state, &headers, &raw)?;
+    let b: HotspotRequest = admin(&state, &raw)?;
     Ok(Json(state.app.l3.hotspot(b).await?))
 }

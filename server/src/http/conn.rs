@@ -1,8 +1,8 @@
-//! The server's own accept loop: every TCP connection is counted at accept, per client IP and in
-//! total, and timed while it waits for a request.
+//! The server's own accept loop: every TCP connection is counted at accept, per client address
+//! and in total, and timed while it waits for a request.
 //!
-//! - **Caps.** A connection over `limits.max_connections_per_ip` (its IP's open connections,
-//!   HTTP and WebSocket alike) or over `limits.max_connections` (all open connections) is closed
+//! - **Caps.** A connection over `limits.max_connections_per_ip` (its client address's open
+//!   connections, HTTP and WebSocket alike; an IPv6 client counts by its /64, [`ClientAddr`]) or over `limits.max_connections` (all open connections) is closed
 //!   at once and counted (`millrace_connections_refused_total{reason}`). The global cap stays
 //!   below the open-file limit, which [`raise_nofile_limit`] raises to its hard limit at start,
 //!   so `accept` keeps working and the server keeps answering other addresses while one address
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -40,6 +40,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
+use crate::client_addr::ClientAddr;
 use crate::config::LimitsConfig;
 use crate::lock::lock;
 use crate::metrics::Metrics;
@@ -103,7 +104,7 @@ impl ConnLimits {
     }
 }
 
-/// Open connections, in all and per client IP.
+/// Open connections, in all and per client address.
 pub struct Connections {
     limits: ConnLimits,
     table: Mutex<Table>,
@@ -113,7 +114,7 @@ pub struct Connections {
 #[derive(Default)]
 struct Table {
     open: usize,
-    per_ip: HashMap<IpAddr, usize>,
+    per_ip: HashMap<ClientAddr, usize>,
 }
 
 /// Why a connection was closed at accept.
@@ -126,7 +127,7 @@ enum Refused {
 /// A connection's place in [`Connections`]; released when dropped.
 struct Slot {
     conns: Arc<Connections>,
-    ip: IpAddr,
+    ip: ClientAddr,
 }
 
 impl Drop for Slot {
@@ -153,7 +154,7 @@ impl Connections {
     }
 
     /// A slot for a new connection from `ip`, if both caps allow it.
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
+    fn admit(self: &Arc<Self>, ip: ClientAddr) -> Result<Slot, Refused> {
         let mut t = lock(&self.table);
         if t.open >= self.limits.max_connections {
             self.metrics.connections_refused_global.fetch_add(1, Relaxed);
@@ -413,8 +414,7 @@ pub async fn accept_loop(
                 continue;
             }
         };
-        let ip = peer.ip().to_canonical();
-        let slot = match conns.admit(ip) {
+        let slot = match conns.admit(ClientAddr::of(peer.ip())) {
             Ok(slot) => slot,
             Err(why) => {
                 tracing::debug!(%peer, ?why, "connection closed at accept");
@@ -469,7 +469,9 @@ mod tests {
         let limits = LimitsConfig::default();
         let l = ConnLimits::new(&limits, 20_000).unwrap();
         assert_eq!(l.max_connections, 18_000);
-        assert_eq!(l.max_per_ip, 9_000, "at most half the global cap");
+        assert_eq!(l.max_per_ip, 512, "far below the global cap");
+        let small = ConnLimits::new(&limits, 800).unwrap();
+        assert_eq!((small.max_connections, small.max_per_ip), (544, 272), "at most half of it");
         assert_eq!(ConnLimits::new(&limits, 1024).unwrap().max_connections, 768);
         assert_eq!(ConnLimits::new(&limits, 1 << 20).unwrap().max_connections, (1 << 20) - 10_000);
         assert!(ConnLimits::new(&limits, u64::MAX).is_ok());
@@ -478,6 +480,27 @@ mod tests {
         let over = LimitsConfig { max_connections: 1024, ..LimitsConfig::default() };
         let e = ConnLimits::new(&over, 1024).unwrap_err().to_string();
         assert!(e.contains("limits.max_connections") && e.contains("1024"), "{e}");
+    }
+
+    /// The cap counts client addresses ([`ClientAddr`]): every address of an IPv6 /64 together,
+    /// an IPv4 client the same whether it reached an IPv4 or a dual-stack socket.
+    #[test]
+    fn the_per_address_cap_counts_an_ipv6_64_as_one_client() {
+        let limits = LimitsConfig { max_connections_per_ip: 2, ..LimitsConfig::default() };
+        let conns = Connections::new(ConnLimits::new(&limits, 1024).unwrap(), Arc::default());
+        let admit = |ip: &str| conns.admit(ClientAddr::of(ip.parse().unwrap()));
+        let held = [admit("2001:db8:7:7::1").unwrap(), admit("2001:db8:7:7::2").unwrap()];
+        assert_eq!(admit("2001:db8:7:7:abcd::3").err(), Some(Refused::PerIp));
+        assert_eq!(admit("2001:db8:7:7:ffff:ffff:ffff:ffff").err(), Some(Refused::PerIp));
+        let next_64 = admit("2001:db8:7:8::1").unwrap();
+        let v4 = [admit("192.0.2.1").unwrap(), admit("::ffff:192.0.2.1").unwrap()];
+        assert_eq!(admit("192.0.2.1").err(), Some(Refused::PerIp), "mapped: the same client");
+        let other_v4 = admit("::ffff:192.0.2.2").unwrap();
+        drop(held);
+        let again = admit("2001:db8:7:7::99").unwrap();
+        assert_eq!(conns.metrics.connections_refused_per_ip.load(Relaxed), 3);
+        drop((next_64, v4, other_v4, again));
+        assert!(lock(&conns.table).per_ip.is_empty(), "released slots leave no entry");
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! Where the dashboard's files come from: a directory on disk (`--static-dir`, or the
-//! workspace's `dist/` when it has been built), the copy embedded in the binary at build time
-//! (`server/build.rs`), or nowhere: then the API still runs and `/` says how to build it.
+//! Where the dashboard's files come from: the directory `--static-dir` names, else the copy
+//! embedded in the binary at build time (`server/build.rs`), else nowhere: then the API still
+//! runs and `/` says how to build it. No directory is looked for by default: a path known at
+//! build time (the build machine's `dist/`) means nothing where the binary runs, and whatever
+//! sits there (an older build, another checkout, someone else's files) would be served in
+//! place of the dashboard the binary was built with.
 
 use std::path::{Path, PathBuf};
 
@@ -30,30 +33,19 @@ pub struct NoDashboard(pub PathBuf);
 
 impl Dashboard {
     /// The dashboard for `configured` (`server.static_dir`): that directory, which must hold an
-    /// `index.html`; or else the workspace's built `dist/` (`default_dir`), the embedded copy,
-    /// or none.
-    pub fn choose(configured: Option<&Path>, default_dir: &Path) -> Result<Dashboard, NoDashboard> {
-        Self::choose_from(configured, default_dir, !embedded::FILES.is_empty())
+    /// `index.html`; else the embedded copy, or none.
+    pub fn choose(configured: Option<&Path>) -> Result<Dashboard, NoDashboard> {
+        Self::choose_from(configured, !embedded::FILES.is_empty())
     }
 
-    fn choose_from(
-        configured: Option<&Path>,
-        default_dir: &Path,
-        embedded: bool,
-    ) -> Result<Dashboard, NoDashboard> {
+    fn choose_from(configured: Option<&Path>, embedded: bool) -> Result<Dashboard, NoDashboard> {
         if let Some(dir) = configured {
             return match dir.join("index.html").is_file() {
                 true => Ok(Dashboard::Dir(dir.to_path_buf())),
                 false => Err(NoDashboard(dir.to_path_buf())),
             };
         }
-        Ok(if default_dir.join("index.html").is_file() {
-            Dashboard::Dir(default_dir.to_path_buf())
-        } else if embedded {
-            Dashboard::Embedded
-        } else {
-            Dashboard::Missing
-        })
+        Ok(if embedded { Dashboard::Embedded } else { Dashboard::Missing })
     }
 
     /// For the start-up log line.
@@ -137,19 +129,18 @@ mod tests {
     }
 
     #[test]
-    fn a_configured_directory_must_hold_the_dashboard_and_otherwise_the_best_one_is_chosen() {
+    fn a_configured_directory_must_hold_the_dashboard_and_otherwise_the_embedded_one_serves() {
         let built = temp_dir("built", true);
         let empty = temp_dir("empty", false);
         assert_eq!(
-            Dashboard::choose_from(Some(&built), &empty, true).unwrap(),
+            Dashboard::choose_from(Some(&built), true).unwrap(),
             Dashboard::Dir(built.clone())
         );
-        let e = Dashboard::choose_from(Some(&empty), &built, true).unwrap_err().to_string();
+        let e = Dashboard::choose_from(Some(&empty), true).unwrap_err().to_string();
         assert!(e.contains("scripts/build-client"), "{e}");
-        // not configured: the workspace's build, else the embedded copy, else none
-        assert_eq!(Dashboard::choose_from(None, &built, true).unwrap(), Dashboard::Dir(built));
-        assert_eq!(Dashboard::choose_from(None, &empty, true).unwrap(), Dashboard::Embedded);
-        assert_eq!(Dashboard::choose_from(None, &empty, false).unwrap(), Dashboard::Missing);
+        // not configured: the embedded copy, else none; never a directory
+        assert_eq!(Dashboard::choose_from(None, true).unwrap(), Dashboard::Embedded);
+        assert_eq!(Dashboard::choose_from(None, false).unwrap(), Dashboard::Missing);
     }
 
     #[test]

@@ -5,32 +5,35 @@
 //! started. On shutdown, WebSocket sessions close with 1001, open connections drain (at most
 //! [`DRAIN_TIMEOUT`]), then the service stops in order, flushing buffered candles.
 //!
-//! Connections are accepted by the server's own loop ([`conn`]): capped per client IP and in
-//! total at accept, and closed when a request head is too slow or a keep-alive connection idles
-//! too long. `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]).
+//! Connections are accepted by the server's own loop ([`conn`]): capped per client address and
+//! in total at accept, and closed when a request head is too slow or a keep-alive connection
+//! idles too long. Every request naming a host this server does not answer to is refused (421,
+//! [`host`]); `GET /ws` is refused (403) to web pages of origins not allowed ([`origin`]); admin
+//! requests are checked before their body is read ([`admin`]).
 //!
 //! Routes (see [`api`] for the REST details):
 //! - `GET /ws` -> WebSocket speaking [`shared::protocol`] (see [`ws`])
 //! - `GET /api/v1/version`, `GET /healthz`, `GET /metrics`
 //! - `GET /api/v1/klines`, `GET /api/v1/series`, `GET /fapi/v1/depth`
 //! - `GET /api/v1/ops/{jobs,backfill,books,shards,sources}`
-//! - `POST /api/v1/admin/...` (Bearer token)
+//! - `POST /api/v1/admin/...` (Bearer token, [`admin`])
 //! - anything else -> a file from the static directory (`index.html` at `/`)
 
+pub mod admin;
 pub mod api;
 mod batch;
 pub mod conn;
 mod dashboard;
 mod error;
 mod heartbeat;
+pub mod host;
 pub mod origin;
 pub mod starts;
 mod upgrade;
 pub mod ws;
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +58,7 @@ pub use heartbeat::Heartbeats;
 
 use crate::app::App;
 use crate::bus::Bus;
+use crate::client_addr::ClientAddr;
 use crate::config::{Config, LimitsConfig};
 use crate::jobs::{Lease, SubscribeError, Supervisor};
 use crate::metrics::Metrics;
@@ -76,11 +80,6 @@ pub enum ServeError {
     ConnectionCap(#[from] conn::CapOverFileLimit),
 }
 
-/// The workspace's `dist` directory, where `scripts/build-client` writes the dashboard.
-pub fn default_static_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".")).join("dist")
-}
-
 /// Everything [`serve`] needs besides a listener, checked at start-up.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -93,11 +92,10 @@ pub struct ServeConfig {
 
 impl ServeConfig {
     /// Checks a loaded configuration: a configured static directory without a dashboard is an
-    /// error that says how to make it; with none configured, the workspace's built `dist/`, the
-    /// copy embedded at build time, or none (the API runs; `/` says how to build it).
+    /// error that says how to make it; with none configured, the copy embedded at build time,
+    /// or none (the API runs; `/` says how to build it).
     pub fn new(config: Config) -> Result<Self, ServeError> {
-        let dashboard =
-            Dashboard::choose(config.server.static_dir.as_deref(), &default_static_dir())?;
+        let dashboard = Dashboard::choose(config.server.static_dir.as_deref())?;
         let heartbeat_every = Duration::from_millis(config.server.heartbeat_ms);
         Ok(Self { config, dashboard, heartbeat_every })
     }
@@ -116,7 +114,7 @@ pub struct Sessions {
     pub shutdown: Shutdown,
     /// Would subscribing to this stream start an ingest job (none running for it)?
     pub starts_job: StartsJob,
-    /// Job starts left per client IP (`limits.max_job_starts_per_min_per_ip`).
+    /// Job starts left per client address (`limits.max_job_starts_per_min_per_ip`).
     pub ip_starts: starts::IpStarts,
 }
 
@@ -141,14 +139,16 @@ fn starts_job(app: &Arc<App>) -> StartsJob {
 
 /// See [`Sessions::depth_leases`].
 pub type DepthLeases = Arc<
-    dyn Fn(&InstrumentId, Option<IpAddr>) -> Result<Option<Lease>, SubscribeError> + Send + Sync,
+    dyn Fn(&InstrumentId, Option<ClientAddr>) -> Result<Option<Lease>, SubscribeError>
+        + Send
+        + Sync,
 >;
 
 /// Depth subscriptions: books of the tick-by-tick engine are always on; others need their depth
 /// job, which the subscription's lease keeps running.
 fn depth_leases(app: &Arc<App>) -> DepthLeases {
     let app = app.clone();
-    Arc::new(move |instrument: &InstrumentId, peer: Option<IpAddr>| {
+    Arc::new(move |instrument: &InstrumentId, peer: Option<ClientAddr>| {
         if app.books.is_always_on(instrument)
             || app.l3.remote().is_some_and(|r| r.serves(instrument))
         {
@@ -167,21 +167,29 @@ pub struct AppState {
     static_files: Option<ServeDir>,
     /// Web pages that may open `/ws` (`server.allowed_origins`).
     origins: Arc<origin::AllowedOrigins>,
+    /// Names requests may reach this server by (`server.allowed_hosts`).
+    hosts: Arc<host::AllowedHosts>,
+    /// The admin token, failed attempts per address, admin bodies.
+    admin: Arc<admin::AdminGate>,
 }
 
-/// The router: API, WebSocket and the dashboard's files.
+/// The router: API, WebSocket and the dashboard's files. Every request passes the `Host` check
+/// first ([`host`]); admin requests then pass their gate ([`admin`]) before their handler.
 fn router(dashboard: &Dashboard, state: AppState) -> Router {
+    use axum::middleware::from_fn_with_state;
+    let admin = api::admin_routes().route_layer(from_fn_with_state(state.clone(), admin::guard));
     let routes = Router::new()
         .route("/api/v1/version", get(version))
         .route("/healthz", get(healthz))
         .route("/ws", get(ws_upgrade))
-        .merge(api::routes());
+        .merge(api::routes())
+        .merge(admin);
     let routes = match dashboard {
         Dashboard::Dir(_) => routes.fallback(static_file),
         Dashboard::Embedded => routes.fallback(dashboard::serve_embedded),
         Dashboard::Missing => routes.fallback(dashboard::serve_missing),
     };
-    routes.with_state(state)
+    routes.layer(from_fn_with_state(state.clone(), host::check)).with_state(state)
 }
 
 /// A file of the static directory (`index.html` at `/`). A path that cannot name a file (too
@@ -271,7 +279,7 @@ async fn ws_upgrade(
         async move {
             sessions.metrics.ws_connections.fetch_add(1, Relaxed);
             sessions.metrics.ws_connections_total.fetch_add(1, Relaxed);
-            ws::session(socket, sessions.clone(), Some(peer.ip().to_canonical())).await;
+            ws::session(socket, sessions.clone(), Some(ClientAddr::of(peer.ip()))).await;
             sessions.metrics.ws_connections.fetch_sub(1, Relaxed);
         }
         .instrument(span)
@@ -317,14 +325,21 @@ pub async fn serve_app(
         Dashboard::Dir(dir) => Some(ServeDir::new(dir)),
         Dashboard::Embedded | Dashboard::Missing => None,
     };
+    let addr = listener.local_addr().map_err(ServeError::Listener)?;
+    let server = &config.config.server;
+    if let Some(warning) = host::AllowedHosts::bound_everywhere_warning(&server.allowed_hosts, addr)
+    {
+        tracing::warn!("{warning}");
+    }
     let state = AppState {
         sessions,
         app: app.clone(),
         static_files,
-        origins: Arc::new(origin::AllowedOrigins::new(&config.config.server.allowed_origins)),
+        origins: Arc::new(origin::AllowedOrigins::new(&server.allowed_origins)),
+        hosts: Arc::new(host::AllowedHosts::new(&server.allowed_hosts, addr)),
+        admin: Arc::new(admin::AdminGate::new(&config.config, app.metrics.clone())),
     };
     let router = router(&config.dashboard, state);
-    let addr = listener.local_addr().map_err(ServeError::Listener)?;
     tracing::info!(%addr, dashboard = %config.dashboard.describe(), "millrace listening on http://{addr}/");
     tracing::info!(
         open_file_limit = nofile,

@@ -98,7 +98,7 @@ pub struct Session {
     /// Market-data subscriptions by stream name.
     subs: BTreeMap<String, Sub>,
     /// The client's address, for the per-IP job-start limit.
-    ip: Option<std::net::IpAddr>,
+    ip: Option<crate::client_addr::ClientAddr>,
     /// Job starts left to this connection.
     starts: Bucket,
 }
@@ -111,7 +111,7 @@ impl Drop for Session {
 
 impl Session {
     /// A session of a client at `ip` (`None`: not limited per IP).
-    pub fn new(sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) -> Self {
+    pub fn new(sessions: Arc<Sessions>, ip: Option<crate::client_addr::ClientAddr>) -> Self {
         let starts = Bucket::full(
             sessions.limits.max_job_starts_per_min_per_connection,
             tokio::time::Instant::now(),
@@ -405,7 +405,11 @@ fn malformed_msg(e: &serde_json::Error) -> String {
 }
 
 /// Runs one connection until the client leaves, the socket fails, or the server shuts down.
-pub async fn session(mut socket: Socket, sessions: Arc<Sessions>, ip: Option<std::net::IpAddr>) {
+pub async fn session(
+    mut socket: Socket,
+    sessions: Arc<Sessions>,
+    ip: Option<crate::client_addr::ClientAddr>,
+) {
     let send_timeout = Duration::from_millis(sessions.limits.send_timeout_ms);
     let metrics = sessions.metrics.clone();
     let shutdown = sessions.shutdown.clone();

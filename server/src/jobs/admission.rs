@@ -2,7 +2,8 @@
 //! one client subscribing and unsubscribing in a loop started and evicted a job per request
 //! (600 in 0.2 s), and every start costs the upstream REST weight (gap fills, snapshots).
 //!
-//! - a **fair share** of on-demand capacity per client address (`ondemand_max_jobs_per_ip`): one
+//! - a **fair share** of on-demand capacity per client address (`ondemand_max_jobs_per_ip`; an
+//!   IPv6 client counts by its /64, [`ClientAddr`]): one
 //!   address holding leases can no longer lock every other client out;
 //! - a **job-start rate** for the whole supervisor (`max_job_starts_per_min`), a token bucket:
 //!   bursts up to the minute's allowance, refilled continuously. (Per connection and per address,
@@ -12,10 +13,9 @@
 //! Joining a running job starts nothing and is never limited here. Jobs the service starts itself
 //! (pinned, or a cluster worker's instructions) are not counted.
 
-use std::net::IpAddr;
-
 use tokio::time::Instant;
 
+use crate::client_addr::ClientAddr;
 use crate::rate::Bucket;
 
 /// Why a job start was refused.
@@ -45,7 +45,7 @@ impl Admission {
     /// here), which holds `held` on-demand jobs already; takes the start's token.
     pub fn admit(
         &mut self,
-        owner: Option<IpAddr>,
+        owner: Option<ClientAddr>,
         held: usize,
         now: Instant,
     ) -> Result<(), Refused> {
@@ -72,8 +72,8 @@ mod tests {
 
     use super::*;
 
-    fn ip(last: u8) -> Option<IpAddr> {
-        Some(IpAddr::from([10, 0, 0, last]))
+    fn ip(last: u8) -> Option<ClientAddr> {
+        Some(ClientAddr::of(std::net::IpAddr::from([10, 0, 0, last])))
     }
 
     #[test]

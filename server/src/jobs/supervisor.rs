@@ -33,7 +33,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -45,6 +44,7 @@ use shared::protocol::{InstrumentId, SeriesId};
 use tracing::Instrument as _;
 
 use super::admission::{Admission, Refused};
+use crate::client_addr::ClientAddr;
 use crate::clock::wall_clock_ms as now_ms;
 use crate::config::IngestConfig;
 use crate::jitter::Jitter;
@@ -168,7 +168,7 @@ struct Job {
     /// Live subscriptions per series.
     subs: BTreeMap<String, u32>,
     /// Live subscriptions per client address (for the addresses' fair share).
-    holders: HashMap<IpAddr, u32>,
+    holders: HashMap<ClientAddr, u32>,
     refcount: u32,
     /// When the refcount last became 0 (ms); `None` while referenced. New on-demand jobs start
     /// referenced by the subscription creating them.
@@ -217,7 +217,7 @@ pub struct Lease {
     series: String,
     generation: u64,
     /// The client address that holds it (`None`: the service).
-    owner: Option<IpAddr>,
+    owner: Option<ClientAddr>,
 }
 
 impl Drop for Lease {
@@ -326,7 +326,7 @@ impl Supervisor {
     pub fn subscribe_as(
         &self,
         series: &SeriesId,
-        owner: Option<IpAddr>,
+        owner: Option<ClientAddr>,
     ) -> Result<Lease, SubscribeError> {
         self.inner.runner.validate(series)?;
         self.acquire(series.instrument.clone(), series.to_string(), owner)
@@ -338,7 +338,7 @@ impl Supervisor {
         &self,
         instrument: &InstrumentId,
         stream: &str,
-        owner: Option<IpAddr>,
+        owner: Option<ClientAddr>,
     ) -> Result<Lease, SubscribeError> {
         self.inner.runner.validate_instrument(instrument)?;
         self.acquire(instrument.clone(), stream.to_string(), owner)
@@ -348,7 +348,7 @@ impl Supervisor {
         &self,
         instrument: InstrumentId,
         name: String,
-        owner: Option<IpAddr>,
+        owner: Option<ClientAddr>,
     ) -> Result<Lease, SubscribeError> {
         let mut st = self.lock();
         if st.shutting_down {
@@ -414,7 +414,7 @@ impl Supervisor {
         instrument: &InstrumentId,
         series: &str,
         generation: u64,
-        owner: Option<IpAddr>,
+        owner: Option<ClientAddr>,
     ) {
         let mut st = self.lock();
         let Some(job) = st.jobs.get_mut(instrument) else { return };

@@ -138,7 +138,24 @@ impl TestServer {
         Self::start_ready_when(config, backends, false).await
     }
 
+    /// A server listening on `listen` (port 0: any free port), e.g. `[::]:0` for a dual-stack
+    /// listener or `127.0.0.3:0`. Its `addr` is where clients reach it (loopback when `listen`
+    /// is unspecified).
+    pub async fn start_on(config: Config, listen: SocketAddr) -> TestServer {
+        let backends = Backends::open(&config).await.unwrap();
+        Self::start_listening(config, backends, false, listen).await
+    }
+
     async fn start_ready_when(config: Config, backends: Backends, any_health: bool) -> TestServer {
+        Self::start_listening(config, backends, any_health, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    async fn start_listening(
+        config: Config,
+        backends: Backends,
+        any_health: bool,
+        listen: SocketAddr,
+    ) -> TestServer {
         // Logs of the server under test (RUST_LOG=info to see them with --nocapture).
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -147,8 +164,14 @@ impl TestServer {
             )
             .with_test_writer()
             .try_init();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let listener = TcpListener::bind(listen).await.unwrap();
+        let mut addr = listener.local_addr().unwrap();
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
         let serve_config = ServeConfig::new(config.clone()).unwrap();
         let app = std::sync::Arc::new(App::start_with(config.clone(), backends).await.unwrap());
         let (stop, stopped) = oneshot::channel::<()>();

@@ -320,7 +320,8 @@ async fn operations_endpoints_and_admin_token() {
     for name in [
         "millrace_ws_connections ",
         "millrace_backfill_progress{series=\"sim:spot:BTC/USDT:1m\"}",
-        "millrace_admin_unauthorized_total 2",
+        // the two refused admin requests, and the wrong token shown to ops/sources
+        "millrace_admin_unauthorized_total 3",
         "millrace_source_ready{source=\"sim\"} 1",
     ] {
         assert!(metrics.contains(name), "missing {name} in\n{metrics}");

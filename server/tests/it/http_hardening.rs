@@ -220,7 +220,10 @@ async fn ws_answer(addr: SocketAddr, headers: &[(&str, &str)]) -> (u16, String) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websockets_from_other_origins_are_refused() {
-    let server = server().await;
+    let mut config = test_config(vec![embedded_sim_source(1.0)]);
+    // The server is also reached as millrace.test (a name it answers to, server.allowed_hosts).
+    config.server.allowed_hosts.push("millrace.test".into());
+    let server = TestServer::start(config).await;
     let addr = server.addr;
     // Not a browser: no Origin.
     assert_eq!(ws_status(addr, &[]).await, 101);
@@ -312,7 +315,7 @@ async fn closed_after(tcp: &mut TcpStream, within: Duration) -> Option<Duration>
 
 /// Sends `GET path` on `tcp` (keep-alive) and reads the response; returns (status, body).
 async fn get_on(tcp: &mut TcpStream, path: &str) -> (u16, String) {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: millrace\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
     tcp.write_all(req.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -345,7 +348,7 @@ async fn slowloris_is_closed_after_the_header_timeout() {
     .await;
     // Headers trickled a line at a time, never finished.
     let mut tcp = TcpStream::connect(server.addr).await.unwrap();
-    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: millrace\r\n").await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n").await.unwrap();
     let start = Instant::now();
     let trickle = async {
         for i in 0..40 {
@@ -371,7 +374,7 @@ async fn slowloris_is_closed_after_the_header_timeout() {
     let mut ok = TcpStream::connect(server.addr).await.unwrap();
     ok.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert_eq!(get_on_rest(&mut ok, "Host: millrace\r\n\r\n").await.0, 200);
+    assert_eq!(get_on_rest(&mut ok, "Host: localhost\r\n\r\n").await.0, 200);
     let metrics = server.get("/metrics").await.1;
     assert!(
         metrics.contains("millrace_connections_timed_out_total{phase=\"header\"} 2"),
@@ -450,7 +453,7 @@ async fn connections_over_the_per_ip_cap_are_closed_and_other_ips_served() {
     held.pop();
     let mut again = eventually("a free slot", || async {
         let mut tcp = connect_from(local, addr).await;
-        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: millrace\r\n\r\n").await.ok()?;
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").await.ok()?;
         let mut buf = [0u8; 12];
         tokio::time::timeout(WAIT, tcp.read_exact(&mut buf)).await.ok()?.ok()?;
         (&buf == b"HTTP/1.1 200").then_some(tcp)
@@ -481,7 +484,7 @@ async fn connections_over_the_global_cap_are_closed_until_one_ends() {
     held.remove(0);
     let mut later = eventually("a free slot", || async {
         let mut tcp = connect_from(ip("127.0.0.3"), addr).await;
-        let req = b"GET /metrics HTTP/1.1\r\nHost: millrace\r\nConnection: close\r\n\r\n";
+        let req = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
         tcp.write_all(req).await.ok()?;
         let mut buf = [0u8; 12];
         tokio::time::timeout(WAIT, tcp.read_exact(&mut buf)).await.ok()?.ok()?;

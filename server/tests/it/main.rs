@@ -22,6 +22,7 @@ mod crash;
 mod depth_api;
 mod depth_drift;
 mod depth_faults;
+mod http_edge;
 mod http_hardening;
 mod http_ws;
 mod ingest_faults;

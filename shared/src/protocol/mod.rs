@@ -275,6 +275,9 @@ pub enum ErrorCode {
     TooManyConnections,
     /// HTTP: a web page of this origin may not open the WebSocket (`server.allowed_origins`).
     OriginNotAllowed,
+    /// HTTP: the request names this server by a host it does not answer to
+    /// (`server.allowed_hosts`).
+    HostNotAllowed,
     /// WebSocket: the request would start more ingest jobs than this connection or address may
     /// start now (`limits.max_job_starts_per_min_per_*`); nothing was subscribed.
     TooManyJobStarts,
@@ -283,6 +286,11 @@ pub enum ErrorCode {
     /// REST: in a cluster, another node does this (backfill runs on the node holding the
     /// persister lease).
     OtherNode,
+    /// REST: too many failed admin attempts from this address; try again later
+    /// (`limits.max_admin_failures_per_min_per_ip`).
+    TooManyAttempts,
+    /// REST: the request's body did not arrive in time (`limits.body_timeout_ms`).
+    Timeout,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,6 +11,11 @@
 //! behind** if it lagged, saw a gap or a mismatch, or any delta arrived later than
 //! `--max-latency-ms`.
 //! Prints one JSON line; exits 1 if any client fell behind.
+//!
+//! Every client connects from this machine's address, and a server counts connections per
+//! client address (`limits.max_connections_per_ip`, 512 by default): start the server with room
+//! for all of them, e.g. `MILLRACE_LIMITS__MAX_CONNECTIONS_PER_IP=5000 millrace serve` for 2,000
+//! clients (each also opens REST connections for its snapshots).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
