@@ -20,9 +20,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use server::bus::nats::Side;
+use server::bus::nats::Publisher;
 use server::bus::{Bus, NatsBus, PoisonStats};
-use server::candles::writer::{CandleWriter, ForwardClosed};
+use server::candles::writer::CandleWriter;
 use server::cluster::bounds::ClusterBounds;
 use server::cluster::candles::{ensure_stream, JetStreamForward, Persister, PersisterStats};
 use server::cluster::config::ClusterConfig;
@@ -114,7 +114,7 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
 
     // 2. persist
     let bus: Arc<dyn Bus> =
-        Arc::new(NatsBus::new(client.clone(), &prefix, Side::Gateway, 1024, &shutdown));
+        Arc::new(NatsBus::new(client.clone(), &prefix, Publisher::Gateway, 1024, &shutdown));
     let stats = Arc::new(PersisterStats::default());
     let persister = Persister {
         client: client.clone(),

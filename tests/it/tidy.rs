@@ -3,7 +3,10 @@
 //!   market values are never floats in its public types;
 //! - no two public types of the workspace share a name;
 //! - the service spawns tasks and threads only through its one shutdown mechanism;
-//! - only the composition root names the concrete bus and store;
+//! - only the composition roots (the service's `app.rs`, the cluster's gateway and worker) name
+//!   the concrete bus and store;
+//! - only the cluster (`server/src/cluster/`) and the NATS bus (`server/src/bus/nats.rs`) name
+//!   `async_nats`: the cluster is a layer around the service, not threaded through it;
 //! - no `Result<_, String>` crosses a module boundary;
 //! - no source, script or manifest names a path outside the repository (the repository tests on
 //!   its own: recorded data lives in `testdata/`).
@@ -191,6 +194,8 @@ fn only_the_composition_root_names_a_concrete_bus_or_store() {
         let unit_tests = rel.ends_with("/tests.rs");
         if unit_tests
             || rel == "server/src/app.rs"
+            || rel == "server/src/cluster/gateway.rs"
+            || rel == "server/src/cluster/worker.rs"
             || rel.starts_with("server/src/bus/")
             || rel.starts_with("server/src/store/")
         {
@@ -204,7 +209,55 @@ fn only_the_composition_root_names_a_concrete_bus_or_store() {
             }
         }
     }
-    assert!(hits.is_empty(), "concrete bus or store named outside app.rs:\n{}", hits.join("\n"));
+    assert!(
+        hits.is_empty(),
+        "concrete bus or store named outside the composition roots:\n{}",
+        hits.join("\n")
+    );
+}
+
+/// The NATS client is named only by the cluster and the NATS bus: the service offers plug
+/// points (where closed candles go, where depth comes from, who answers for its books) and the
+/// cluster fills them, so that someone editing a job can tell what a worker needs without
+/// reading the cluster.
+#[test]
+fn only_the_cluster_and_the_nats_bus_name_async_nats() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("server/src"), &mut files);
+    let hits = names_outside(&files, "async_nats", |rel| {
+        rel.starts_with("server/src/cluster/") || rel == "server/src/bus/nats.rs"
+    });
+    assert!(hits.is_empty(), "async_nats named outside the cluster:\n{}", hits.join("\n"));
+}
+
+/// `file:line` of every code line naming `word` in a file that `allowed` does not pass.
+fn names_outside(files: &[PathBuf], word: &str, allowed: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut hits = Vec::new();
+    for f in files {
+        let rel = relative(f);
+        if allowed(&rel) {
+            continue;
+        }
+        for (n, code) in code_lines(f) {
+            if code.contains(word) {
+                hits.push(format!("{rel}:{n}"));
+            }
+        }
+    }
+    hits
+}
+
+#[test]
+fn a_file_naming_a_word_outside_its_rooms_is_found() {
+    let dir = std::env::temp_dir().join(format!("millrace-tidy-nats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("app.rs");
+    std::fs::write(&file, "// async_nats in a comment is fine\nuse async_nats::Client;\n").unwrap();
+    let hits = names_outside(std::slice::from_ref(&file), "async_nats", |_| false);
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert!(hits[0].ends_with(":2"), "{hits:?}");
+    assert!(names_outside(&[file], "async_nats", |_| true).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Errors that cross a module boundary are types, not strings.

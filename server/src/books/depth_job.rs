@@ -50,19 +50,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
+use super::upstream::{DepthSource, DiffFeed, DiffTap, SourceBook};
 use crate::books::{BookPublisher, BookRegistry};
 use crate::clock::wall_clock_ms as now_ms;
-use crate::cluster::depth::{ClusterBooks, ClusterFeed, DepthTap};
-use crate::cluster::gateway::DemandSet;
 use crate::config::{Config, DepthConfig, IngestConfig};
 use crate::jitter::Jitter;
 use crate::jobs::supervisor::{JobContext, JobFuture, JobHealth, JobRunner, SupervisorSnapshot};
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
 use crate::sources::{ResolveError, Sources};
-use futures_util::StreamExt as _;
-use shared::cluster::payload::BookSnapshotReply;
-use shared::cluster::{TaskId, TaskKind};
 
 /// The `source` of books rebuilt by this job, as the registry and ops show it.
 pub const SOURCE: &str = "binance_depth";
@@ -107,46 +103,39 @@ pub struct DepthJobDeps {
     pub product: Product,
     pub books: Arc<BookRegistry>,
     pub stats: Arc<DepthJobStats>,
-    /// Where the diffs and snapshots come from.
-    pub upstream: DepthUpstream,
-    /// A cluster worker's tap: forwards every diff and answers snapshot requests.
-    pub tap: Option<Arc<DepthTap>>,
-}
-
-/// Where a depth job's diffs and snapshots come from.
-#[derive(Clone)]
-pub enum DepthUpstream {
-    /// The exchange: `<sym>@depth@100ms` and REST `/depth` (one process, or a cluster worker).
-    Exchange,
-    /// The cluster's workers (a gateway): see [`crate::cluster::depth`].
-    Cluster(Arc<ClusterBooks>),
+    /// Where the diffs and snapshots come from instead of the exchange (a plug point).
+    pub source: Option<Arc<dyn DepthSource>>,
+    /// Who hears every diff (a plug point).
+    pub tap: Option<Arc<dyn DiffTap>>,
 }
 
 /// A connected upstream.
 enum Conn {
+    /// The exchange: `<sym>@depth@100ms` (or the partial stream) and REST `/depth`.
     Exchange(Box<Connection>),
-    Cluster(Box<ClusterFeed>),
+    /// Another [`DepthSource`]'s feed.
+    Other(Box<dyn DiffFeed>),
 }
 
 impl Conn {
     async fn next_text(&mut self) -> Option<Result<Utf8Bytes, StreamError>> {
         match self {
             Conn::Exchange(c) => c.next_text().await,
-            Conn::Cluster(f) => f.next_text().await,
+            Conn::Other(f) => f.next_text().await,
         }
     }
 
     fn is_reconnect_due(&self) -> bool {
         match self {
             Conn::Exchange(c) => c.is_reconnect_due(),
-            Conn::Cluster(_) => false,
+            Conn::Other(_) => false,
         }
     }
 
     fn age(&self) -> Duration {
         match self {
             Conn::Exchange(c) => c.age(),
-            Conn::Cluster(f) => f.age(),
+            Conn::Other(f) => f.age(),
         }
     }
 }
@@ -230,8 +219,6 @@ struct Job<'a> {
     /// Decodes the stream's frames; diffs in the usual layout go straight into `sync`'s book.
     decoder: DepthDecoder,
     instrument: InstrumentId,
-    /// A worker's snapshot requests (with a tap).
-    requests: Option<async_nats::Subscriber>,
 }
 
 impl<'a> Job<'a> {
@@ -241,8 +228,8 @@ impl<'a> Job<'a> {
             (deps.depth.verify_interval_ms > 0).then_some(deps.depth.verify_interval_ms as i64);
         sc.snapshot_failures_before_fallback = deps.depth.snapshot_failures_before_fallback;
         sc.snapshot_mode_retry_ms = deps.depth.snapshot_mode_retry_ms as i64;
-        if matches!(deps.upstream, DepthUpstream::Cluster(_)) {
-            // The cluster has no partial book stream to fall back to: keep asking the workers.
+        if deps.source.is_some() {
+            // Another source has no partial book stream to fall back to: keep asking it.
             sc.snapshot_failures_before_fallback = u32::MAX;
         }
         let status = initial_status(&deps.symbol);
@@ -263,13 +250,12 @@ impl<'a> Job<'a> {
             weight_seen: None,
             decoder: DepthDecoder::new(),
             instrument: ctx.instrument.clone(),
-            requests: None,
         }
     }
 
     fn stream_name(&self) -> String {
-        if let DepthUpstream::Cluster(books) = &self.deps.upstream {
-            return crate::cluster::depth::diff_subject(&books.subjects, &self.instrument);
+        if let Some(source) = &self.deps.source {
+            return source.feed_name(&self.instrument);
         }
         let kind = if self.sync.state() == SyncState::SnapshotMode {
             StreamKind::PartialDepth { levels: PARTIAL_LEVELS, update_ms: Some(STREAM_MS) }
@@ -293,27 +279,21 @@ impl<'a> Job<'a> {
             ..StreamConfig::default()
         };
         self.drain_events();
-        if let Some(tap) = &self.deps.tap {
-            match tap.snapshot_requests(&self.instrument).await {
-                Ok(sub) => self.requests = Some(sub),
-                Err(e) => self.health.error(format!("cannot answer snapshot requests: {e}")),
-            }
-        }
+        // Its synced book, for whoever asks the registry (a cluster worker's snapshot answers).
+        let mut answering = self.deps.books.source_books().answer(&self.instrument);
         while !ctx.is_stopped() {
             let stream = self.stream_name();
             self.status.stream.clone_from(&stream);
             let streams = [stream.as_str()];
             let connect = async {
-                match &self.deps.upstream {
-                    DepthUpstream::Exchange => {
-                        connect_with(&self.deps.ws_base, &streams, stream_config.clone())
-                            .await
-                            .map(|c| Conn::Exchange(Box::new(c)))
-                    }
-                    DepthUpstream::Cluster(books) => books
-                        .feed(&self.instrument, stream_config.stall_timeout)
+                match &self.deps.source {
+                    None => connect_with(&self.deps.ws_base, &streams, stream_config.clone())
                         .await
-                        .map(|f| Conn::Cluster(Box::new(f))),
+                        .map(|c| Conn::Exchange(Box::new(c))),
+                    Some(source) => source
+                        .open(&self.instrument, stream_config.stall_timeout)
+                        .await
+                        .map(Conn::Other),
                 }
             };
             let conn = tokio::select! {
@@ -359,8 +339,8 @@ impl<'a> Job<'a> {
                         self.publish(now);
                         conn.is_reconnect_due().then_some(Ended::Planned)
                     }
-                    Some(req) = next_request(&mut self.requests) => {
-                        self.answer(req).await;
+                    Some(question) = answering.questions.recv() => {
+                        let _ = question.send(self.source_book());
                         None
                     }
                     _ = ctx.stopped() => Some(Ended::Stopped),
@@ -440,7 +420,7 @@ impl<'a> Job<'a> {
                         let d = self.decoder.delta();
                         if let Some(tap) = &self.deps.tap {
                             let (i, text) = (&self.instrument, text.as_str());
-                            tap.forward(i, d.first_id, d.last_id, d.prev_last_id, text);
+                            tap.diff(i, d.first_id, d.last_id, d.prev_last_id, text);
                         }
                         self.sync.handle_delta_ref(d, now);
                     }
@@ -498,12 +478,12 @@ impl<'a> Job<'a> {
         let rest = self.deps.rest.clone();
         let symbol = self.deps.symbol.clone();
         let limit = self.deps.depth.snapshot_limit;
-        let (upstream, instrument) = (self.deps.upstream.clone(), self.instrument.clone());
+        let asked = self.deps.source.as_ref().map(|s| s.snapshot(&self.instrument));
         self.inflight = Some(self.shutdown.spawn(async move {
-            match upstream {
-                DepthUpstream::Exchange => rest.depth(&symbol, limit).await.map(|s| (s, None)),
-                DepthUpstream::Cluster(books) => {
-                    let (s, bid_floor, ask_ceiling) = books.snapshot(&instrument).await?;
+            match asked {
+                None => rest.depth(&symbol, limit).await.map(|s| (s, None)),
+                Some(asked) => {
+                    let (s, bid_floor, ask_ceiling) = asked.await?;
                     Ok((s, Some(Trusted { bid_floor, ask_ceiling })))
                 }
             }
@@ -593,24 +573,22 @@ impl<'a> Job<'a> {
         switch
     }
 
-    /// Answers a gateway's snapshot request with the book as published, while it is synced
-    /// (an unsynced replica stays silent: another one answers).
-    async fn answer(&mut self, req: async_nats::Message) {
-        let (Some(tap), Some(reply)) = (&self.deps.tap, req.reply) else { return };
+    /// The synced book at the exchange's update id, pruned to the range it is complete in
+    /// (`None` while not synced: whoever asks takes another job's).
+    fn source_book(&self) -> Option<SourceBook> {
         if self.sync.state() != SyncState::Synced || !self.sync.is_synced() {
-            return;
+            return None;
         }
         let book = self.sync.book();
         let keep_bid = |p: Price| self.trusted.bid_floor.is_none_or(|f| p >= f);
         let keep_ask = |p: Price| self.trusted.ask_ceiling.is_none_or(|c| p <= c);
-        let answer = BookSnapshotReply {
+        Some(SourceBook {
             last_update_id: self.sync.last_update_id(),
             bids: book.bids.iter().filter(|l| keep_bid(l.price)).collect(),
             asks: book.asks.iter().filter(|l| keep_ask(l.price)).collect(),
             bid_floor: self.trusted.bid_floor,
             ask_ceiling: self.trusted.ask_ceiling,
-        };
-        tap.answer(reply, &answer).await;
+        })
     }
 
     /// Hands the book to the publisher with its health and counters.
@@ -674,14 +652,6 @@ impl<'a> Job<'a> {
     }
 }
 
-/// The next snapshot request; never without a subscription.
-async fn next_request(sub: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
-    match sub {
-        Some(s) => s.next().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Completes with the in-flight snapshot's result; never while none is in flight.
 async fn join_inflight(h: &mut Option<JoinHandle<SnapshotResult>>) -> SnapshotResult {
     match h {
@@ -703,44 +673,34 @@ pub struct DepthRunner {
     sources: Arc<Sources>,
     books: Arc<BookRegistry>,
     stats: Mutex<HashMap<InstrumentId, Arc<DepthJobStats>>>,
-    upstream: DepthUpstream,
-    tap: Option<Arc<DepthTap>>,
-    demand: Option<Arc<DemandSet>>,
-}
-
-/// Where a [`DepthRunner`]'s jobs sit in a cluster.
-pub enum DepthRole {
-    /// One process: the exchange, nothing else.
-    Alone,
-    /// A worker: the exchange, every diff forwarded, snapshot requests answered.
-    Worker(Arc<DepthTap>),
-    /// A gateway: the cluster is the exchange, and a running job is a demand for its task.
-    Gateway(Arc<ClusterBooks>, Arc<DemandSet>),
+    /// The plug points ([`super::upstream`]): none on one process.
+    source: Option<Arc<dyn DepthSource>>,
+    tap: Option<Arc<dyn DiffTap>>,
 }
 
 impl DepthRunner {
-    pub fn new(
-        config: &Config,
-        sources: Arc<Sources>,
-        books: Arc<BookRegistry>,
-        role: DepthRole,
-    ) -> Arc<Self> {
-        let (upstream, tap, demand) = match role {
-            DepthRole::Alone => (DepthUpstream::Exchange, None, None),
-            DepthRole::Worker(tap) => (DepthUpstream::Exchange, Some(tap), None),
-            DepthRole::Gateway(books, demand) => {
-                (DepthUpstream::Cluster(books), None, Some(demand))
-            }
-        };
-        Arc::new(DepthRunner {
+    /// The jobs of one process: the exchange's books, published into `books`.
+    pub fn new(config: &Config, sources: Arc<Sources>, books: Arc<BookRegistry>) -> Self {
+        DepthRunner {
             config: config.clone(),
             sources,
             books,
             stats: Mutex::default(),
-            upstream,
-            tap,
-            demand,
-        })
+            source: None,
+            tap: None,
+        }
+    }
+
+    /// Its jobs take their diffs and snapshots from `source` instead of the exchange.
+    pub fn with_source(mut self, source: Arc<dyn DepthSource>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// Its jobs tell `tap` every diff they receive.
+    pub fn with_tap(mut self, tap: Arc<dyn DiffTap>) -> Self {
+        self.tap = Some(tap);
+        self
     }
 
     /// The supervisor settings of depth jobs: the ingest ones with the depth capacity.
@@ -782,14 +742,8 @@ impl JobRunner for DepthRunner {
         let ingest = self.config.ingest.clone();
         let stats = Arc::new(DepthJobStats::new(""));
         lock(&self.stats).insert(ctx.instrument.clone(), stats.clone());
-        let (upstream, tap) = (self.upstream.clone(), self.tap.clone());
-        // A gateway's book is a demand for the cluster's task while the job runs.
-        let demand = self
-            .demand
-            .as_ref()
-            .map(|d| d.clone().hold(TaskId::new(TaskKind::Depth, ctx.instrument.clone())));
+        let (depth_source, tap) = (self.source.clone(), self.tap.clone());
         Box::pin(async move {
-            let _demand = demand;
             let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
                 return;
             };
@@ -802,7 +756,7 @@ impl JobRunner for DepthRunner {
                 product: source.product,
                 books,
                 stats,
-                upstream,
+                source: depth_source,
                 tap,
             };
             run(ctx, deps).await;

@@ -25,6 +25,7 @@
 
 pub mod depth_job;
 mod publisher;
+pub mod upstream;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -123,11 +124,24 @@ pub struct BookRegistry {
     /// Books that are rebuilt all the time (tick-by-tick shards), so subscribing to them needs no
     /// job lease.
     always_on: RwLock<BTreeSet<InstrumentId>>,
+    /// The running depth jobs' synced books at the exchange's ids, on request (a plug point:
+    /// see [`upstream`]).
+    source_books: upstream::SourceBooks,
 }
 
 impl BookRegistry {
     pub fn new(bus: Arc<dyn Bus>) -> Arc<Self> {
-        Arc::new(Self { bus, cells: RwLock::new(BTreeMap::new()), always_on: RwLock::default() })
+        Arc::new(Self {
+            bus,
+            cells: RwLock::new(BTreeMap::new()),
+            always_on: RwLock::default(),
+            source_books: upstream::SourceBooks::default(),
+        })
+    }
+
+    /// The running depth jobs' synced books (see [`upstream::SourceBooks`]).
+    pub fn source_books(&self) -> &upstream::SourceBooks {
+        &self.source_books
     }
 
     /// Marks `instrument`'s book as always on (see [`Self::is_always_on`]).

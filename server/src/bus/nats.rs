@@ -1,7 +1,7 @@
 //! [`NatsBus`]: the [`Bus`] between processes, on core NATS (`[bus] kind = "nats"`).
 //!
 //! A topic `T` travels on the subject `{prefix}.bus.{side}.{encode(T)}` ([`subject_of`]), where
-//! `side` says who publishes it ([`Side`]: `w` a worker — forming candles, the tick-by-tick
+//! `side` says who publishes it ([`Publisher`]: `w` a worker — forming candles, the tick-by-tick
 //! host's books — or `g` a gateway — the persister's stored closed candles): a NATS server with
 //! a user per role lets a worker publish only `bus.w.>`, and a gateway takes a closed candle
 //! only from `bus.g.`, so a worker's credentials cannot make a browser see a closed candle that
@@ -129,7 +129,7 @@ struct Guard {
 
 /// Who publishes on a [`NatsBus`]: the subject token after `bus` (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
+pub enum Publisher {
     /// A cluster's worker: forming candles, the tick-by-tick host's books.
     Worker,
     /// A gateway (or a single server on the NATS bus): everything it publishes, among which
@@ -137,11 +137,11 @@ pub enum Side {
     Gateway,
 }
 
-impl Side {
+impl Publisher {
     fn token(self) -> &'static str {
         match self {
-            Side::Worker => "w",
-            Side::Gateway => "g",
+            Publisher::Worker => "w",
+            Publisher::Gateway => "g",
         }
     }
 }
@@ -150,7 +150,7 @@ impl Side {
 /// (`kline@sim:spot:BTC/USDT:5m`, `depth@…,20`); the characters NATS gives a meaning to — `.`
 /// (token separator), `*`, `>` and whitespace — and `%` are percent-encoded, so every topic is
 /// one subject token and distinct topics have distinct subjects.
-pub fn subject_of(prefix: &str, side: Side, topic: &str) -> String {
+pub fn subject_of(prefix: &str, side: Publisher, topic: &str) -> String {
     format!("{prefix}.bus.{}.{}", side.token(), token(topic))
 }
 
@@ -160,13 +160,31 @@ fn any_side(prefix: &str, topic: &str) -> String {
 }
 
 /// Who published a message on `subject` (`None`: not a bus subject of a side).
-fn side_of(prefix: &str, subject: &str) -> Option<Side> {
+fn side_of(prefix: &str, subject: &str) -> Option<Publisher> {
     let rest = subject.strip_prefix(prefix)?.strip_prefix(".bus.")?;
     match rest.split_once('.')?.0 {
-        "w" => Some(Side::Worker),
-        "g" => Some(Side::Gateway),
+        "w" => Some(Publisher::Worker),
+        "g" => Some(Publisher::Gateway),
         _ => None,
     }
+}
+
+/// The name a [`token`] stands for (`None`: not a token [`token`] makes).
+pub fn untoken(token: &str) -> Option<String> {
+    let b = token.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// `name` as one subject token (see [`subject_of`]).
@@ -201,7 +219,7 @@ pub struct NatsBus {
     /// (a worker's bus reads none).
     guard: Arc<OnceLock<Guard>>,
     /// Who this process publishes as.
-    side: Side,
+    side: Publisher,
     shutdown: Shutdown,
 }
 
@@ -228,7 +246,7 @@ impl NatsBus {
     pub fn new(
         client: async_nats::Client,
         prefix: &str,
-        side: Side,
+        side: Publisher,
         capacity: usize,
         shutdown: &Shutdown,
     ) -> Self {
@@ -327,7 +345,7 @@ impl NatsBus {
                             for frame in frames {
                                 let admit = match (dedup.as_mut(), &window) {
                                     (None, _) => Admit::Pass,
-                                    (Some(d), Some(w)) => d.admit_from(&frame, w, sender == Some(Side::Gateway)),
+                                    (Some(d), Some(w)) => d.admit_from(&frame, w, sender == Some(Publisher::Gateway)),
                                     (Some(_), None) => {
                                         stats.unbounded.fetch_add(1, Relaxed);
                                         continue;
@@ -457,16 +475,24 @@ mod tests {
     #[test]
     fn topics_become_one_subject_token_each() {
         assert_eq!(
-            subject_of("mr", Side::Worker, "kline@sim:spot:BTC/USDT:5m"),
+            subject_of("mr", Publisher::Worker, "kline@sim:spot:BTC/USDT:5m"),
             "mr.bus.w.kline@sim:spot:BTC/USDT:5m"
         );
         assert_eq!(
-            subject_of("mr", Side::Gateway, "depth@x:spot:A.B/C*>:1 %"),
+            subject_of("mr", Publisher::Gateway, "depth@x:spot:A.B/C*>:1 %"),
             "mr.bus.g.depth@x:spot:A%2EB/C%2A%3E:1%20%25"
         );
-        assert_ne!(subject_of("mr", Side::Worker, "a.b"), subject_of("mr", Side::Worker, "a%2Eb"));
+        assert_ne!(
+            subject_of("mr", Publisher::Worker, "a.b"),
+            subject_of("mr", Publisher::Worker, "a%2Eb")
+        );
         assert_eq!(any_side("mr", "kline@x:spot:A/B:1m"), "mr.bus.*.kline@x:spot:A/B:1m");
-        for side in [Side::Worker, Side::Gateway] {
+        for name in ["depth@x:spot:A.B/C*>:1 %", "sim:spot:BTC/USDT", "a\tb.c"] {
+            assert_eq!(untoken(&token(name)).as_deref(), Some(name));
+        }
+        assert_eq!(untoken("%zz"), None);
+        assert_eq!(untoken("%4"), None);
+        for side in [Publisher::Worker, Publisher::Gateway] {
             assert_eq!(side_of("mr", &subject_of("mr", side, "heartbeat")), Some(side));
         }
         assert_eq!(side_of("mr", "mr.bus.x.heartbeat"), None);

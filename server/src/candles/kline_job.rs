@@ -31,7 +31,7 @@ use binance::wire::{StreamEvent, StreamKind, StreamName};
 use shared::backoff::Backoff;
 
 use super::pipeline::CandlePipeline;
-use super::writer::CandleWriter;
+use super::writer::CandleOut;
 use crate::clock::wall_clock_ms as now_ms;
 use crate::config::{Config, IngestConfig};
 use crate::error::report;
@@ -52,7 +52,8 @@ pub struct KlineJobDeps {
     pub ws_base: String,
     /// The Binance symbol (`BTCUSDT`).
     pub symbol: String,
-    pub writer: CandleWriter,
+    /// Where it resumes from and where its candles go.
+    pub out: CandleOut,
     /// How far back (by the exchange's clock) a gap fill reaches at most; `None`: to the last
     /// stored minute, however old. A cluster worker's closed candles older than the cluster
     /// accepts from the bus (`cluster.bus_retention_s`) would be refused, so its fills stop
@@ -61,17 +62,18 @@ pub struct KlineJobDeps {
 }
 
 /// Starts kline jobs for a [`crate::jobs::Supervisor`] (the service's, or a cluster worker's
-/// with a forwarding writer).
+/// whose closed candles go to the cluster).
 pub struct KlineRunner {
     config: IngestConfig,
     sources: Arc<Sources>,
-    writer: CandleWriter,
+    out: CandleOut,
     gap_fill_max_age_ms: Option<i64>,
 }
 
 impl KlineRunner {
-    pub fn new(config: &Config, sources: Arc<Sources>, writer: CandleWriter) -> Self {
-        KlineRunner { config: config.ingest.clone(), sources, writer, gap_fill_max_age_ms: None }
+    pub fn new(config: &Config, sources: Arc<Sources>, out: impl Into<CandleOut>) -> Self {
+        let out = out.into();
+        KlineRunner { config: config.ingest.clone(), sources, out, gap_fill_max_age_ms: None }
     }
 
     /// Gap fills reach back at most `max_age_ms` (see [`KlineJobDeps::gap_fill_max_age_ms`]).
@@ -93,7 +95,7 @@ impl JobRunner for KlineRunner {
     fn run(&self, ctx: JobContext) -> JobFuture {
         let sources = self.sources.clone();
         let config = self.config.clone();
-        let writer = self.writer.clone();
+        let out = self.out.clone();
         let gap_fill_max_age_ms = self.gap_fill_max_age_ms;
         Box::pin(async move {
             let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
@@ -104,7 +106,7 @@ impl JobRunner for KlineRunner {
                 rest: source.rest.clone(),
                 ws_base: source.endpoint.ws_base.clone(),
                 symbol,
-                writer,
+                out,
                 gap_fill_max_age_ms,
             };
             run(ctx, deps).await;
@@ -125,7 +127,7 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
         match CandlePipeline::open(
             &ctx.instrument,
             &deps.config,
-            deps.writer.clone(),
+            deps.out.clone(),
             health.clone(),
             now_ms(),
         )

@@ -21,7 +21,7 @@ use shared::backoff::Backoff;
 use shared::candle::{Candle, DerivedAggregator, FlushBatch, FlushConfig, Timeframe};
 use shared::protocol::{InstrumentId, SeriesId, Stream};
 
-use super::writer::{kline_frame, CandleWriter, Derive, Rows};
+use super::writer::{kline_frame, CandleOut, Derive, Rows};
 use crate::config::IngestConfig;
 use crate::error::report;
 use crate::jitter::Jitter;
@@ -45,7 +45,8 @@ pub struct CandlePipeline {
     outs: Vec<Out>,
     batch: FlushBatch,
     agg: DerivedAggregator,
-    writer: CandleWriter,
+    /// Where it resumes from, and where its candles go.
+    out: CandleOut,
     health: Arc<JobHealth>,
     forming: Option<(Candle, i64)>,
     forming_dirty: bool,
@@ -70,7 +71,7 @@ impl CandlePipeline {
     pub async fn open(
         instrument: &InstrumentId,
         config: &IngestConfig,
-        writer: CandleWriter,
+        output: CandleOut,
         health: Arc<JobHealth>,
         now_ms: i64,
     ) -> Result<Self, StoreError> {
@@ -83,7 +84,7 @@ impl CandlePipeline {
         let series_1m = outs[0].series.clone();
         let mut agg = DerivedAggregator::new(&config.derived);
         let (last, primer) = {
-            let store = writer.store().clone();
+            let store = output.store.clone();
             let s = series_1m;
             let largest = config.derived.iter().map(|t| t.duration_ms()).max().unwrap_or(60_000);
             blocking(move || {
@@ -115,7 +116,7 @@ impl CandlePipeline {
             outs,
             batch: FlushBatch::new(flush, now_ms).with_last_emitted(last),
             agg,
-            writer,
+            out: output,
             health,
             forming: None,
             forming_dirty: false,
@@ -182,7 +183,7 @@ impl CandlePipeline {
         let Some((f, event_time)) = self.forming else { return };
         self.forming_dirty = false;
         self.last_forming_publish = Some(now);
-        let bus = self.writer.bus();
+        let bus = &self.out.bus;
         for out in &self.outs {
             if !bus.has_subscribers(&out.topic) {
                 continue;
@@ -283,12 +284,7 @@ impl CandlePipeline {
         let Some(pending) = self.pending.take() else { return };
         let rows: Rows =
             pending.rows.iter().map(|(i, v)| (self.outs[*i].series.clone(), v.clone())).collect();
-        let store = self.writer.store().clone();
-        match self
-            .writer
-            .write(rows, Derive::CompletePartial, move |batch| store.write(batch))
-            .await
-        {
+        match self.out.closed.take(rows, Derive::CompletePartial).await {
             Ok(written) => {
                 self.retry_at = None;
                 self.persist_retry.reset();
@@ -339,6 +335,7 @@ mod tests {
 
     use super::*;
     use crate::bus::{Bus, InProcessBus};
+    use crate::candles::writer::CandleWriter;
     use crate::store::sqlite::SqliteStore;
     use crate::store::CandleStore;
 
@@ -371,7 +368,7 @@ mod tests {
         let writer = CandleWriter::new(store, bus.clone());
         let health = Arc::new(JobHealth::default());
         let mut pipeline =
-            CandlePipeline::open(&instrument, &config, writer, health, 0).await.unwrap();
+            CandlePipeline::open(&instrument, &config, writer.into(), health, 0).await.unwrap();
         let mut sub = bus.subscribe("kline@sim:spot:BTC/USDT:1m");
 
         // 100 updates of one forming minute, 10 ms apart, with the job's tick between them

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use shared::candle::{try_merge, Candle, Timeframe, MINUTE_MS};
 use shared::protocol::{InstrumentId, KlineEvent, KlinePayload, Push, SeriesId, Stream};
 
@@ -60,15 +61,42 @@ pub enum Derive {
 /// Rows of one write: the 1m series first, then derived series.
 pub type Rows = Vec<(SeriesId, Vec<Candle>)>;
 
-/// Where a cluster worker's closed 1m candles go instead of its store: JetStream, from which
-/// the persister writes them (with their derived candles, through a store-backed
-/// [`CandleWriter`]) and publishes them. `Ok` means the candles are durably accepted.
-pub trait ForwardClosed: Send + Sync + 'static {
-    fn forward(
-        &self,
-        series: SeriesId,
-        candles: Vec<Candle>,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), StoreError>>;
+/// Where a kline job's closed candles go: the plug point of the candle flow. The service's is
+/// the [`CandleWriter`] (stored, then published); a layer around the service plugs in another
+/// (a cluster worker hands them to the cluster, whose persister stores and publishes them).
+/// `Ok` means the candles are durably taken: the job counts them as persisted.
+pub trait ClosedSink: Send + Sync + 'static {
+    /// Takes one write's rows (the 1m row first, then the derived rows the aggregator made),
+    /// completed as `derive` says; returns them as taken.
+    fn take(&self, rows: Rows, derive: Derive) -> BoxFuture<'static, Result<Rows, StoreError>>;
+}
+
+/// Where a kline job reads where to resume, publishes its forming candles and sends its closed
+/// ones (see [`ClosedSink`]).
+#[derive(Clone)]
+pub struct CandleOut {
+    /// Read at start: the newest stored minute, the derived aggregator's primer.
+    pub store: Arc<dyn CandleStore>,
+    /// Forming candles.
+    pub bus: Arc<dyn Bus>,
+    pub closed: Arc<dyn ClosedSink>,
+}
+
+impl From<CandleWriter> for CandleOut {
+    /// The service's: the writer's store and bus, closed candles stored then published.
+    fn from(w: CandleWriter) -> Self {
+        CandleOut { store: w.store.clone(), bus: w.bus.clone(), closed: Arc::new(w) }
+    }
+}
+
+impl ClosedSink for CandleWriter {
+    fn take(&self, rows: Rows, derive: Derive) -> BoxFuture<'static, Result<Rows, StoreError>> {
+        let writer = self.clone();
+        Box::pin(async move {
+            let store = writer.store.clone();
+            writer.write(rows, derive, move |batch| store.write(batch)).await
+        })
+    }
 }
 
 /// Writes closed candles, then publishes them (see the module docs). Cheap to clone.
@@ -76,25 +104,12 @@ pub trait ForwardClosed: Send + Sync + 'static {
 pub struct CandleWriter {
     store: Arc<dyn CandleStore>,
     bus: Arc<dyn Bus>,
-    forward: Option<Arc<dyn ForwardClosed>>,
     locks: Arc<SeriesLocks>,
 }
 
 impl CandleWriter {
     pub fn new(store: Arc<dyn CandleStore>, bus: Arc<dyn Bus>) -> Self {
-        Self { store, bus, forward: None, locks: Arc::default() }
-    }
-
-    /// A cluster worker's writer: it reads `store` (where the job resumes, the derived
-    /// aggregator's primer) but hands closed 1m candles to `forward` and publishes nothing
-    /// closed itself — the persister does, after its commit. Forming candles still go out on
-    /// `bus`.
-    pub fn forwarding(
-        store: Arc<dyn CandleStore>,
-        bus: Arc<dyn Bus>,
-        forward: Arc<dyn ForwardClosed>,
-    ) -> Self {
-        Self { store, bus, forward: Some(forward), locks: Arc::default() }
+        Self { store, bus, locks: Arc::default() }
     }
 
     pub fn store(&self) -> &Arc<dyn CandleStore> {
@@ -112,9 +127,7 @@ impl CandleWriter {
         C: FnOnce(&[SeriesRows<'_>]) -> Result<usize, StoreError> + Send + 'static,
     {
         let rows = self.commit(rows, derive, commit).await?;
-        if self.forward.is_none() {
-            self.publish(&rows);
-        }
+        self.publish(&rows);
         Ok(rows)
     }
 
@@ -132,13 +145,6 @@ impl CandleWriter {
     where
         C: FnOnce(&[SeriesRows<'_>]) -> Result<usize, StoreError> + Send + 'static,
     {
-        if let Some(forward) = &self.forward {
-            // The 1m candles only: the persister derives the rest from what is stored.
-            if let Some((series, m1)) = rows.first().filter(|(s, _)| s.timeframe == Timeframe::M1) {
-                forward.forward(series.clone(), m1.clone()).await?;
-            }
-            return Ok(rows);
-        }
         let (store, locks) = (self.store.clone(), self.locks.clone());
         let rows = crate::store::blocking(move || {
             let mut rows = rows;

@@ -11,7 +11,7 @@
 //!   now is the exchange's clock ([`crate::sources::ExchangeClock`]: a simulator may run ahead
 //!   of the wall clock at any speed). A time beyond it is only refused once a fresh reading of
 //!   the exchange's clock still puts it beyond: until then the message waits
-//!   ([`Verdict::Wait`]), so a legitimate candle is never lost to a stale clock;
+//!   ([`Ruling::Wait`]), so a legitimate candle is never lost to a stale clock;
 //! - **when it cannot judge** (the source's symbols or clock not loaded yet), a message waits
 //!   rather than being refused.
 
@@ -30,7 +30,7 @@ const WAITS_FOR_THE_CLOCK: u64 = 3;
 
 /// What to do with a message read from the bus.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Ruling {
     /// It fits: act on it.
     Take,
     /// Poison: terminate it, count it.
@@ -57,26 +57,26 @@ impl ClusterBounds {
     }
 
     /// Judges one closed-candle message, delivered `delivered` times (1 the first time).
-    pub fn closed_candles(&self, msg: &ClosedCandles, delivered: u64) -> Verdict {
+    pub fn closed_candles(&self, msg: &ClosedCandles, delivered: u64) -> Ruling {
         match self.sources.validate_series(&msg.series) {
             Ok(()) => {}
-            Err(ResolveError::NotReady { .. }) => return Verdict::Wait,
-            Err(_) => return Verdict::Refuse(Poison::ForeignSeries),
+            Err(ResolveError::NotReady { .. }) => return Ruling::Wait,
+            Err(_) => return Ruling::Refuse(Poison::ForeignSeries),
         }
         let Some(window) = self.window_of(&msg.series.instrument) else {
-            return Verdict::Wait;
+            return Ruling::Wait;
         };
         match msg.check(&window) {
-            Ok(()) => Verdict::Take,
+            Ok(()) => Ruling::Take,
             Err(Poison::TooNew) if delivered < WAITS_FOR_THE_CLOCK => {
                 // Maybe the clock's estimate is stale (a simulator restarted faster): read it
                 // again before deciding.
                 if let Some(clock) = self.sources.clock(&msg.series.instrument) {
                     clock.refresh();
                 }
-                Verdict::Wait
+                Ruling::Wait
             }
-            Err(p) => Verdict::Refuse(p),
+            Err(p) => Ruling::Refuse(p),
         }
     }
 

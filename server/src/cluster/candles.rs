@@ -44,12 +44,12 @@ use shared::cluster::bounds::Poison;
 use shared::cluster::payload::{ClosedCandle, ClosedCandles, MinuteRuns};
 use shared::protocol::SeriesId;
 
-use super::bounds::{ClusterBounds, Verdict};
+use super::bounds::{ClusterBounds, Ruling};
 use super::config::ClusterConfig;
 use super::lease::RoleLease;
 use super::Subjects;
 use crate::bus::PoisonStats;
-use crate::candles::writer::{CandleWriter, Derive, ForwardClosed, Rows};
+use crate::candles::writer::{CandleWriter, ClosedSink, Derive, Rows};
 use crate::error::report;
 use crate::shutdown::Shutdown;
 use crate::store::StoreError;
@@ -107,7 +107,8 @@ pub struct ForwardStats {
     pub failures: AtomicU64,
 }
 
-/// A worker's [`ForwardClosed`]: closed 1m candles onto the candle stream.
+/// A worker's [`ClosedSink`]: a kline job's closed 1m candles onto the candle stream (the
+/// derived rows are left: the persister derives them from what it stores).
 pub struct JetStreamForward {
     js: jetstream::Context,
     subjects: Subjects,
@@ -120,8 +121,23 @@ impl JetStreamForward {
     }
 }
 
-impl ForwardClosed for JetStreamForward {
-    fn forward(
+impl ClosedSink for JetStreamForward {
+    fn take(&self, rows: Rows, _derive: Derive) -> BoxFuture<'static, Result<Rows, StoreError>> {
+        let m1 = rows.first().filter(|(s, _)| s.timeframe == Timeframe::M1).cloned();
+        let forwarded = m1.map(|(series, candles)| self.forward(series, candles));
+        Box::pin(async move {
+            if let Some(f) = forwarded {
+                f.await?;
+            }
+            Ok(rows)
+        })
+    }
+}
+
+impl JetStreamForward {
+    /// Hands `candles` of `series` (ascending) to the candle stream; `Ok` once JetStream has
+    /// taken every message.
+    pub fn forward(
         &self,
         series: SeriesId,
         candles: Vec<Candle>,
@@ -429,10 +445,10 @@ impl Pulled {
         });
         let verdict = match &parsed {
             Ok(msg) => gate.bounds.closed_candles(msg, delivered),
-            Err(_) => Verdict::Refuse(Poison::Unparsable),
+            Err(_) => Ruling::Refuse(Poison::Unparsable),
         };
         match (verdict, parsed) {
-            (Verdict::Take, Ok(msg)) => {
+            (Ruling::Take, Ok(msg)) => {
                 let minutes = self.by_series.entry(msg.series).or_default();
                 for c in msg.candles {
                     if minutes.insert(c.open_time, c).is_some() {
@@ -441,13 +457,13 @@ impl Pulled {
                 }
                 self.msgs.push(m);
             }
-            (Verdict::Wait, _) => {
+            (Ruling::Wait, _) => {
                 gate.stats.deferred.fetch_add(1, Relaxed);
                 let _ = m.ack_with(AckKind::Nak(Some(WAIT))).await;
             }
-            (Verdict::Refuse(_), _) | (Verdict::Take, Err(_)) => {
+            (Ruling::Refuse(_), _) | (Ruling::Take, Err(_)) => {
                 let kind = match verdict {
-                    Verdict::Refuse(kind) => kind,
+                    Ruling::Refuse(kind) => kind,
                     _ => Poison::Unparsable,
                 };
                 gate.stats.malformed.fetch_add(1, Relaxed);

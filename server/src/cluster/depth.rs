@@ -23,6 +23,7 @@ use async_nats::jetstream::{self, consumer::push, consumer::DeliverPolicy, strea
 use binance::rest::RestError;
 use binance::stream::StreamError;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use futures_util::StreamExt as _;
 use shared::book::Level;
 use shared::cluster::bounds::Poison;
@@ -34,6 +35,8 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 use super::Subjects;
+use crate::books::upstream::{DepthSource, DiffFeed, DiffTap, RangedSnapshot};
+use crate::books::BookRegistry;
 use crate::bus::nats::token;
 use crate::bus::PoisonStats;
 use crate::clock::wall_clock_ms;
@@ -139,24 +142,104 @@ impl DepthTap {
         }
     }
 
-    /// Subscribes to `instrument`'s snapshot requests.
-    pub async fn snapshot_requests(
+    /// Answers the gateways' snapshot requests (`{prefix}.booksnap.{instrument}`) with the
+    /// synced books of this worker's depth jobs, asked of `registry`, until `shutdown`. A job
+    /// that is not synced leaves the request to another replica (no answer).
+    pub async fn answer_snapshots(
+        self: &Arc<Self>,
+        registry: Arc<BookRegistry>,
+        shutdown: &Shutdown,
+    ) -> Result<(), async_nats::SubscribeError> {
+        let all = format!("{}.booksnap.*", self.subjects.prefix);
+        let mut requests = self.client.subscribe(all).await?;
+        let (tap, stop, spawner) = (self.clone(), shutdown.clone(), shutdown.clone());
+        shutdown.spawn(async move {
+            loop {
+                let m = tokio::select! {
+                    m = requests.next() => match m { Some(m) => m, None => break },
+                    () = stop.stopping() => break,
+                };
+                let (Some(reply), Some(instrument)) = (m.reply, instrument_of(&m.subject)) else {
+                    continue;
+                };
+                let (tap, registry) = (tap.clone(), registry.clone());
+                spawner.spawn(async move {
+                    let Some(b) = registry.source_books().book(&instrument).await else { return };
+                    let answer = BookSnapshotReply {
+                        last_update_id: b.last_update_id,
+                        bids: b.bids,
+                        asks: b.asks,
+                        bid_floor: b.bid_floor,
+                        ask_ceiling: b.ask_ceiling,
+                    };
+                    let body = serde_json::to_vec(&answer).expect("serialisable");
+                    if tap.client.publish(reply, body.into()).await.is_ok() {
+                        tap.stats.snapshots_answered.fetch_add(1, Relaxed);
+                    }
+                });
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The instrument a `{prefix}.booksnap.{instrument}` subject names.
+fn instrument_of(subject: &str) -> Option<InstrumentId> {
+    let (_, token) = subject.rsplit_once(".booksnap.")?;
+    crate::bus::nats::untoken(token)?.parse().ok()
+}
+
+impl DiffTap for DepthTap {
+    fn diff(
         &self,
         instrument: &InstrumentId,
-    ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
-        self.client.subscribe(snapshot_subject(&self.subjects, instrument)).await
+        first: u64,
+        last: u64,
+        prev: Option<u64>,
+        text: &str,
+    ) {
+        self.forward(instrument, first, last, prev, text);
+    }
+}
+
+impl DepthSource for ClusterBooks {
+    fn feed_name(&self, instrument: &InstrumentId) -> String {
+        diff_subject(&self.subjects, instrument)
     }
 
-    /// Answers one snapshot request.
-    pub async fn answer(&self, reply: async_nats::Subject, book: &BookSnapshotReply) {
-        let body = serde_json::to_vec(book).expect("serialisable");
-        if self.client.publish(reply, body.into()).await.is_ok() {
-            self.stats.snapshots_answered.fetch_add(1, Relaxed);
-        }
+    fn open(
+        &self,
+        instrument: &InstrumentId,
+        stall: Duration,
+    ) -> BoxFuture<'static, Result<Box<dyn DiffFeed>, StreamError>> {
+        let (books, instrument) = (self.clone(), instrument.clone());
+        Box::pin(async move {
+            let feed = books.feed(&instrument, stall).await?;
+            Ok(Box::new(feed) as Box<dyn DiffFeed>)
+        })
+    }
+
+    fn snapshot(
+        &self,
+        instrument: &InstrumentId,
+    ) -> BoxFuture<'static, Result<RangedSnapshot, RestError>> {
+        let (books, instrument) = (self.clone(), instrument.clone());
+        Box::pin(async move { books.snapshot(&instrument).await })
+    }
+}
+
+impl DiffFeed for ClusterFeed {
+    fn next_text(&mut self) -> BoxFuture<'_, Option<Result<Utf8Bytes, StreamError>>> {
+        Box::pin(ClusterFeed::next_text(self))
+    }
+
+    fn age(&self) -> Duration {
+        ClusterFeed::age(self)
     }
 }
 
 /// A gateway's view of the cluster as an exchange of books (see the module docs).
+#[derive(Clone)]
 pub struct ClusterBooks {
     pub client: async_nats::Client,
     pub subjects: Subjects,

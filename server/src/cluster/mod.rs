@@ -32,6 +32,7 @@ pub mod candles;
 pub mod config;
 pub mod depth;
 pub mod gateway;
+pub mod l3;
 pub mod lease;
 pub mod proof;
 pub mod supervisor;

@@ -28,17 +28,18 @@ use shared::cluster::{Instructions, TaskId, TaskKind, WorkerStatus};
 use shared::protocol::ops::JobKind;
 
 use super::candles::{ensure_stream, JetStreamForward};
+use super::l3::{request_subject, serve};
 use super::Subjects;
-use crate::app::WorkerBackends;
-use crate::books::depth_job::{DepthRole, DepthRunner};
+use crate::books::depth_job::DepthRunner;
 use crate::books::BookRegistry;
+use crate::bus::nats::Publisher;
+use crate::bus::NatsBus;
 use crate::bus::PoisonStats;
 use crate::candles::kline_job::KlineRunner;
-use crate::candles::writer::CandleWriter;
+use crate::candles::writer::CandleOut;
 use crate::clock::wall_clock_ms;
 use crate::config::Config;
 use crate::jobs::Supervisor;
-use crate::l3::remote::{request_subject, serve};
 use crate::l3::L3Books;
 use crate::shutdown::Shutdown;
 use crate::sources::Sources;
@@ -72,7 +73,7 @@ pub enum WorkerError {
     #[error("configuration key `store.kind`: a worker reads where its kline tasks resume from the cluster's PostgreSQL store")]
     NotPostgres,
     #[error(transparent)]
-    Backends(#[from] crate::app::StartError),
+    Store(#[from] crate::app::StartError),
     #[error("cannot set up JetStream's candle stream")]
     JetStream(#[source] async_nats::Error),
     #[error("cannot subscribe to {subject}")]
@@ -135,8 +136,22 @@ pub async fn run(
     if config.store.kind != crate::cluster::config::StoreKind::Postgres {
         return Err(WorkerError::NotPostgres);
     }
-    let WorkerBackends { store, bus, local } =
-        WorkerBackends::open(&config, client.clone(), &shutdown).await?;
+    // The cluster's PostgreSQL (read: where its kline tasks resume), the NATS bus (its forming
+    // candles; the tick-by-tick books' deltas when it hosts them), and an in-process bus for
+    // the books it keeps for snapshot requests (published to nobody).
+    let store: Arc<dyn crate::store::CandleStore> = crate::app::open_postgres(&config).await?;
+    let bus: Arc<dyn crate::bus::Bus> = Arc::new(
+        NatsBus::new(
+            client.clone(),
+            &config.bus.prefix,
+            Publisher::Worker,
+            config.limits.bus_capacity,
+            &shutdown,
+        )
+        .share_tick_books(config.l3.worker_host().is_some()),
+    );
+    let local: Arc<dyn crate::bus::Bus> =
+        Arc::new(crate::bus::InProcessBus::new(config.limits.bus_capacity));
     // What it refuses from the bus (instruction sets, admin requests to the books it hosts).
     let poison = Arc::new(PoisonStats::default());
     // The leader lease, against which a new leader's epoch is checked (read only, and only
@@ -150,7 +165,7 @@ pub async fn run(
     // publish on the bus (their topics travel) and answer the gateways' requests.
     let l3 = if config.l3.worker_host() == Some(options.id.as_str()) {
         let registry = BookRegistry::new(bus.clone());
-        let feeds = crate::app::tick_sources(&config, &sources);
+        let feeds = crate::l3::sim_feeds(&config, &sources);
         let books = L3Books::start(
             &config.l3,
             registry,
@@ -173,23 +188,27 @@ pub async fn run(
         None
     };
     let forward = Arc::new(JetStreamForward::new(js.clone(), subjects.clone()));
-    let writer = CandleWriter::forwarding(store.clone(), bus, forward);
+    let out = CandleOut { store: store.clone(), bus, closed: forward };
     // Its gap fills stop where the persister's bounds do (an hour inside them, for the time the
     // candles may wait in JetStream).
     let max_age_ms = i64::try_from(config.cluster.bus_retention_s.saturating_sub(3_600) * 1000)
         .unwrap_or(i64::MAX);
-    let runner = KlineRunner::new(&config, sources.clone(), writer).gap_fill_within(max_age_ms);
-    // Depth sessions sync their books as on one process (the book stays here, for snapshot
-    // requests) and forward every diff.
+    let runner = KlineRunner::new(&config, sources.clone(), out).gap_fill_within(max_age_ms);
+    // Depth sessions sync their books as on one process, forward every diff (the tap), and
+    // their synced books answer the gateways' snapshot requests (through the book registry).
     super::depth::ensure_stream(&js, &subjects, config.cluster.depth_stream_mb)
         .await
         .map_err(WorkerError::JetStream)?;
     let tap = super::depth::DepthTap::new(client.clone(), subjects.clone(), &shutdown);
     let local = BookRegistry::new(local);
-    let depth = DepthRunner::new(&config, sources.clone(), local, DepthRole::Worker(tap));
+    tap.answer_snapshots(local.clone(), &shutdown).await.map_err(|source| {
+        WorkerError::Subscribe { subject: format!("{}.booksnap.*", subjects.prefix), source }
+    })?;
+    let depth = DepthRunner::new(&config, sources.clone(), local).with_tap(tap);
+    let depth_config = depth.supervisor_config();
     let sessions = Sessions {
         kline: Supervisor::new(JobKind::Kline, config.ingest.clone(), Arc::new(runner), &shutdown),
-        depth: Supervisor::new(JobKind::Depth, depth.supervisor_config(), depth, &shutdown),
+        depth: Supervisor::new(JobKind::Depth, depth_config, Arc::new(depth), &shutdown),
     };
     sessions.kline.start(&[]);
     sessions.depth.start(&[]);

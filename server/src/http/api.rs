@@ -122,7 +122,7 @@ fn int_param(name: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
 impl AppState {
     /// Counts a rejected request and passes its error on.
     fn bad_request(&self, e: ApiError) -> ApiError {
-        self.app.metrics.http_bad_requests.fetch_add(1, Relaxed);
+        self.app.metrics().http_bad_requests.fetch_add(1, Relaxed);
         e
     }
 }
@@ -132,7 +132,7 @@ async fn klines(
     query: Result<Query<KlinesQuery>, QueryRejection>,
 ) -> Result<Json<Vec<KlineRow>>, ApiError> {
     let app = &state.app;
-    app.metrics.http_klines_requests.fetch_add(1, Relaxed);
+    app.metrics().http_klines_requests.fetch_add(1, Relaxed);
     let bad = |e: ApiError| state.bad_request(e);
     let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
     let series_text = q.series.ok_or_else(|| {
@@ -141,12 +141,12 @@ async fn klines(
     let series: SeriesId = series_text
         .parse()
         .map_err(|e| bad(ApiError::bad(Code::BadStream, format!("series {series_text:?}: {e}"))))?;
-    app.sources
+    app.sources()
         .validate_series(&series)
         .map_err(|e| bad(ApiError::bad(Code::UnknownSeries, e.to_string())))?;
     let start = int_param("startTime", q.start_time.as_deref()).map_err(bad)?;
     let end = int_param("endTime", q.end_time.as_deref()).map_err(bad)?;
-    let max = app.config.limits.max_klines_limit;
+    let max = app.config().limits.max_klines_limit;
     let limit = int_param("limit", q.limit.as_deref()).map_err(bad)?.unwrap_or(500);
     if limit < 1 || limit as usize > max {
         return Err(bad(ApiError::bad(
@@ -162,7 +162,7 @@ async fn klines(
             )));
         }
     }
-    let store = app.store.clone();
+    let store = app.store().clone();
     let tf = series.timeframe;
     let rows = blocking(move || store.candles(&series, start, end, limit as usize))
         .await
@@ -172,11 +172,11 @@ async fn klines(
 
 async fn series(State(state): State<AppState>) -> Result<Json<Catalog>, ApiError> {
     let app = state.app.clone();
-    let store = app.store.clone();
+    let store = app.store().clone();
     let stored = blocking(move || store.series()).await.map_err(|e| ApiError::internal(&e))?;
     Ok(Json(Catalog {
-        timeframes: app.sources.timeframes().to_vec(),
-        instruments: app.sources.instruments(),
+        timeframes: app.sources().timeframes().to_vec(),
+        instruments: app.sources().instruments(),
         stored: stored
             .into_iter()
             .map(|s| StoredSeries {
@@ -192,7 +192,7 @@ async fn series(State(state): State<AppState>) -> Result<Json<Catalog>, ApiError
 /// The candle jobs' supervisor snapshot, with the depth jobs' (supervisor view and sync status)
 /// under `depth`.
 async fn ops_jobs(State(state): State<AppState>) -> Json<JobsReport> {
-    let kline = state.app.supervisor.snapshot();
+    let kline = state.app.supervisor().snapshot();
     Json(JobsReport {
         capacity: kline.capacity,
         jobs: kline.jobs,
@@ -202,8 +202,8 @@ async fn ops_jobs(State(state): State<AppState>) -> Json<JobsReport> {
 
 async fn ops_backfill(State(state): State<AppState>) -> Json<BackfillReport> {
     Json(BackfillReport {
-        tasks: state.app.backfill.snapshot(),
-        runs_here: state.app.backfill.runs_here(),
+        tasks: state.app.backfill().snapshot(),
+        runs_here: state.app.backfill().runs_here(),
     })
 }
 
@@ -221,7 +221,7 @@ async fn ops_sources(State(state): State<AppState>, request: Request) -> Respons
                 TokenVerdict::Admin => true,
                 TokenVerdict::Disabled => false,
                 TokenVerdict::Wrong => {
-                    state.app.metrics.admin_unauthorized.fetch_add(1, Relaxed);
+                    state.app.metrics().admin_unauthorized.fetch_add(1, Relaxed);
                     false
                 }
                 throttled @ TokenVerdict::Throttled { .. } => {
@@ -230,7 +230,7 @@ async fn ops_sources(State(state): State<AppState>, request: Request) -> Respons
             }
         }
     };
-    Json(SourcesReport { sources: state.app.sources.snapshot(reveal) }).into_response()
+    Json(SourcesReport { sources: state.app.sources().snapshot(reveal) }).into_response()
 }
 
 /// The leading supervisor's report, asked over NATS (a gateway only); `?max_tasks=N` (default
@@ -240,17 +240,17 @@ async fn ops_cluster(
     query: Result<Query<ReportQueryParams>, QueryRejection>,
 ) -> Result<Json<ClusterReport>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad(Code::Malformed, e.body_text()))?;
-    let Some(g) = &state.app.gateway else {
+    let Some(x) = state.app.extension() else {
         return Err(ApiError::not_found(
             Code::NotFound,
             "this server is not a gateway of a cluster ([cluster] enabled = false)",
         ));
     };
     let max_tasks = q.max_tasks.unwrap_or(REPORT_MAX_TASKS).min(5_000);
-    g.cluster_report(max_tasks, std::time::Duration::from_secs(2))
+    x.cluster_report(max_tasks)
         .await
         .map(Json)
-        .map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, why))
+        .map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, why.0))
 }
 
 /// `GET /api/v1/ops/cluster` parameters.
@@ -260,13 +260,7 @@ struct ReportQueryParams {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    // On a gateway, what the leader and the workers refused comes from the leader's report
-    // (briefly: a scrape never waits long for a supervisor that is away).
-    let report = match &state.app.gateway {
-        Some(g) => g.cluster_report(0, std::time::Duration::from_millis(500)).await.ok(),
-        None => None,
-    };
-    let text = state.app.render_metrics(report.as_ref());
+    let text = super::metrics::render(&state.app).await;
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -283,7 +277,7 @@ async fn admin_backfill_start(
     raw: String,
 ) -> Result<Json<SeriesReply>, ApiError> {
     let b: SeriesRequest = admin(&state, &raw)?;
-    state.app.backfill.start(&b.series).map_err(|e| match e {
+    state.app.backfill().start(&b.series).map_err(|e| match e {
         BackfillError::UnknownTask(_) => ApiError::bad(Code::UnknownSeries, e.to_string()),
         BackfillError::OtherNode => {
             ApiError::new(StatusCode::CONFLICT, Code::OtherNode, e.to_string())
@@ -299,7 +293,7 @@ async fn admin_backfill_stop(
     let b: SeriesRequest = admin(&state, &raw)?;
     state
         .app
-        .backfill
+        .backfill()
         .stop(&b.series)
         .map_err(|e| ApiError::bad(Code::UnknownSeries, e.to_string()))?;
     Ok(Json(SeriesReply { result: AdminResult::Stopping, series: b.series }))
@@ -314,7 +308,7 @@ async fn admin_job_stop(
         b.instrument.parse().map_err(|e| ApiError::bad(Code::BadStream, format!("{e}")))?;
     // A pinned or subscribed job restarts in place (its sessions stay attached); an idle
     // on-demand one is removed.
-    let result = match state.app.supervisor.admin_stop(&inst) {
+    let result = match state.app.supervisor().admin_stop(&inst) {
         Some(crate::jobs::AdminStop::Stopped) => AdminResult::Stopped,
         Some(crate::jobs::AdminStop::Restarted) => AdminResult::Restarted,
         None => return Err(ApiError::not_found(Code::NotFound, format!("no job for {inst}"))),
@@ -368,7 +362,7 @@ async fn rest_depth(
     // A book whose job has just started (the seed's client subscribes, then asks at once) is
     // waited for, up to BOOK_START_WAIT, instead of answered "unknown".
     let deadline = tokio::time::Instant::now() + BOOK_START_WAIT;
-    if let Some(remote) = app.l3.remote().filter(|r| r.serves(&instrument)) {
+    if let Some(remote) = app.l3().remote().filter(|r| r.serves(&instrument)) {
         // The tick-by-tick host's book, with the ids of the deltas it publishes.
         let mut found = remote.depth(&instrument, limit as usize).await?;
         while found.as_ref().is_some_and(|(d, _)| d.id == 0)
@@ -385,13 +379,13 @@ async fn rest_depth(
         })?;
         return Ok(Json(RestDepthResponse { code: 0, data, health }));
     }
-    let mut found = app.books.rest_depth(&instrument, limit as usize);
+    let mut found = app.books().rest_depth(&instrument, limit as usize);
     while found.as_ref().is_none_or(|(d, _)| d.id == 0)
-        && (app.books.contains(&instrument) || app.depth.health(&instrument).is_some())
+        && (app.books().contains(&instrument) || app.depth().health(&instrument).is_some())
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        found = app.books.rest_depth(&instrument, limit as usize);
+        found = app.books().rest_depth(&instrument, limit as usize);
     }
     let Some((data, health)) = found else {
         return Err(bad(ApiError::not_found(
@@ -404,8 +398,8 @@ async fn rest_depth(
 
 /// This process's books, and a remote tick-by-tick host's (when it answers).
 async fn ops_books(State(state): State<AppState>) -> Json<BooksReport> {
-    let mut books = state.app.books.list();
-    if let Some(remote) = state.app.l3.remote() {
+    let mut books = state.app.books().list();
+    if let Some(remote) = state.app.l3().remote() {
         match remote.books().await {
             Ok(theirs) => books.extend(theirs),
             Err(e) => tracing::debug!("tick-by-tick host's books: {e}"),
@@ -415,7 +409,7 @@ async fn ops_books(State(state): State<AppState>) -> Json<BooksReport> {
 }
 
 async fn ops_shards(State(state): State<AppState>) -> Result<Json<ShardsReport>, ApiError> {
-    Ok(Json(state.app.l3.shards().await?))
+    Ok(Json(state.app.l3().shards().await?))
 }
 
 async fn admin_migrate(
@@ -423,7 +417,7 @@ async fn admin_migrate(
     raw: String,
 ) -> Result<Json<MigrateReply>, ApiError> {
     let b: MigrateRequest = admin(&state, &raw)?;
-    Ok(Json(state.app.l3.migrate(b).await?))
+    Ok(Json(state.app.l3().migrate(b).await?))
 }
 
 async fn admin_auto_balance(
@@ -431,7 +425,7 @@ async fn admin_auto_balance(
     raw: String,
 ) -> Result<Json<AutoBalanceReply>, ApiError> {
     let b: AutoBalanceRequest = admin(&state, &raw)?;
-    Ok(Json(state.app.l3.auto_balance(b).await?))
+    Ok(Json(state.app.l3().auto_balance(b).await?))
 }
 
 async fn admin_hotspot(
@@ -439,5 +433,5 @@ async fn admin_hotspot(
     raw: String,
 ) -> Result<Json<HotspotReply>, ApiError> {
     let b: HotspotRequest = admin(&state, &raw)?;
-    Ok(Json(state.app.l3.hotspot(b).await?))
+    Ok(Json(state.app.l3().hotspot(b).await?))
 }

@@ -153,7 +153,7 @@ impl AllowedHosts {
 
 /// Refuses a request whose `Host` (or target authority) is not allowed (see the module docs).
 pub async fn check(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let metrics = &state.app.metrics;
+    let metrics = &state.app.metrics();
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let (host, more) = (hosts.next(), hosts.next().is_some());
     let bad = |msg: &str| {

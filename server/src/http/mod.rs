@@ -27,6 +27,7 @@ mod dashboard;
 mod error;
 mod heartbeat;
 pub mod host;
+mod metrics;
 pub mod origin;
 pub mod starts;
 mod upgrade;
@@ -73,7 +74,7 @@ pub enum ServeError {
     #[error(transparent)]
     NoDashboard(#[from] dashboard::NoDashboard),
     #[error(transparent)]
-    Start(#[from] crate::app::StartError),
+    Start(#[from] crate::cluster::gateway::BusStartError),
     #[error("the listener has no local address")]
     Listener(#[source] std::io::Error),
     #[error(transparent)]
@@ -128,11 +129,11 @@ fn starts_job(app: &Arc<App>) -> StartsJob {
     let app = app.clone();
     Arc::new(move |stream: &Stream| match stream {
         Stream::Heartbeat => false,
-        Stream::Kline(series) => app.supervisor.health(&series.instrument).is_none(),
+        Stream::Kline(series) => app.supervisor().health(&series.instrument).is_none(),
         Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
-            !(app.books.is_always_on(instrument)
-                || app.l3.remote().is_some_and(|r| r.serves(instrument)))
-                && app.depth.health(instrument).is_none()
+            !(app.books().is_always_on(instrument)
+                || app.l3().remote().is_some_and(|r| r.serves(instrument)))
+                && app.depth().health(instrument).is_none()
         }
     })
 }
@@ -149,8 +150,8 @@ pub type DepthLeases = Arc<
 fn depth_leases(app: &Arc<App>) -> DepthLeases {
     let app = app.clone();
     Arc::new(move |instrument: &InstrumentId, peer: Option<ClientAddr>| {
-        if app.books.is_always_on(instrument)
-            || app.l3.remote().is_some_and(|r| r.serves(instrument))
+        if app.books().is_always_on(instrument)
+            || app.l3().remote().is_some_and(|r| r.serves(instrument))
         {
             return Ok(None);
         }
@@ -207,7 +208,7 @@ async fn static_file(State(state): State<AppState>, request: Request) -> Respons
             let impossible_name = matches!(e.kind(), InvalidFilename | InvalidInput)
                 || errno.is_some_and(|n| n == rustix::io::Errno::LOOP);
             if impossible_name {
-                state.app.metrics.http_bad_requests.fetch_add(1, Relaxed);
+                state.app.metrics().http_bad_requests.fetch_add(1, Relaxed);
             }
             if impossible_name || matches!(e.kind(), NotFound | NotADirectory | IsADirectory) {
                 return StatusCode::NOT_FOUND.into_response();
@@ -294,7 +295,7 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let app = Arc::new(App::start(config.config.clone()).await?);
+    let app = Arc::new(crate::cluster::gateway::start(config.config.clone()).await?);
     serve_app(listener, config, app, shutdown).await
 }
 
@@ -309,10 +310,10 @@ pub async fn serve_app(
     let heartbeats = Heartbeats::start(config.heartbeat_every, &http);
     let sessions = Arc::new(Sessions {
         heartbeats,
-        bus: app.bus.clone(),
-        supervisor: app.supervisor.clone(),
+        bus: app.bus().clone(),
+        supervisor: app.supervisor().clone(),
         limits: config.config.limits.clone(),
-        metrics: app.metrics.clone(),
+        metrics: app.metrics().clone(),
         depth_leases: depth_leases(&app),
         shutdown: http.clone(),
         starts_job: starts_job(&app),
@@ -320,7 +321,7 @@ pub async fn serve_app(
     });
     let nofile = conn::raise_nofile_limit();
     let limits = conn::ConnLimits::new(&config.config.limits, nofile)?;
-    let connections = conn::Connections::new(limits, app.metrics.clone());
+    let connections = conn::Connections::new(limits, app.metrics().clone());
     let static_files = match &config.dashboard {
         Dashboard::Dir(dir) => Some(ServeDir::new(dir)),
         Dashboard::Embedded | Dashboard::Missing => None,
@@ -337,7 +338,7 @@ pub async fn serve_app(
         static_files,
         origins: Arc::new(origin::AllowedOrigins::new(&server.allowed_origins)),
         hosts: Arc::new(host::AllowedHosts::new(&server.allowed_hosts, addr)),
-        admin: Arc::new(admin::AdminGate::new(&config.config, app.metrics.clone())),
+        admin: Arc::new(admin::AdminGate::new(&config.config, app.metrics().clone())),
     };
     let router = router(&config.dashboard, state);
     tracing::info!(%addr, dashboard = %config.dashboard.describe(), "millrace listening on http://{addr}/");

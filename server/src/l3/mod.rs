@@ -36,6 +36,7 @@ use crate::books::BookRegistry;
 use crate::config::L3Config;
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
+use crate::sources::Sources;
 use engine::{Engine, EngineHandle, TickEvent};
 use feed::FeedThread;
 use replay::ReplayThread;
@@ -169,4 +170,21 @@ impl L3Books {
         let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
         self.shutdown.stopped(Duration::from_secs(5)).await
     }
+}
+
+/// `(source name, simulator base URL)` of every simulator whose tick-by-tick feed the books
+/// follow (`[l3] sim_feeds`): each `sim` source once per simulator (a spot and a futures source
+/// may share one).
+pub fn sim_feeds(config: &crate::config::Config, sources: &Sources) -> Vec<(String, String)> {
+    if !config.l3.sim_feeds {
+        return Vec::new();
+    }
+    let mut seen = std::collections::HashSet::new();
+    sources
+        .all()
+        .iter()
+        .filter(|s| s.config.kind == crate::config::SourceKind::Sim)
+        .filter(|s| seen.insert(s.endpoint.rest_base.clone()))
+        .map(|s| (s.config.name.clone(), s.endpoint.rest_base.clone()))
+        .collect()
 }

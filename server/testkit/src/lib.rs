@@ -121,38 +121,41 @@ pub struct TestServer {
 }
 
 impl TestServer {
+    /// The server `config` describes, as `millrace serve` starts it (one process, on the NATS
+    /// bus, or a cluster's gateway).
     pub async fn start(config: Config) -> TestServer {
-        let backends = Backends::open(&config).await.unwrap();
-        Self::start_with(config, backends).await
+        Self::start_ready_when(config, None, false).await
     }
 
     /// Like [`TestServer::start`], ready once `/healthz` answers at all: for a test of a
     /// service that is degraded from the start.
     pub async fn start_degraded(config: Config) -> TestServer {
-        let backends = Backends::open(&config).await.unwrap();
-        Self::start_ready_when(config, backends, true).await
+        Self::start_ready_when(config, None, true).await
     }
 
     /// A server on the given bus and store (a test's own implementations).
     pub async fn start_with(config: Config, backends: Backends) -> TestServer {
-        Self::start_ready_when(config, backends, false).await
+        Self::start_ready_when(config, Some(backends), false).await
     }
 
     /// A server listening on `listen` (port 0: any free port), e.g. `[::]:0` for a dual-stack
     /// listener or `127.0.0.3:0`. Its `addr` is where clients reach it (loopback when `listen`
     /// is unspecified).
     pub async fn start_on(config: Config, listen: SocketAddr) -> TestServer {
-        let backends = Backends::open(&config).await.unwrap();
-        Self::start_listening(config, backends, false, listen).await
+        Self::start_listening(config, None, false, listen).await
     }
 
-    async fn start_ready_when(config: Config, backends: Backends, any_health: bool) -> TestServer {
+    async fn start_ready_when(
+        config: Config,
+        backends: Option<Backends>,
+        any_health: bool,
+    ) -> TestServer {
         Self::start_listening(config, backends, any_health, "127.0.0.1:0".parse().unwrap()).await
     }
 
     async fn start_listening(
         config: Config,
-        backends: Backends,
+        backends: Option<Backends>,
         any_health: bool,
         listen: SocketAddr,
     ) -> TestServer {
@@ -173,7 +176,11 @@ impl TestServer {
             });
         }
         let serve_config = ServeConfig::new(config.clone()).unwrap();
-        let app = std::sync::Arc::new(App::start_with(config.clone(), backends).await.unwrap());
+        let app = match backends {
+            Some(b) => App::start_with(config.clone(), b).await.unwrap(),
+            None => server::cluster::gateway::start(config.clone()).await.unwrap(),
+        };
+        let app = std::sync::Arc::new(app);
         let (stop, stopped) = oneshot::channel::<()>();
         let done = tokio::spawn(serve_app(listener, serve_config, app.clone(), async move {
             let _ = stopped.await;

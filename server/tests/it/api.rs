@@ -381,7 +381,7 @@ async fn burst(server: &TestServer, topic: &str, n: usize) {
     padded.splice(1..1, std::iter::repeat_n(b' ', 1000));
     let payload = bytes::Bytes::from(padded);
     for i in 0..n {
-        server::bus::Bus::publish(server.app.bus.as_ref(), topic, payload.clone());
+        server::bus::Bus::publish(server.app.bus().as_ref(), topic, payload.clone());
         if i % 64 == 63 {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use server::bus::nats::Side;
+use server::bus::nats::Publisher;
 use server::bus::{Bus, NatsBus, Subscription};
 use server::shutdown::Shutdown;
 
@@ -20,7 +20,7 @@ async fn bus(prefix: &str, stop: &Shutdown) -> NatsBus {
 /// A bus whose local subscribers each hold up to `capacity` frames.
 async fn bus_of(prefix: &str, capacity: usize, stop: &Shutdown) -> NatsBus {
     let client = async_nats::connect(nats_url()).await.expect("NATS (run scripts/services)");
-    NatsBus::new(client, prefix, Side::Gateway, capacity, stop)
+    NatsBus::new(client, prefix, Publisher::Gateway, capacity, stop)
 }
 
 /// Publishes `payload` on `from` until `sub` receives it (the subscription reaches the server
@@ -134,7 +134,7 @@ async fn a_closed_candle_from_a_workers_side_reaches_no_subscriber() {
     let stop = Shutdown::new();
     let prefix = format!("tbusw{}", std::process::id());
     let client = async_nats::connect(nats_url()).await.unwrap();
-    let worker = NatsBus::new(client, &prefix, Side::Worker, 64, &stop);
+    let worker = NatsBus::new(client, &prefix, Publisher::Worker, 64, &stop);
     let gateway = bus(&prefix, &stop).await;
     let topic = "kline@sim:spot:BTC/USDT:1m";
     let mut sub = gateway.subscribe(topic);

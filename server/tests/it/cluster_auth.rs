@@ -239,7 +239,7 @@ async fn a_workers_credentials_cannot_send_what_the_other_roles_send() {
     let (rogue, mut errors) = nats.watched("worker").await;
 
     // Subjects of the gateways and the supervisors: (subject, its sender, its listener).
-    let l3 = server::l3::remote::request_subject(&nats.prefix);
+    let l3 = server::cluster::l3::request_subject(&nats.prefix);
     let cases = [
         (s.demand(), &gateway, &supervisor),
         (s.report(), &gateway, &supervisor),

@@ -236,15 +236,15 @@ async fn forged_messages_crash_nothing_write_nothing_stop_nothing_and_are_counte
     // 5. A closed kline push ten years ahead on the gateways' bus.
     let series: SeriesId = btc_1m.parse().unwrap();
     let push = closed_push(&series, &minute(minute_now + ten_years));
-    use server::bus::nats::{subject_of, Side};
+    use server::bus::nats::{subject_of, Publisher};
     let kline_topic = format!("kline@{btc_1m}");
-    let topic = subject_of(&prefix, Side::Gateway, &kline_topic);
+    let topic = subject_of(&prefix, Publisher::Gateway, &kline_topic);
     nats.publish(topic.clone(), push).await.unwrap();
     nats.publish(topic, Bytes::from_static(b"\x00\x00\x00\x00\x09{")).await.unwrap();
     // and a closed candle of the minute that is forming, where workers publish: only the
     // persister pushes closed candles (it stored them first)
     let forming = closed_push(&series, &minute(minute_now));
-    nats.publish(subject_of(&prefix, Side::Worker, &kline_topic), forming).await.unwrap();
+    nats.publish(subject_of(&prefix, Publisher::Worker, &kline_topic), forming).await.unwrap();
     nats.flush().await.unwrap();
 
     // Live data goes on: closed candles keep arriving and being stored, the book stays right.

@@ -195,6 +195,23 @@ pub(crate) async fn healthy(gateway: &TestServer) {
     .await
 }
 
+/// A gateway's persister counters, as its `/metrics` shows them: candles written, candles left
+/// out as written already, failed writes, redelivered messages.
+pub(crate) async fn persister(gateway: &TestServer) -> (u64, u64, u64, u64) {
+    let (_, m) = gateway.get("/metrics").await;
+    let value = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+    };
+    (
+        value("millrace_persister_candles_total"),
+        value("millrace_persister_repeated_total"),
+        value("millrace_persister_write_failures_total"),
+        value("millrace_persister_redelivered_total"),
+    )
+}
+
 /// The stored candles of `series`, oldest first.
 pub(crate) fn stored_pg(pg: &PgDb, series: &str) -> Vec<Candle> {
     use server::store::CandleStore as _;
@@ -308,8 +325,7 @@ async fn workers_killed_and_drained_lose_and_repeat_no_candle() {
     assert!(stored.windows(2).all(|w| w[1].open_time - w[0].open_time == 60_000), "no hole");
     // Written once each: the persister wrote as many 1m candles as are stored.
     let eth = stored_pg(&c.pg, "sim:spot:ETH/USDT:1m");
-    let persister = &c.gateway.app.gateway.as_ref().unwrap().persister;
-    let written = persister.candles.load(std::sync::atomic::Ordering::Relaxed) as usize;
+    let written = persister(&c.gateway).await.0 as usize;
     let rows = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m").len() + eth.len();
     eprintln!("stored 1m rows {rows}, written by the persister {written}");
     assert_eq!(written, rows, "each closed candle reached the store once");
@@ -493,8 +509,7 @@ async fn with_redundancy_3_every_candle_and_diff_goes_downstream_once() {
     // Closed candles: three replicas sent each; the persister wrote each once, the browser saw
     // each once.
     let stored = stored_pg(&c.pg, "sim:spot:BTC/USDT:1m");
-    let persister = &c.gateway.app.gateway.as_ref().unwrap().persister;
-    let written = persister.candles.load(std::sync::atomic::Ordering::Relaxed) as usize;
+    let written = persister(&c.gateway).await.0 as usize;
     assert!(
         written >= stored.len() && written <= stored.len() + 1,
         "{written} vs {}",
@@ -592,13 +607,10 @@ async fn a_nats_restart_then_a_postgres_restart_lose_nothing() {
     // back (a minute may land just after the next one, never not at all).
     let stored = stored_settles(&c).await;
     assert!(stored.windows(2).all(|w| w[1].open_time - w[0].open_time == 60_000), "no hole");
-    let persister = &c.gateway.app.gateway.as_ref().unwrap().persister;
+    let (written, _, failures, redelivered) = persister(&c.gateway).await;
     eprintln!(
-        "after the restarts: {} stored, {} written, {} write failures, {} redelivered",
+        "after the restarts: {} stored, {written} written, {failures} write failures, {redelivered} redelivered",
         stored.len(),
-        persister.candles.load(std::sync::atomic::Ordering::Relaxed),
-        persister.write_failures.load(std::sync::atomic::Ordering::Relaxed),
-        persister.redelivered.load(std::sync::atomic::Ordering::Relaxed),
     );
     c.stop().await;
     tokio::task::block_in_place(|| drop(pg_server));
@@ -712,7 +724,7 @@ async fn the_tick_by_tick_books_run_on_one_worker_behind_the_gateway() {
         config.cluster.instruments = vec![BTC.parse().unwrap()];
     })
     .await;
-    assert!(c.gateway.app.l3.here().is_none(), "the gateway runs no engine");
+    assert!(c.gateway.app.l3().here().is_none(), "the gateway runs no engine");
     c.supervisor("sup1");
     c.worker("w1", &[]);
     c.worker("w2", &[]);
@@ -837,7 +849,6 @@ async fn the_tick_by_tick_books_run_on_one_worker_behind_the_gateway() {
 /// equal to what was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_cutting_a_gap_fill_differently_write_each_minute_once() {
-    use server::candles::writer::ForwardClosed as _;
     use server::cluster::candles::JetStreamForward;
     use shared::fixed::{Price, Volume};
     let c = TestCluster::start("clustercut", 1.0, 59, |config| {
@@ -875,9 +886,8 @@ async fn replicas_cutting_a_gap_fill_differently_write_each_minute_once() {
     })
     .await;
     // (the counters move just after the commit the store shows)
-    let persister = &c.gateway.app.gateway.as_ref().unwrap().persister;
     let (written, repeated) = eventually("every message taken", || async {
-        let (w, r) = (persister.candles.load(relaxed), persister.repeated.load(relaxed));
+        let (w, r, _, _) = persister(&c.gateway).await;
         (w + r >= sent_a + sent_b).then_some((w, r))
     })
     .await;

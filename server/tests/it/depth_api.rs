@@ -34,7 +34,7 @@ fn start_producer(
     server: &TestServer,
     stop: Arc<AtomicBool>,
 ) -> (History, std::thread::JoinHandle<()>) {
-    let books = server.app.books.clone();
+    let books = server.app.books().clone();
     books.set_always_on(&inst());
     let history: History = Arc::default();
     let h = history.clone();

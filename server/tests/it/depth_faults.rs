@@ -69,7 +69,7 @@ pub(crate) struct Watch {
 pub(crate) fn watch_bus(server: &TestServer, instrument: &str) -> Arc<Watch> {
     let w = Arc::new(Watch::default());
     let topic = Stream::DepthUpdate(id(instrument)).to_string();
-    let mut sub = server.app.bus.subscribe(&topic);
+    let mut sub = server.app.bus().subscribe(&topic);
     let w2 = w.clone();
     tokio::spawn(async move {
         let mut last_u: Option<u64> = None;
@@ -129,7 +129,7 @@ pub(crate) async fn matches_sim(
     let what = format!("{instrument} published book equal to the exchange's ({expect:?})");
     eventually(&what, || async {
         let (before, _) = status(server, instrument);
-        let (published, health) = server.app.books.snapshot(&inst)?;
+        let (published, health) = server.app.books().snapshot(&inst)?;
         let (after, _) = status(server, instrument);
         let (sim_id, bids, asks) = sim.book(symbol).unwrap();
         if health != expect
@@ -193,7 +193,7 @@ impl PartialFrames {
         let what = format!("{instrument} published book equal to the exchange's partial frame");
         eventually(&what, || async {
             let (before, _) = status(server, instrument);
-            let (published, health) = server.app.books.snapshot(&inst)?;
+            let (published, health) = server.app.books().snapshot(&inst)?;
             let (after, _) = status(server, instrument);
             if health != BookHealth::SnapshotMode || before.last_update_id != after.last_update_id {
                 return None;
@@ -219,7 +219,7 @@ async fn quiet_while_resyncing(server: &TestServer, w: &Watch, instrument: &str,
     while start.elapsed() < Duration::from_millis(for_ms) {
         let before = w.deltas.load(Ordering::Relaxed);
         let (s1, _) = status(server, instrument);
-        let (_, health) = server.app.books.snapshot(&inst).unwrap();
+        let (_, health) = server.app.books().snapshot(&inst).unwrap();
         tokio::time::sleep(Duration::from_millis(120)).await;
         let (s2, _) = status(server, instrument);
         if s1.state != SyncState::Synced
@@ -322,7 +322,7 @@ async fn spot_depth_faults_resync_only_that_symbol_and_match_the_exchange() {
     .await;
     assert!(faults.counters().corrupted >= 1);
     assert!(b5.sync.verifications > b4.sync.verifications);
-    let info = server.app.books.list().into_iter().find(|b| b.instrument == id(BTC)).unwrap();
+    let info = server.app.books().list().into_iter().find(|b| b.instrument == id(BTC)).unwrap();
     assert!(
         info.status.drift > 0 && info.status.gaps > 0 && info.status.resyncs > 0,
         "registry counters: {info:?}"
@@ -459,7 +459,7 @@ async fn levels_beyond_the_snapshot_depth_are_pruned() {
     assert!(bids.len() > 5 && asks.len() > 5, "the exchange has more levels than the snapshot");
     // Keep checking for a while: deltas beyond the range never reach clients.
     for _ in 0..20 {
-        let (published, _) = server.app.books.snapshot(&id(BTC)).unwrap();
+        let (published, _) = server.app.books().snapshot(&id(BTC)).unwrap();
         let (s, _) = status(&server, BTC);
         let floor = s.trusted_bid_floor.unwrap_or(floor);
         let ceiling = s.trusted_ask_ceiling.unwrap_or(ceiling);
@@ -510,7 +510,7 @@ async fn depth_jobs_are_leased_capped_and_reaped() {
     })
     .await;
     eventually("the book is no longer active", || async {
-        let (_, health) = app.books.snapshot(&id(BTC))?;
+        let (_, health) = app.books().snapshot(&id(BTC))?;
         (health == BookHealth::Stale).then_some(())
     })
     .await;

@@ -102,7 +102,7 @@ async fn a_replayed_shanghai_day_ends_equal_to_single_threaded_processing() {
             "{code} vs replay sse"
         );
     }
-    let stats = server.app.l3.here().unwrap().handle.stats();
+    let stats = server.app.l3().here().unwrap().handle.stats();
     assert!(stats.migrations.completed >= 5, "{:?}", stats.migrations);
     assert_eq!(stats.symbols.iter().map(|s| s.gaps).sum::<u64>(), 0);
     server.stop().await;

@@ -65,7 +65,7 @@ async fn checkpoint(server: &TestServer, what: &str) -> usize {
                     &truth.asks[..truth.asks.len().min(5)],
                     &r.data.bids[..r.data.bids.len().min(5)],
                     &r.data.asks[..r.data.asks.len().min(5)],
-                    server.app.l3.here().unwrap().handle.stats().symbols.iter().find(|x| x.instrument.symbol == s.symbol).map(|x| format!("{x:?}")).unwrap_or_default()
+                    server.app.l3().here().unwrap().handle.stats().symbols.iter().find(|x| x.instrument.symbol == s.symbol).map(|x| format!("{x:?}")).unwrap_or_default()
                 );
                 break;
             }
@@ -185,7 +185,7 @@ async fn books_equal_the_simulators_through_hot_spots_migrations_and_gaps() {
     assert_eq!(hot_ones, ["sim:stock:600002", "sim:stock:000003"]);
     let shard_of = |symbol: &str| {
         let symbol = format!("sim:stock:{symbol}");
-        let stats = server.app.l3.here().unwrap().handle.stats();
+        let stats = server.app.l3().here().unwrap().handle.stats();
         stats.symbols.iter().find(|s| s.instrument.to_string() == symbol).map(|s| s.shard).unwrap()
     };
     let start = shard_of("600002");
@@ -209,7 +209,7 @@ async fn books_equal_the_simulators_through_hot_spots_migrations_and_gaps() {
     assert_eq!(status, 404, "{body}");
     client.pump(1000).await;
     assert_eq!(checkpoint(&server, "after hot spots and migrations").await, 40);
-    let stats = server.app.l3.here().unwrap().handle.stats();
+    let stats = server.app.l3().here().unwrap().handle.stats();
     assert!(stats.migrations.completed >= 4, "{:?}", stats.migrations);
     assert_eq!(shard_of("600002"), start, "the chain ended where it began");
     assert!(stats.shards.len() >= 4, "two new shards were created");
@@ -220,7 +220,7 @@ async fn books_equal_the_simulators_through_hot_spots_migrations_and_gaps() {
     }
     client.pump(3000).await;
     assert_eq!(checkpoint(&server, "after gaps").await, 40);
-    let stats = server.app.l3.here().unwrap().handle.stats();
+    let stats = server.app.l3().here().unwrap().handle.stats();
     let gaps: u64 = stats.symbols.iter().map(|s| s.gaps).sum();
     let resets: u64 = stats.symbols.iter().map(|s| s.resets).sum();
     assert!(gaps >= 3 && resets >= 3, "gaps {gaps}, resets {resets}");

@@ -140,14 +140,7 @@ async fn the_service_runs_on_a_second_bus_and_store_and_publishes_after_persisti
         inner: InProcessBus::new(config.limits.bus_capacity),
         log: log.clone(),
     });
-    let backends = Backends {
-        bus,
-        store: store.clone(),
-        backfill_store: store,
-        nats: None,
-        nats_bus: None,
-        data_lock: None,
-    };
+    let backends = Backends { bus, store: store.clone(), backfill_store: store, data_lock: None };
     let server = TestServer::start_with(config, backends).await;
     let mut ws = server.ws().await;
     let reply = request(

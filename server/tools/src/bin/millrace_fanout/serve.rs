@@ -40,11 +40,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use bytes::Bytes;
 use serde_json::json;
-use server::app::{App, Backends};
-use server::bus::nats::Side;
+use server::app::{App, Backends, Layer, Stores};
+use server::bus::nats::Publisher as BusSide;
 use server::bus::{Bus, Fanout, InProcessBus, NatsBus};
 use server::candles::writer::kline_frame;
 use server::cluster::config::{BusConfig, BusKind, StoreConfig, StoreKind};
+use server::cluster::gateway::GatewayLayer;
+use server::cluster::Role;
 use server::config::{Config, SourceConfig};
 use server::http::{serve_app, ServeConfig};
 use server::shutdown::signal as shutdown_signal;
@@ -323,33 +325,44 @@ async fn run(
     // (the default), or a gateway's NATS bus with a second connection to publish on.
     let capacity = config.limits.bus_capacity;
     let tools = Shutdown::new();
-    let opened = Backends::open(&config).await?;
-    let (backends, fanout, gateway, publish_on): (Backends, Fanout, _, Arc<dyn Bus>) = match &opts
-        .gateway
-    {
+    let stores = Stores::open(&config).await?;
+    type Gateway = Option<Box<dyn Layer + Send>>;
+    let (backends, fanout, gateway, publish_on, layer): (
+        Backends,
+        Fanout,
+        _,
+        Arc<dyn Bus>,
+        Gateway,
+    ) = match &opts.gateway {
         None => {
             let bus = Arc::new(InProcessBus::new(capacity));
             let fanout = bus.fanout().clone();
-            (Backends { bus: bus.clone(), ..opened }, fanout, None, bus)
+            (stores.with_bus(bus.clone()), fanout, None, bus, None)
         }
         Some(url) => {
             let prefix = config.bus.prefix.clone();
-            let gateway = opened.nats.clone().context("a gateway has a NATS connection")?;
-            let bus = Arc::new(NatsBus::new(gateway, &prefix, Side::Gateway, capacity, &tools));
+            let client = server::cluster::connect(&config.bus, Role::Gateway, "millrace-fanout")
+                .await
+                .context("the gateway's NATS connection")?;
+            let bus =
+                Arc::new(NatsBus::new(client.clone(), &prefix, BusSide::Gateway, capacity, &tools));
             let worker = async_nats::connect(url.as_str()).await.with_context(|| {
                 format!("cannot connect to NATS at --gateway {}", server::redact::redact(url))
             })?;
             // (it publishes closed candles too, as the persister does: the gateway's side)
             let worker_bus: Arc<dyn Bus> =
-                Arc::new(NatsBus::new(worker, &prefix, Side::Gateway, PUBLISH_CAPACITY, &tools));
+                Arc::new(NatsBus::new(worker, &prefix, BusSide::Gateway, PUBLISH_CAPACITY, &tools));
             let fanout = bus.fanout().clone();
-            (Backends { bus: bus.clone(), ..opened }, fanout, Some(bus), worker_bus)
+            let layer = config.cluster.enabled.then(|| {
+                Box::new(GatewayLayer { client, bus: Some(bus.clone()) }) as Box<dyn Layer + Send>
+            });
+            (stores.with_bus(bus.clone()), fanout, Some(bus), worker_bus, layer)
         }
     };
-    let app = Arc::new(App::start_with(config.clone(), backends).await?);
+    let app = Arc::new(App::start_layered(config.clone(), backends, layer).await?);
     // Subscriptions need the simulator's symbols; wait for them before saying READY.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !app.sources.snapshot(false).iter().all(|s| s.ready) {
+    while !app.sources().snapshot(false).iter().all(|s| s.ready) {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the simulator source did not become ready in 60 s"
