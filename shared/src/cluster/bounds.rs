@@ -7,9 +7,6 @@
 //! the first of each kind. Nothing a message says may make a reader allocate or walk more than
 //! the message itself holds, or move a high-water mark past what the exchange can have sent.
 
-use crate::candle::{Candle, Timeframe, MINUTE_MS};
-
-use super::payload::{ClosedCandles, CANDLES_PER_MESSAGE};
 use super::{Demand, Instructions, WorkerStatus};
 
 /// Most workers a supervisor keeps track of: a status from one more is refused.
@@ -211,42 +208,6 @@ impl std::fmt::Display for Poison {
     }
 }
 
-/// A closed 1m candle as a worker sends it: one minute, on a minute boundary, consistent.
-pub fn is_closed_minute(c: &Candle) -> bool {
-    c.minutes == 1 && c.open_time.rem_euclid(MINUTE_MS) == 0 && c.check().is_ok()
-}
-
-impl ClosedCandles {
-    /// Checks a message as the persister takes it: a 1m series; 1 to
-    /// [`CANDLES_PER_MESSAGE`] candles, strictly ascending, all in one aligned block of that
-    /// many minutes (so a message spans less than one block, whatever it says); each a closed
-    /// minute, opened within `window` and ended (closed) by its end. Which series the cluster
-    /// runs is the shell's to check.
-    pub fn check(&self, window: &TimeWindow) -> Result<(), Poison> {
-        if self.series.timeframe != Timeframe::M1 {
-            return Err(Poison::NotOneMinute);
-        }
-        let (Some(first), Some(last)) = (self.candles.first(), self.candles.last()) else {
-            return Err(Poison::NotOneBlock);
-        };
-        if self.candles.len() > CANDLES_PER_MESSAGE {
-            return Err(Poison::TooMany);
-        }
-        if !self.candles.iter().all(is_closed_minute) {
-            return Err(Poison::NotClosedMinute);
-        }
-        let block = |t: i64| t.div_euclid(MINUTE_MS * CANDLES_PER_MESSAGE as i64);
-        if block(first.open_time) != block(last.open_time)
-            || self.candles.windows(2).any(|w| w[0].open_time >= w[1].open_time)
-        {
-            return Err(Poison::NotOneBlock);
-        }
-        // ascending within one block: the first and the last bound every other
-        window.place(first.open_time)?;
-        window.place(last.open_time + MINUTE_MS - 1)
-    }
-}
-
 /// The id window of a book's diffs (see [`super::payload::DiffReorder`]): how far past the last
 /// passed `u` a diff may continue from, and how many ids one diff may cover. Binance's busiest
 /// books advance by some thousands of ids in a 100 ms diff; these bounds leave room for minutes
@@ -277,22 +238,8 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
-    use crate::fixed::{Price, Volume};
-    use crate::protocol::SeriesId;
-
-    fn minute(t: i64) -> Candle {
-        Candle::one_minute(t, Price(10), Price(12), Price(9), Price(11), Volume(3), 2)
-    }
-
-    fn msg(series: &str, opens: &[i64]) -> ClosedCandles {
-        ClosedCandles {
-            series: series.parse::<SeriesId>().unwrap(),
-            candles: opens.iter().map(|&t| minute(t)).collect(),
-        }
-    }
 
     const NOW: i64 = 1_700_000_040_000;
-    const M1: &str = "sim:spot:BTC/USDT:1m";
 
     #[test]
     fn the_window_is_the_exchange_clock_with_its_margins() {
@@ -302,37 +249,6 @@ mod tests {
         assert_eq!(w.place(NOW + 120_001), Err(Poison::TooNew));
         let wide = TimeWindow::around(i64::MAX - 5, i64::MAX, i64::MAX);
         assert!(wide.contains(i64::MAX) && wide.contains(0));
-    }
-
-    #[test]
-    fn closed_candle_messages_are_checked_as_the_persister_takes_them() {
-        let w = TimeWindow::around(NOW, 86_400_000, 120_000);
-        let t = NOW - NOW.rem_euclid(MINUTE_MS) - 10 * MINUTE_MS;
-        assert_eq!(msg(M1, &[t, t + MINUTE_MS]).check(&w), Ok(()));
-        // the out-of-memory batch of the issue: minute 0 and a minute near 2^53 ms
-        let far = (1_i64 << 53) / MINUTE_MS * MINUTE_MS;
-        assert_eq!(msg(M1, &[0, far]).check(&w), Err(Poison::NotOneBlock));
-        assert_eq!(msg(M1, &[0]).check(&w), Err(Poison::TooOld));
-        assert_eq!(msg(M1, &[far]).check(&w), Err(Poison::TooNew));
-        assert_eq!(msg(M1, &[t + 100 * MINUTE_MS]).check(&w), Err(Poison::TooNew));
-        // closed means ended: a minute that ends after now + the tolerance is not closed yet
-        let current = NOW - NOW.rem_euclid(MINUTE_MS);
-        assert_eq!(msg(M1, &[current]).check(&w), Ok(()), "it ends within the tolerance");
-        assert_eq!(msg(M1, &[current + 2 * MINUTE_MS]).check(&w), Err(Poison::TooNew));
-        assert_eq!(msg("sim:spot:BTC/USDT:5m", &[t]).check(&w), Err(Poison::NotOneMinute));
-        assert_eq!(msg(M1, &[]).check(&w), Err(Poison::NotOneBlock));
-        assert_eq!(msg(M1, &[t, t]).check(&w), Err(Poison::NotOneBlock), "a minute twice");
-        assert_eq!(msg(M1, &[t + MINUTE_MS, t]).check(&w), Err(Poison::NotOneBlock));
-        assert_eq!(msg(M1, &[t + 1]).check(&w), Err(Poison::NotClosedMinute));
-        let mut inconsistent = msg(M1, &[t]);
-        inconsistent.candles[0].high = Price(1);
-        assert_eq!(inconsistent.check(&w), Err(Poison::NotClosedMinute));
-        // a message holds at most one aligned block: a legit gap fill message is cut that way
-        let block = MINUTE_MS * CANDLES_PER_MESSAGE as i64;
-        let b0 = (t - 2 * block).div_euclid(block) * block;
-        let whole: Vec<i64> = (0..CANDLES_PER_MESSAGE as i64).map(|i| b0 + i * MINUTE_MS).collect();
-        assert_eq!(msg(M1, &whole).check(&w), Ok(()));
-        assert_eq!(msg(M1, &[b0 - MINUTE_MS, b0]).check(&w), Err(Poison::NotOneBlock));
     }
 
     #[test]
