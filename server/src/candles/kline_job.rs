@@ -466,4 +466,63 @@ mod tests {
         check_exchange_clock("BTCUSDT", &h, Some(last), 11 * MINUTE_MS);
         assert_eq!(h.exchange_behind_ms.load(Relaxed), 0);
     }
+
+    /// A gap fill bounded to the last hour (a cluster worker's, by `cluster.bus_retention_s`)
+    /// fetches that hour and no older minute, however old the newest stored minute is; an
+    /// unbounded one fetches every minute since.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gap_fill_reaches_back_no_further_than_its_bound() {
+        use crate::bus::InProcessBus;
+        use crate::candles::writer::CandleWriter;
+        use crate::store::sqlite::SqliteStore;
+        use crate::store::{CandleStore, SeriesRows};
+        use binance::rest::RestConfig;
+        use shared::{Price, Volume};
+        let sim = sim::Sim::start(sim::SimConfig::default(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let instrument: InstrumentId = "sim:spot:BTC/USDT".parse().unwrap();
+        let series = SeriesId { instrument: instrument.clone(), timeframe: Timeframe::M1 };
+        let now = sim.now_ms();
+        let old = Timeframe::M1.bucket_open(now) - 3 * 3_600_000;
+        let p = Price(9_000_000_000_000);
+        let first = Candle::one_minute(old, p, p, p, p, Volume(1), 1);
+        for (bound, tag) in [(Some(3_600_000), "bounded"), (None, "unbounded")] {
+            let dir =
+                std::env::temp_dir().join(format!("millrace-gapfill-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let store: Arc<dyn CandleStore> =
+                Arc::new(SqliteStore::open(&dir.join("t.db")).unwrap());
+            store.write(&[SeriesRows { series: &series, candles: &[first] }]).unwrap();
+            let writer = CandleWriter::new(store.clone(), Arc::new(InProcessBus::new(16)));
+            let rest = RestClient::new(RestConfig::new(binance::Product::Spot, sim.rest_base()));
+            let deps = KlineJobDeps {
+                config: IngestConfig::default(),
+                rest: Arc::new(rest.unwrap()),
+                ws_base: sim.ws_base(),
+                symbol: "BTCUSDT".into(),
+                out: writer.into(),
+                gap_fill_max_age_ms: bound,
+            };
+            let health = Arc::new(JobHealth::default());
+            let out = deps.out.clone();
+            let mut pipeline =
+                CandlePipeline::open(&instrument, &deps.config, out, health.clone(), now_ms())
+                    .await
+                    .unwrap();
+            fill_gap(&deps, &mut pipeline, None, &health).await.unwrap();
+            pipeline.flush(now_ms()).await;
+            let stored = store.candles(&series, Some(0), None, 100_000).unwrap();
+            assert_eq!(stored[0].open_time, old, "{tag}");
+            let second = stored[1].open_time;
+            match bound {
+                Some(max_age) => assert!(second >= now - max_age - MINUTE_MS, "{tag}: {second}"),
+                None => assert_eq!(second, old + MINUTE_MS, "{tag}"),
+            }
+            assert!(stored.len() > 55, "{tag}: {} minutes", stored.len());
+            store.close();
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        sim.shutdown();
+    }
 }
