@@ -14,7 +14,9 @@
 //!
 //! Run twice: with only 1m candles, then with the default 11 derived timeframes.
 //! `cargo bench -p server --bench persister` (`MILLRACE_PERSIST_BENCH=series=…,minutes=…`;
-//! `MILLRACE_TEST_PG` / `MILLRACE_TEST_NATS` pick the servers, as for the tests).
+//! `MILLRACE_TEST_PG` / `MILLRACE_TEST_NATS` pick the servers, as for the tests;
+//! `MILLRACE_PG_SSLMODE=disable` or `=require` sets the store's `sslmode`, by default `prefer`,
+//! which is TLS against a server that offers it).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -85,7 +87,10 @@ async fn run(series: usize, minutes: usize, derived: Vec<Timeframe>, label: &str
     let js = async_nats::jetstream::new(client.clone());
     ensure_stream(&js, &subjects, &cluster).await.unwrap();
     let db = tokio::task::block_in_place(|| PgDb::fresh("persistbench"));
-    let url = db.url().to_string();
+    let url = match std::env::var("MILLRACE_PG_SSLMODE") {
+        Ok(mode) => format!("{}?sslmode={mode}", db.url()),
+        Err(_) => db.url().to_string(),
+    };
     let store: Arc<dyn CandleStore> =
         Arc::new(tokio::task::block_in_place(|| PostgresStore::open(&url)).unwrap());
     let ids: Vec<SeriesId> =

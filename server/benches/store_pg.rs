@@ -15,7 +15,7 @@
 use std::io::Write as _;
 use std::time::Instant;
 
-use server::store::postgres::{copy_text, PostgresStore, WriteMethod};
+use server::store::postgres::{copy_text, PgOptions, PostgresStore, WriteMethod};
 use server::store::{CandleStore, SeriesRows};
 use shared::candle::Candle;
 use shared::protocol::SeriesId;
@@ -35,6 +35,10 @@ fn batches(n: usize, rows: usize, series: usize) -> Vec<Vec<Vec<Candle>>> {
                 .collect()
         })
         .collect()
+}
+
+fn options(method: WriteMethod) -> PgOptions {
+    PgOptions { method, ..PgOptions::default() }
 }
 
 fn through_store(store: &PostgresStore, ids: &[SeriesId], data: &[Vec<Vec<Candle>>]) -> f64 {
@@ -102,12 +106,12 @@ fn main() {
         let data = batches(n, rows, n_series);
         let raw = raw_copy(&PgDb::fresh("bench_raw"), &data);
         let db = PgDb::fresh("bench_copy");
-        let store = PostgresStore::open_with(db.url(), WriteMethod::CopyStaging).unwrap();
+        let store = PostgresStore::open_with(db.url(), options(WriteMethod::CopyStaging)).unwrap();
         let copy = through_store(&store, &ids, &data);
         let again = through_store(&store, &ids, &data);
         drop(store);
         let db = PgDb::fresh("bench_unnest");
-        let store = PostgresStore::open_with(db.url(), WriteMethod::Unnest).unwrap();
+        let store = PostgresStore::open_with(db.url(), options(WriteMethod::Unnest)).unwrap();
         let unnest = through_store(&store, &ids, &data);
         println!(
             "  {n} batches x {rows} rows over {n_series} series: raw COPY {raw:.0}, \

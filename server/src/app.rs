@@ -146,13 +146,17 @@ impl Stores {
     }
 }
 
-/// PostgreSQL at `store.url` (a cluster's shared history).
+/// PostgreSQL at `store.url` (a cluster's shared history), with `[store]`'s pool and TLS.
 pub async fn open_postgres(config: &Config) -> Result<Arc<PostgresStore>, StartError> {
     let url = config.store.url.clone().unwrap_or_default();
     let shown = crate::redact::redact(&url);
-    let store =
-        blocking(move || PostgresStore::open(&url)).await.map(Arc::new).map_err(|source| {
-            StartError::Store { path: format!("{shown} (configuration key `store.url`)"), source }
+    let options = config.store.pg_options();
+    let store = blocking(move || PostgresStore::open_with(&url, options))
+        .await
+        .map(Arc::new)
+        .map_err(|source| StartError::Store {
+            path: format!("{shown} (configuration key `store.url`)"),
+            source,
         })?;
     tracing::info!(db = %shown, "store open");
     Ok(store)

@@ -343,11 +343,16 @@ pub enum StoreKind {
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     pub kind: StoreKind,
-    /// PostgreSQL URL (`postgres://user:password@host:5432/db`); required with `kind = "postgres"`.
+    /// PostgreSQL URL (`postgres://user:password@host:5432/db`) or libpq `key=value` string;
+    /// required with `kind = "postgres"`. TLS as libpq's parameters say: `sslmode` (`disable`,
+    /// `prefer` [default], `require`, `verify-ca`, `verify-full`), `sslrootcert` (a PEM file, or
+    /// `system`; without it `verify-*` trusts the system's certificates), `sslcert` / `sslkey`
+    /// (a client certificate); see `store::pg_connect`.
     pub url: Option<String>,
     /// SQLite: check the file's integrity (`PRAGMA quick_check`) before starting, and refuse a
     /// corrupt one. `false` starts on a damaged file (reads and writes that touch the damage
-    /// fail, and `/healthz` reports them).
+    /// fail, and `/healthz` reports them; damage in a candle table shows at start, when the
+    /// series catalogue is loaded).
     pub quick_check: bool,
     /// SQLite: page cache of the connection that writes candles, in KiB (64 to 1048576). It
     /// needs each series' newest pages (~8 KiB a series), not the file's history: 1024 suits
@@ -356,6 +361,14 @@ pub struct StoreConfig {
     /// SQLite: read connections at most (1 to 256), each opened when first needed and kept. A
     /// read that finds them all busy waits up to 10 s for one, then fails naming this key.
     pub sqlite_readers: u32,
+    /// PostgreSQL: connections this process opens at most (4 to 100; default 8), each opened
+    /// when first needed and kept. 3 of them are the writes' (the persister's two transactions
+    /// at once, backfill, the health check), the rest the reads', so reads never starve writes.
+    /// A read that finds the read connections all busy waits up to 10 s for one (the REST API's
+    /// reads wait without taking a thread), a write up to 30 s, then fails naming this key.
+    /// Size it against the server's `max_connections` (100 by default), shared by every
+    /// gateway and worker.
+    pub pg_pool_size: u32,
 }
 
 impl Default for StoreConfig {
@@ -366,6 +379,17 @@ impl Default for StoreConfig {
             quick_check: true,
             sqlite_writer_cache_kib: crate::store::sqlite::WRITER_CACHE_KIB,
             sqlite_readers: crate::store::sqlite::READERS as u32,
+            pg_pool_size: crate::store::pg_pool::POOL_SIZE as u32,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// How the PostgreSQL store is opened.
+    pub fn pg_options(&self) -> crate::store::postgres::PgOptions {
+        crate::store::postgres::PgOptions {
+            pool_size: self.pg_pool_size as usize,
+            ..Default::default()
         }
     }
 }
@@ -553,12 +577,9 @@ pub fn validate(
             return Err(invalid("store.url", "is required with store.kind = \"postgres\""));
         }
         (StoreKind::Postgres, Some(url)) => {
-            url.parse::<postgres::Config>().map_err(|e| {
-                invalid(
-                    "store.url",
-                    format!("{} is not a PostgreSQL URL: {e}", crate::redact::redact(url)),
-                )
-            })?;
+            // its text is not shown: it may hold a password
+            crate::store::pg_connect::PgUrl::parse(url)
+                .map_err(|e| invalid("store.url", crate::error::report(&e)))?;
         }
         (StoreKind::Sqlite, Some(_)) => {
             return Err(invalid("store.url", "is only for store.kind = \"postgres\""));
@@ -575,6 +596,8 @@ pub fn validate(
     };
     range("store.sqlite_writer_cache_kib", u64::from(store.sqlite_writer_cache_kib), 64, 1 << 20)?;
     range("store.sqlite_readers", u64::from(store.sqlite_readers), 1, 256)?;
+    let least = crate::store::pg_pool::MIN_POOL_SIZE as u64;
+    range("store.pg_pool_size", u64::from(store.pg_pool_size), least, 100)?;
     range("cluster.warmup_s", c.warmup_s, 0, 3600)?;
     range("cluster.tick_ms", c.tick_ms, 10, 60_000)?;
     range("cluster.status_interval_ms", c.status_interval_ms, 10, 60_000)?;
@@ -667,6 +690,30 @@ mod tests {
             let store = StoreConfig { sqlite_readers: readers, ..Default::default() };
             let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
             assert!(e.to_string().contains("store.sqlite_readers"), "{e}");
+        }
+        for size in [0, 3, 101] {
+            let store = StoreConfig { pg_pool_size: size, ..Default::default() };
+            let e = validate(&BusConfig::default(), &store, &ClusterConfig::default()).unwrap_err();
+            assert!(e.to_string().starts_with("configuration key `store.pg_pool_size`"), "{e}");
+        }
+        for size in [4, 8, 100] {
+            let store = StoreConfig { pg_pool_size: size, ..Default::default() };
+            assert!(validate(&BusConfig::default(), &store, &ClusterConfig::default()).is_ok());
+        }
+        let pg = |url: &str| StoreConfig {
+            kind: StoreKind::Postgres,
+            url: Some(url.into()),
+            ..Default::default()
+        };
+        let ok = "postgres://u:pw@h/db?sslmode=verify-full&sslrootcert=/ca.pem&sslcert=c&sslkey=k";
+        assert!(validate(&BusConfig::default(), &pg(ok), &ClusterConfig::default()).is_ok());
+        let ok = "host=h password=pw sslmode=verify-ca sslrootcert=system";
+        assert!(validate(&BusConfig::default(), &pg(ok), &ClusterConfig::default()).is_ok());
+        for bad in ["postgres://u:pw@h/db?sslmode=verify", "host=h password=pw sslcert=c"] {
+            let e = validate(&BusConfig::default(), &pg(bad), &ClusterConfig::default());
+            let e = e.unwrap_err().to_string();
+            assert!(e.starts_with("configuration key `store.url`: "), "{e}");
+            assert!(!e.contains("pw"), "the URL's text is not shown: {e}");
         }
         let cluster = ClusterConfig { enabled: true, ..ClusterConfig::default() };
         let e = validate(&BusConfig::default(), &StoreConfig::default(), &cluster).unwrap_err();

@@ -162,11 +162,17 @@ async fn klines(
             )));
         }
     }
-    let store = app.store().clone();
     let tf = series.timeframe;
-    let rows = blocking(move || store.candles(&series, start, end, limit as usize))
-        .await
-        .map_err(|e| ApiError::internal(&e))?;
+    // queued for the store's read connections without taking a thread; over its bound, 503
+    let rows =
+        crate::store::read(app.store(), move |s| s.candles(&series, start, end, limit as usize))
+            .await
+            .map_err(|e| match e {
+                crate::store::StoreError::Busy { .. } => {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, e.to_string())
+                }
+                e => ApiError::internal(&e),
+            })?;
     Ok(Json(rows.iter().map(|c| KlineRow::new(tf, c)).collect()))
 }
 

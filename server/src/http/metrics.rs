@@ -143,6 +143,12 @@ fn book_metrics(app: &App, e: &mut Exposition) {
 pub async fn render(app: &App) -> String {
     let mut e = Exposition::new();
     app.metrics().render(&mut e);
+    e.single(
+        "millrace_store_reads_refused_total",
+        "counter",
+        "REST reads refused (503) after waiting too long for a store read connection.",
+        app.store().admission().map_or(0, |a| a.refused()),
+    );
     let snap = app.supervisor().snapshot();
     e.single(
         "millrace_ingest_ondemand_jobs",

@@ -13,10 +13,16 @@
 //! The trait is synchronous: callers on the async runtime run it on a blocking thread
 //! (`tokio::task::spawn_blocking`), SQLite being a blocking library.
 
+pub mod admission;
+pub mod catalogue;
 pub mod dir_lock;
 pub mod health;
+pub mod pg_connect;
+pub mod pg_pool;
 pub mod postgres;
 pub mod sqlite;
+
+use std::sync::Arc;
 
 use shared::candle::{Candle, MINUTE_MS};
 use shared::protocol::ops::BackfillState;
@@ -48,12 +54,23 @@ pub enum StoreError {
         "schema version {found} of {path} is newer than this millrace understands ({supported})"
     )]
     SchemaTooNew { path: String, found: i64, supported: i64 },
-    /// Every read connection stayed busy for `waited` (`store.sqlite_readers` bounds them).
+    /// Every `what` (read, write) connection stayed busy for `waited`: load, not a fault of
+    /// the store (`key` sizes the connections: `store.sqlite_readers`, `store.pg_pool_size`).
     #[error(
-        "all {readers} read connections of {path} stayed busy for {waited:?}; raise \
-         store.sqlite_readers if reads queue this long"
+        "all {connections} {what} connections of {location} stayed busy for {waited:?}; raise \
+         {key} if they queue this long"
     )]
-    Busy { path: String, readers: usize, waited: std::time::Duration },
+    Busy {
+        location: String,
+        what: &'static str,
+        connections: usize,
+        waited: std::time::Duration,
+        key: &'static str,
+    },
+    /// `store.url` says something the PostgreSQL store cannot use (the URL's text is not shown:
+    /// it may hold a password).
+    #[error("configuration key `store.url`")]
+    Url(#[source] pg_connect::UrlError),
     /// The blocking task that ran the store call panicked.
     #[error("the store task failed")]
     Task(#[source] tokio::task::JoinError),
@@ -67,6 +84,27 @@ impl StoreError {
     ) -> Self {
         StoreError::Db { context: context.into(), source: source.into() }
     }
+}
+
+/// Runs a read of `store` on a blocking thread once the store admits it
+/// ([`CandleStore::admission`]): reads beyond the store's read connections wait on the runtime,
+/// not on a blocking thread each, and fail with [`StoreError::Busy`] after the store's bound.
+/// For reads that anyone may cause (the REST API); the service's own reads may use [`blocking`].
+pub async fn read<T, F>(store: &Arc<dyn CandleStore>, f: F) -> Result<T, StoreError>
+where
+    F: FnOnce(&dyn CandleStore) -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    let permit = match store.admission() {
+        Some(admission) => Some(admission.enter().await?),
+        None => None,
+    };
+    let store = store.clone();
+    blocking(move || {
+        let _admitted = permit;
+        f(store.as_ref())
+    })
+    .await
 }
 
 /// Runs a blocking store call on a blocking thread and waits for it (stores are blocking
@@ -249,7 +287,8 @@ pub trait CandleStore: Send + Sync + 'static {
             .collect()
     }
 
-    /// Every series with at least one candle.
+    /// Every series with at least one candle, sorted by name. Cheap: from the store's catalogue
+    /// in memory ([`catalogue`]), counting no row.
     fn series(&self) -> Result<Vec<SeriesInfo>, StoreError>;
 
     /// Whether the store answers (a store across the network: one trivial query). Cheap.
@@ -267,6 +306,12 @@ pub trait CandleStore: Send + Sync + 'static {
     /// Finishes background work (a final checkpoint) before the service exits; reads and writes
     /// still work afterwards.
     fn close(&self) {}
+
+    /// The queue of reads for [`read`]: as many at once as the store has read connections.
+    /// `None`: every read goes at once.
+    fn admission(&self) -> Option<&admission::Admission> {
+        None
+    }
 }
 
 /// Backfill's progress records, kept in the same database as the candles so that coverage and

@@ -8,6 +8,7 @@
 //! candles           (series_id, open_time, open, high, low, close, volume numeric(40,0),
 //!                    trades numeric(20,0), minutes, PRIMARY KEY (series_id, open_time))
 //! backfill_progress (task text PRIMARY KEY, covered jsonb, ...)
+//! series_stats      (series_id PRIMARY KEY, candles, first_open_time, last_open_time)
 //! ```
 //!
 //! One table for every series (PostgreSQL's heap appends wherever there is room and the
@@ -26,6 +27,17 @@
 //! one `INSERT … SELECT FROM unnest($arrays) ON CONFLICT`. Chosen by benchmark
 //! (`benches/store_pg.rs`, BENCHMARKS.md).
 //!
+//! The same transaction keeps `series_stats`, each series' count and first and last open time
+//! (the catalogue, [`super::catalogue`]): read for the written series under their locks, the
+//! rows newly stored counted from it (one query only for open times strictly inside a series'
+//! span), written back. Which keys are stored is then known before the rows are sent, so a
+//! write with a stored key (a derived bucket written again) goes to the staging table at once.
+//! The store keeps the catalogue in memory, updated after each commit, and reads
+//! `series_stats` again at most every [`CATALOGUE_REFRESH`] when asked for it, for what other
+//! processes wrote: `GET /api/v1/series` counts no row. `series_stats` is kept by this
+//! version's writes: migrating to it (version 2) counts every series once; a process of an
+//! older version writing on meanwhile would leave its rows uncounted.
+//!
 //! Writers of one series are serialised by a transaction-scoped advisory lock on its id, so two
 //! processes writing the same series (two persisters, two backfills) commit one after the
 //! other, never interleaved.
@@ -37,22 +49,30 @@
 //!
 //! # Connections
 //!
-//! Small pools of writer and reader connections (the trait is blocking: the service calls it on
-//! blocking threads; the persister writes a large round as two transactions at once, on
-//! disjoint series). A connection found broken is dropped and the next call
-//! opens a new one, so a PostgreSQL restart costs the calls made while it is down an error each
-//! (the callers retry with back-off), never the process.
+//! One bounded pool of every connection the store opens (`store.pg_pool_size`), in a write
+//! lane (writes, the reads writes need, the health check) and a read lane, so reads never
+//! starve writes; reads from the REST API queue for the read lane before they take a blocking
+//! thread ([`CandleStore::admission`]). The trait is blocking: the service calls it on blocking
+//! threads. A connection found broken is dropped and the next call opens a new one, so a
+//! PostgreSQL restart costs the calls made while it is down an error each (the callers retry
+//! with back-off), never the process. TLS and `store.url`: [`super::pg_connect`]. The pool:
+//! [`super::pg_pool`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use postgres::{Client, NoTls, Row, Transaction};
+use postgres::{Client, Row, Transaction};
 use shared::candle::Candle;
 use shared::fixed::{Price, Volume};
 use shared::protocol::SeriesId;
 
+use super::admission::Admission;
+use super::catalogue::{Catalogue, Plan, Span};
 use super::health::StoreHealth;
+use super::pg_connect::{Connector, PgUrl};
+use super::pg_pool::{self, Lane, Lease, Pool, Slot};
 use super::{
     backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
     RangeQuery, SeriesInfo, SeriesRows, StoreError,
@@ -93,6 +113,17 @@ pub const MIGRATIONS: &[&str] = &[
          last_error       text,
          updated_at_ms    bigint NOT NULL
      );",
+    // 2: each series' count and first and last open time, kept by every write in its
+    // transaction, for the catalogue (`GET /api/v1/series`) without counting `candles`.
+    "CREATE TABLE series_stats (
+         series_id       integer PRIMARY KEY,
+         candles         bigint  NOT NULL,
+         first_open_time bigint  NOT NULL,
+         last_open_time  bigint  NOT NULL
+     );
+     INSERT INTO series_stats
+         SELECT series_id, count(*), min(open_time), max(open_time) FROM candles
+         GROUP BY series_id;",
 ];
 
 /// The advisory lock key of migrations ("millrace" in ASCII, as an i64).
@@ -110,23 +141,52 @@ pub enum WriteMethod {
     Unnest,
 }
 
+/// How a PostgreSQL store is opened (the `[store]` keys that concern it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgOptions {
+    /// Connections at most (`store.pg_pool_size`; at least [`pg_pool::MIN_POOL_SIZE`]).
+    pub pool_size: usize,
+    pub method: WriteMethod,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions { pool_size: pg_pool::POOL_SIZE, method: WriteMethod::default() }
+    }
+}
+
 /// The PostgreSQL store. See the module documentation.
 pub struct PostgresStore {
-    config: postgres::Config,
+    /// How to open a connection (`store.url`, TLS included).
+    connector: Connector,
     /// How messages name the store ([`LOCATION`]).
     display: String,
     method: WriteMethod,
-    /// Idle writer connections (a write takes one, or opens one, and gives it back).
-    writers: Mutex<Vec<Client>>,
-    readers: Mutex<Vec<Client>>,
+    /// Every connection of the store, in a read and a write lane.
+    pool: Pool,
+    /// The REST API's reads queue here for the read lane ([`CandleStore::admission`]).
+    admission: Admission,
     /// Series name -> id, for series whose row is committed.
     ids: Mutex<HashMap<String, i32>>,
+    /// Each series' count and first and last open time (`series_stats`), for
+    /// [`CandleStore::series`].
+    catalogue: Catalogue,
+    refresh: Mutex<Refresh>,
     /// What went wrong lately, for `/healthz` ([`CandleStore::problems`]).
     health: StoreHealth,
 }
 
-const READERS_KEPT: usize = 4;
-const WRITERS_KEPT: usize = 2;
+/// The catalogue's last refresh from `series_stats`.
+#[derive(Debug, Default)]
+struct Refresh {
+    at: Option<Instant>,
+    running: bool,
+}
+
+/// How often at most the catalogue is read again from `series_stats` when asked for: what another
+/// process committed (the persister on another gateway) shows in `GET /api/v1/series` at most
+/// this late; this process's own writes show at once.
+pub const CATALOGUE_REFRESH: Duration = Duration::from_secs(2);
 
 fn db(context: impl Into<String>) -> impl FnOnce(postgres::Error) -> StoreError {
     let context = context.into();
@@ -161,30 +221,42 @@ impl PostgresStore {
     /// Parses `url` (a `postgres://` URL or a `key=value` string), connects, and migrates the
     /// database to [`SCHEMA_VERSION`].
     pub fn open(url: &str) -> Result<Self, StoreError> {
-        Self::open_with(url, WriteMethod::default())
+        Self::open_with(url, PgOptions::default())
     }
 
-    /// [`PostgresStore::open`] with a chosen [`WriteMethod`] (benchmarks).
-    pub fn open_with(url: &str, method: WriteMethod) -> Result<Self, StoreError> {
+    /// [`PostgresStore::open`] with a pool size and a [`WriteMethod`].
+    pub fn open_with(url: &str, options: PgOptions) -> Result<Self, StoreError> {
         let display = LOCATION.to_string();
-        let config: postgres::Config = url.parse().map_err(|e| {
-            StoreError::db("`store.url` is not a PostgreSQL URL or connection string", e)
-        })?;
+        let connector = PgUrl::parse(url).and_then(Connector::new).map_err(StoreError::Url)?;
         let health =
             StoreHealth::new(display.clone(), "find the rows that do not decode and repair them");
+        let pool = Pool::new(options.pool_size);
+        let admission = Admission::new(
+            pool.cap(Lane::Reads),
+            pg_pool::READ_WAIT,
+            "the PostgreSQL store".into(),
+            "store.pg_pool_size",
+        );
         let store = PostgresStore {
-            config,
+            connector,
             display,
-            method,
-            writers: Mutex::new(Vec::new()),
-            readers: Mutex::new(Vec::new()),
+            method: options.method,
+            pool,
+            admission,
             ids: Mutex::new(HashMap::new()),
+            catalogue: Catalogue::default(),
+            refresh: Mutex::new(Refresh::default()),
             health,
         };
-        let mut client = store.connect()?;
-        migrate(&mut client, &store.display)?;
-        lock(&store.writers).push(client);
+        store.on_lane(Lane::Writes, |client| migrate(client, &store.display))?;
+        store.refresh_catalogue()?;
+        lock(&store.refresh).at = Some(Instant::now());
         Ok(store)
+    }
+
+    /// Open connections of the read and the write lane.
+    pub fn connections(&self) -> (usize, usize) {
+        self.pool.open()
     }
 
     /// How this store is named in messages: by its configuration key, not its URL.
@@ -193,32 +265,57 @@ impl PostgresStore {
     }
 
     fn connect(&self) -> Result<Client, StoreError> {
-        self.config
-            .connect(NoTls)
-            .map_err(|e| StoreError::db(format!("connecting to PostgreSQL {}", self.display), e))
+        self.connector.connect().map_err(|e| {
+            let mode = self.connector.mode();
+            let display = &self.display;
+            StoreError::db(format!("connecting to PostgreSQL {display} (sslmode={mode})"), e)
+        })
     }
 
-    /// Runs `f` on a reader connection (a pooled one, or a new one); a connection that broke is
-    /// not returned to the pool.
+    /// Runs `f` on a connection of `lane` (an idle one, or a new one if the lane has room;
+    /// else it waits for one, up to the lane's bound); a connection that may have broken is
+    /// dropped, its place left for a new one.
+    fn on_lane<T>(
+        &self,
+        lane: Lane,
+        f: impl FnOnce(&mut Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let client = match self.pool.take(lane) {
+            Slot::Idle(client) if !client.is_closed() => *client,
+            // closed while idle (a restart, a terminated backend): a new one in its place
+            Slot::Idle(_) | Slot::Open => {
+                self.connect().inspect_err(|_| self.pool.release(lane))?
+            }
+            Slot::Busy => return Err(self.pool.busy(lane)),
+        };
+        let mut lease = Lease::new(&self.pool, lane, client);
+        let out = f(lease.client());
+        if out.as_ref().is_err_and(connection_suspect) {
+            lease.discard();
+        }
+        out
+    }
+
+    /// Runs `f` on a connection of the read lane.
     fn read<T>(
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let pooled = lock(&self.readers).pop();
-        let mut client = match pooled {
-            Some(c) if !c.is_closed() => c,
-            _ => self.connect().inspect_err(|e| self.failed(false, e))?,
-        };
-        let out = f(&mut client);
+        self.read_on(Lane::Reads, f)
+    }
+
+    /// A read on `lane` (the write lane: the reads the service's own work needs), noted for
+    /// [`CandleStore::problems`]; waiting too long is load, not a fault of the store.
+    fn read_on<T>(
+        &self,
+        lane: Lane,
+        f: impl FnOnce(&mut Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let out = self.on_lane(lane, f);
         match &out {
             Ok(_) => self.health.read(),
+            Err(StoreError::Busy { .. }) => {}
             Err(e) => self.failed(false, e),
-        }
-        if !client.is_closed() && !out.as_ref().is_err_and(connection_suspect) {
-            let mut pool = lock(&self.readers);
-            if pool.len() < READERS_KEPT {
-                pool.push(client);
-            }
         }
         out
     }
@@ -230,32 +327,20 @@ impl PostgresStore {
         self.health.failed(write, corrupt, e);
     }
 
-    /// Runs `f` in one transaction on a writer connection (an idle one, or a new one when
-    /// none is idle or the idle one broke).
+    /// Runs `f` in one transaction on a connection of the write lane.
     fn write_tx<T>(
         &self,
         f: impl FnOnce(&mut Transaction<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let idle = lock(&self.writers).pop().filter(|c| !c.is_closed());
-        let mut client = match idle {
-            Some(c) => c,
-            None => self.connect().inspect_err(|e| self.failed(true, e))?,
-        };
-        let result = (|| {
+        let result = self.on_lane(Lane::Writes, |client| {
             let mut tx = client.transaction().map_err(db("beginning a transaction"))?;
             let out = f(&mut tx)?;
             tx.commit().map_err(db("committing"))?;
             Ok(out)
-        })();
+        });
         match &result {
             Ok(_) => self.health.wrote(),
             Err(e) => self.failed(true, e),
-        }
-        if !client.is_closed() && !result.as_ref().is_err_and(connection_suspect) {
-            let mut pool = lock(&self.writers);
-            if pool.len() < WRITERS_KEPT {
-                pool.push(client);
-            }
         }
         result
     }
@@ -304,16 +389,17 @@ impl PostgresStore {
         progress: Option<&BackfillProgress>,
     ) -> Result<usize, StoreError> {
         // the last row of a key wins, as in one SQLite transaction of INSERT OR REPLACE
-        let mut by_series: BTreeMap<String, BTreeMap<i64, &Candle>> = BTreeMap::new();
+        let mut by_series: BTreeMap<String, (&SeriesId, BTreeMap<i64, &Candle>)> = BTreeMap::new();
         for rows in batch {
-            let m = by_series.entry(rows.series.to_string()).or_default();
+            let (_, m) =
+                by_series.entry(rows.series.to_string()).or_insert((rows.series, BTreeMap::new()));
             for c in rows.candles {
                 m.insert(c.open_time, c);
             }
         }
         let names: Vec<String> = by_series.keys().cloned().collect();
-        let written: usize = by_series.values().map(BTreeMap::len).sum();
-        let created = self.write_tx(|tx| {
+        let written: usize = by_series.values().map(|(_, m)| m.len()).sum();
+        let (created, spans) = self.write_tx(|tx| {
             let mut ids = Vec::with_capacity(names.len());
             let created = self.series_ids(tx, &names, &mut ids)?;
             // one writer per series at a time across processes, in id order (no deadlock)
@@ -326,24 +412,96 @@ impl PostgresStore {
                 )
                 .map_err(db("locking the series"))?;
             }
+            // what the write does to each series' span (read under the series' locks: exact)
+            let written: Vec<(i32, &SeriesId, Vec<i64>)> = ids
+                .iter()
+                .zip(by_series.values())
+                .filter(|(_, (_, m))| !m.is_empty())
+                .map(|(id, (series, m))| (*id, *series, m.keys().copied().collect()))
+                .collect();
+            let spans = plan_spans(tx, &written)?;
+            let none_stored = spans.iter().all(|(_, _, none_stored)| *none_stored);
             let rows: Vec<(i32, &Candle)> = ids
                 .iter()
                 .zip(by_series.values())
-                .flat_map(|(id, m)| m.values().map(move |c| (*id, *c)))
+                .flat_map(|(id, (_, m))| m.values().map(move |c| (*id, *c)))
                 .collect();
             if !rows.is_empty() {
                 match self.method {
-                    WriteMethod::CopyStaging => copy_rows(tx, &rows)?,
+                    WriteMethod::CopyStaging => copy_rows(tx, &rows, none_stored)?,
                     WriteMethod::Unnest => unnest_rows(tx, &rows)?,
                 }
+                save_spans(tx, &spans)?;
             }
             if let Some(p) = progress {
                 save_progress(tx, p)?;
             }
-            Ok(created)
+            let spans: Vec<(SeriesId, Span)> =
+                spans.into_iter().map(|(s, span, _)| (s.clone(), span.1)).collect();
+            Ok((created, spans))
         })?;
         lock(&self.ids).extend(created);
+        for (series, span) in &spans {
+            self.catalogue.merge(series, *span);
+        }
         Ok(written)
+    }
+
+    /// Reads `series_stats` into the catalogue (at open, and at most every
+    /// [`CATALOGUE_REFRESH`] when asked for it: other processes write too). On the write lane.
+    fn refresh_catalogue(&self) -> Result<(), StoreError> {
+        let rows = self.read_on(Lane::Writes, |client| {
+            client
+                .query(
+                    "SELECT s.name, s.id, st.candles, st.first_open_time, st.last_open_time \
+                     FROM series_stats st JOIN series s ON s.id = st.series_id",
+                    &[],
+                )
+                .map_err(db("reading the series catalogue"))
+        })?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let name: String = r.get(0);
+            let series: SeriesId =
+                name.parse().map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
+            let count: i64 = r.get(2);
+            let span = Span {
+                count: u64::try_from(count)
+                    .map_err(|_| corrupt("series_stats", format!("{name}: {count} candles")))?,
+                first: r.get(3),
+                last: r.get(4),
+            };
+            self.catalogue.merge(&series, span);
+            ids.push((name, r.get::<_, i32>(1)));
+        }
+        lock(&self.ids).extend(ids);
+        Ok(())
+    }
+
+    /// [`PostgresStore::refresh_catalogue`] if the last one is older than
+    /// [`CATALOGUE_REFRESH`] and none is running; a failure is noted and the catalogue in
+    /// memory stays.
+    fn refresh_catalogue_if_due(&self) {
+        {
+            let mut r = lock(&self.refresh);
+            if r.running || r.at.is_some_and(|at| at.elapsed() < CATALOGUE_REFRESH) {
+                return;
+            }
+            r.running = true;
+        }
+        // (running cleared however the refresh ends)
+        struct Done<'a>(&'a Mutex<Refresh>);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let mut r = lock(self.0);
+                r.running = false;
+                r.at = Some(Instant::now());
+            }
+        }
+        let _done = Done(&self.refresh);
+        if let Err(e) = self.refresh_catalogue() {
+            tracing::warn!(error = %crate::error::report(&e), "the series catalogue was not refreshed");
+        }
     }
 
     /// The ids of `series` (those not stored yet: `None`), one query for the ones not cached.
@@ -421,13 +579,18 @@ fn is_unique_violation(e: &StoreError) -> bool {
         == Some(&postgres::error::SqlState::UNIQUE_VIOLATION))
 }
 
-/// COPY straight into `candles` under a savepoint: new keys (live ingest, a new backfill page)
-/// take PostgreSQL's bulk path. If a key exists (a replay, an overlapping gap fill), the COPY
-/// fails with a unique violation, the savepoint is rolled back, and the rows go through the
-/// staging table and one upsert.
-fn copy_rows(tx: &mut Transaction<'_>, rows: &[(i32, &Candle)]) -> Result<(), StoreError> {
+/// COPY straight into `candles` under a savepoint when no key is stored (`none_stored`, from
+/// the series' spans: live 1m minutes, a new backfill page): PostgreSQL's bulk path. If a key
+/// exists after all (rows written by hand), the COPY fails with a unique violation, the
+/// savepoint is rolled back, and the rows go through the staging table and one upsert, as they
+/// do at once when a key is known to be stored (a derived bucket written again, a gap fill).
+fn copy_rows(
+    tx: &mut Transaction<'_>,
+    rows: &[(i32, &Candle)],
+    none_stored: bool,
+) -> Result<(), StoreError> {
     let text = copy_text(rows);
-    {
+    if none_stored {
         let mut sp = tx.savepoint("fresh").map_err(db("starting a savepoint"))?;
         match copy_into(&mut sp, "candles", &text) {
             Ok(()) => {
@@ -441,7 +604,7 @@ fn copy_rows(tx: &mut Transaction<'_>, rows: &[(i32, &Candle)]) -> Result<(), St
         }
     }
     // (created here each time it is needed: a table created in a transaction that later
-    // rolled back is gone, and this path is the rare one)
+    // rolled back is gone)
     tx.batch_execute(
         "CREATE TEMPORARY TABLE IF NOT EXISTS candles_in \
          (LIKE candles INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
@@ -452,6 +615,82 @@ fn copy_rows(tx: &mut Transaction<'_>, rows: &[(i32, &Candle)]) -> Result<(), St
         .map_err(db("upserting candles from the staging table"))?;
     // the staging rows go at commit (ON COMMIT DELETE ROWS); a failed transaction rolls them
     // back with everything else
+    Ok(())
+}
+
+/// What a write does to each series of `written` (id, series, its open times sorted): the span
+/// after it, and whether none of its rows was stored before. From the spans of `series_stats`,
+/// read under the series' locks (so exact), and one query for the times strictly inside a span
+/// ([`Span::plan`]), if any.
+#[allow(clippy::type_complexity)]
+fn plan_spans<'a>(
+    tx: &mut Transaction<'_>,
+    written: &[(i32, &'a SeriesId, Vec<i64>)],
+) -> Result<Vec<(&'a SeriesId, (i32, Span), bool)>, StoreError> {
+    let ids: Vec<i32> = written.iter().map(|(id, _, _)| *id).collect();
+    let mut before: HashMap<i32, Span> = HashMap::new();
+    for r in tx
+        .query(
+            "SELECT series_id, candles, first_open_time, last_open_time FROM series_stats \
+             WHERE series_id = ANY($1)",
+            &[&ids],
+        )
+        .map_err(db("reading the spans of series"))?
+    {
+        let count: i64 = r.get(1);
+        let span = Span { count: count.max(0) as u64, first: r.get(2), last: r.get(3) };
+        before.insert(r.get(0), span);
+    }
+    let plans: Vec<Plan> =
+        written.iter().map(|(id, _, times)| Span::plan(before.get(id).copied(), times)).collect();
+    let (mut ask_ids, mut ask_times) = (Vec::new(), Vec::new());
+    for ((id, _, _), plan) in written.iter().zip(&plans) {
+        ask_ids.extend(std::iter::repeat_n(*id, plan.unsure.len()));
+        ask_times.extend_from_slice(&plan.unsure);
+    }
+    let mut stored: HashMap<i32, u64> = HashMap::new();
+    if !ask_ids.is_empty() {
+        for r in tx
+            .query(
+                "SELECT u.s, count(*) FROM unnest($1::int4[], $2::int8[]) AS u(s, t) \
+                 JOIN candles c ON c.series_id = u.s AND c.open_time = u.t GROUP BY u.s",
+                &[&ask_ids, &ask_times],
+            )
+            .map_err(db("finding the stored candles of a write"))?
+        {
+            stored.insert(r.get(0), r.get::<_, i64>(1).max(0) as u64);
+        }
+    }
+    Ok(written
+        .iter()
+        .zip(plans)
+        .map(|((id, series, _), plan)| {
+            let stored = stored.get(id).copied().unwrap_or(0);
+            (*series, (*id, plan.after(stored)), plan.none_stored(stored))
+        })
+        .collect())
+}
+
+/// Records the spans of a write in `series_stats`.
+fn save_spans(
+    tx: &mut Transaction<'_>,
+    spans: &[(&SeriesId, (i32, Span), bool)],
+) -> Result<(), StoreError> {
+    let (mut ids, mut counts, mut firsts, mut lasts) = (vec![], vec![], vec![], vec![]);
+    for (_, (id, span), _) in spans {
+        ids.push(*id);
+        counts.push(i64::try_from(span.count).unwrap_or(i64::MAX));
+        firsts.push(span.first);
+        lasts.push(span.last);
+    }
+    tx.execute(
+        "INSERT INTO series_stats (series_id, candles, first_open_time, last_open_time) \
+         SELECT * FROM unnest($1::int4[], $2::int8[], $3::int8[], $4::int8[]) \
+         ON CONFLICT (series_id) DO UPDATE SET candles = EXCLUDED.candles, \
+         first_open_time = EXCLUDED.first_open_time, last_open_time = EXCLUDED.last_open_time",
+        &[&ids, &counts, &firsts, &lasts],
+    )
+    .map_err(db("recording the spans of series"))?;
     Ok(())
 }
 
@@ -579,14 +818,12 @@ impl Drop for PostgresStore {
     /// thread of the service's runtime (the last handle is often dropped there): the
     /// connections are closed on a thread of their own then.
     fn drop(&mut self) {
-        let writer = std::mem::take(&mut *lock(&self.writers));
-        let readers = std::mem::take(&mut *lock(&self.readers));
+        let clients = self.pool.drain();
         if tokio::runtime::Handle::try_current().is_ok() {
             // joined at once: closing takes a round trip per connection, and nothing is left
             // running after the store is gone
-            let closer = std::thread::Builder::new()
-                .name("pg-close".into())
-                .spawn(move || drop((writer, readers)));
+            let closer =
+                std::thread::Builder::new().name("pg-close".into()).spawn(move || drop(clients));
             if let Ok(closer) = closer {
                 let _ = closer.join();
             }
@@ -626,9 +863,10 @@ impl CandleStore for PostgresStore {
         })
     }
 
-    /// One query: each series' newest row by its index (a lateral `max` per id).
+    /// One query: each series' newest row by its index (a lateral `max` per id). On the write
+    /// lane: a write needs it.
     fn last_open_times(&self, series: &[SeriesId]) -> Result<Vec<Option<i64>>, StoreError> {
-        self.read(|client| {
+        self.read_on(Lane::Writes, |client| {
             let ids = self.series_ids_for_read(client, series)?;
             let known: Vec<i32> = ids.iter().flatten().copied().collect();
             let rows = client
@@ -644,9 +882,10 @@ impl CandleStore for PostgresStore {
         })
     }
 
-    /// One query for every range (joined against their array, by the primary key's index).
+    /// One query for every range (joined against their array, by the primary key's index). On
+    /// the write lane: a write needs it.
     fn candles_in(&self, ranges: &[(SeriesId, i64, i64)]) -> Result<Vec<Vec<Candle>>, StoreError> {
-        self.read(|client| {
+        self.read_on(Lane::Writes, |client| {
             let series: Vec<SeriesId> = ranges.iter().map(|(s, _, _)| s.clone()).collect();
             let ids = self.series_ids_for_read(client, &series)?;
             let (mut ks, mut qs, mut los, mut his) = (vec![], vec![], vec![], vec![]);
@@ -681,8 +920,13 @@ impl CandleStore for PostgresStore {
         self.health.problems()
     }
 
+    fn admission(&self) -> Option<&Admission> {
+        Some(&self.admission)
+    }
+
+    /// On the write lane: reads cannot delay it.
     fn check(&self) -> Result<(), StoreError> {
-        self.read(|client| {
+        self.read_on(Lane::Writes, |client| {
             client.simple_query("SELECT 1").map_err(db("asking PostgreSQL for SELECT 1"))?;
             Ok(())
         })
@@ -700,33 +944,11 @@ impl CandleStore for PostgresStore {
         })
     }
 
-    /// Sorted by series name.
+    /// Sorted by series name; from memory, read again from `series_stats` (one small query)
+    /// at most every [`CATALOGUE_REFRESH`] for what other processes wrote.
     fn series(&self) -> Result<Vec<SeriesInfo>, StoreError> {
-        self.read(|client| {
-            let rows = client
-                .query(
-                    "SELECT s.name, c.n, c.first, c.last FROM series s \
-                     JOIN (SELECT series_id, count(*) AS n, min(open_time) AS first, \
-                           max(open_time) AS last FROM candles GROUP BY series_id) c \
-                     ON c.series_id = s.id ORDER BY s.name",
-                    &[],
-                )
-                .map_err(db("listing series"))?;
-            rows.iter()
-                .map(|r| {
-                    let name: String = r.get(0);
-                    let series = name
-                        .parse()
-                        .map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
-                    Ok(SeriesInfo {
-                        series,
-                        count: r.get::<_, i64>(1) as u64,
-                        first_open_time: r.get(2),
-                        last_open_time: r.get(3),
-                    })
-                })
-                .collect()
-        })
+        self.refresh_catalogue_if_due();
+        Ok(self.catalogue.list())
     }
 }
 

@@ -62,6 +62,15 @@
 //! happens to cross SQLite's threshold: a `write` costs CPU and page-cache copies, never a wait
 //! for the disk.
 //!
+//! # The series catalogue
+//!
+//! Each series' count and first and last open time ([`CandleStore::series`]) are kept in memory
+//! ([`super::catalogue`]): counted once per table at open (a read of the candle tables' pages;
+//! a table that cannot be read leaves its series out and the damage reported) and updated by
+//! each write after its commit, the write counting its new rows from the series' span (open
+//! times strictly inside it are looked up, one indexed lookup each). One process writes the file
+//! (the data directory's lock), so memory stays exact.
+//!
 //! # Concurrency
 //!
 //! One writer connection behind a [`Mutex`] (SQLite allows one writer at a time anyway; the lock
@@ -72,7 +81,7 @@
 //! checkpointer has its own connection. Every connection keeps its statements prepared (an LRU of
 //! `STATEMENT_CACHE`); a batch costs one dictionary lookup per series only the first time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -86,6 +95,8 @@ use shared::protocol::SeriesId;
 
 use crate::lock::lock;
 
+use super::admission::Admission;
+use super::catalogue::{Catalogue, Span};
 use super::health::StoreHealth;
 use super::{
     backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
@@ -217,6 +228,11 @@ pub struct SqliteStore {
     writer: Arc<Mutex<Writer>>,
     /// The read connections (WAL readers never block on the writer).
     readers: Readers,
+    /// The queue of reads for them ([`CandleStore::admission`]).
+    admission: Admission,
+    /// Each series' count and first and last open time, loaded at open and kept by
+    /// [`SqliteStore::write_tx`] (one process writes the file: the data directory's lock).
+    catalogue: Catalogue,
     /// Wakes the checkpointer after commits; stops it on drop.
     checkpoints: Arc<CheckpointSignal>,
     /// The checkpointer thread, joined by [`CandleStore::close`] or on drop (the store owns it:
@@ -460,6 +476,13 @@ impl SqliteStore {
             path: path.to_path_buf(),
             writer: Arc::new(Mutex::new(writer)),
             readers: Readers::new(readers.max(1), READER_WAIT),
+            admission: Admission::new(
+                readers.max(1),
+                READER_WAIT,
+                path.display().to_string(),
+                "store.sqlite_readers",
+            ),
+            catalogue: Catalogue::default(),
             checkpoints: Arc::new(CheckpointSignal::default()),
             checkpointer: Mutex::new(None),
             health: StoreHealth::new(
@@ -477,6 +500,14 @@ impl SqliteStore {
         *lock(&store.checkpointer) = Some(handle);
         // Open one reader now, so a file we cannot read fails here rather than on the first query.
         store.readers.adopt(store.open_reader()?);
+        // A series whose table cannot be read (the file is damaged: `store.quick_check = false`
+        // starts on it) is left out and the damage reported, as any read that meets it.
+        for found in store.read(load_catalogue)? {
+            match found {
+                Ok((series, span)) => store.catalogue.merge(&series, span),
+                Err(e) => store.failed(false, &e),
+            }
+        }
         Ok(store)
     }
 
@@ -554,9 +585,11 @@ impl SqliteStore {
             // Load, not a fault of the file: not counted against the store's health.
             Slot::Busy => {
                 return Err(StoreError::Busy {
-                    path: self.path.display().to_string(),
-                    readers: self.readers.max,
+                    location: self.path.display().to_string(),
+                    what: "read",
+                    connections: self.readers.max,
                     waited: self.readers.wait,
+                    key: "store.sqlite_readers",
                 })
             }
         };
@@ -575,10 +608,37 @@ impl SqliteStore {
         batch: &[SeriesRows<'_>],
         progress: Option<&BackfillProgress>,
     ) -> Result<usize, StoreError> {
+        // each series' open times, for the catalogue
+        let mut times: BTreeMap<&SeriesId, Vec<i64>> = BTreeMap::new();
+        for rows in batch {
+            times.entry(rows.series).or_default().extend(rows.candles.iter().map(|c| c.open_time));
+        }
         let mut guard = lock(&self.writer);
         let Writer { conn, series } = &mut *guard;
         let result = (|| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+            // what the write does to each series' span, asked before any row is written
+            let mut spans = Vec::with_capacity(times.len());
+            for (s, times) in &mut times {
+                times.sort_unstable();
+                times.dedup();
+                if times.is_empty() {
+                    continue;
+                }
+                let plan = Span::plan(self.catalogue.get(s), times);
+                let mut stored = 0;
+                if !plan.unsure.is_empty() {
+                    series_for_write(&tx, series, s)?;
+                    let id = series[*s].0;
+                    let sql = format!("SELECT count(*) FROM candles_{id} WHERE open_time = ?1");
+                    let mut stmt = tx.prepare_cached(&sql).map_err(on_table(id))?;
+                    for t in &plan.unsure {
+                        let n: i64 = stmt.query_row([t], |r| r.get(0)).map_err(on_table(id))?;
+                        stored += n as u64;
+                    }
+                }
+                spans.push((*s, plan.after(stored)));
+            }
             let mut written = 0;
             for rows in batch {
                 if rows.candles.is_empty() {
@@ -595,8 +655,14 @@ impl SqliteStore {
                 save_progress(&tx, p)?;
             }
             tx.commit().map_err(db)?;
-            Ok(written)
+            Ok((written, spans))
         })();
+        let result = result.map(|(written, spans)| {
+            for (s, span) in spans {
+                self.catalogue.merge(s, span);
+            }
+            written
+        });
         match &result {
             Ok(_) => {
                 self.checkpoints.committed();
@@ -846,6 +912,35 @@ fn decode_progress(row: &Row<'_>) -> Result<BackfillProgress, StoreError> {
     })
 }
 
+/// Each series with candles and its span, or why it cannot be read: the catalogue's load at
+/// open, the one time the store counts the rows of every candle table (a read of their pages).
+#[allow(clippy::type_complexity)]
+fn load_catalogue(
+    conn: &Connection,
+) -> Result<Vec<Result<(SeriesId, Span), StoreError>>, StoreError> {
+    let mut all = Vec::new();
+    {
+        let mut stmt = conn.prepare_cached("SELECT id, name FROM series").map_err(db)?;
+        let mut rows = stmt.query([]).map_err(db)?;
+        while let Some(row) = rows.next().map_err(db)? {
+            all.push((int(row, 0, "series", "id")?, text(row, 1, "series", "name")?));
+        }
+    }
+    let span = |id: i64, name: &str| -> Result<Option<(SeriesId, Span)>, StoreError> {
+        let series = name.parse().map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
+        let count: i64 = conn
+            .prepare_cached(&format!("SELECT count(*) FROM candles_{id}"))
+            .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+            .map_err(on_table(id))?;
+        // a series whose only batch failed to write has an empty table
+        Ok(match (edge(conn, id, "ASC")?, edge(conn, id, "DESC")?) {
+            (Some(first), Some(last)) => Some((series, Span { count: count as u64, first, last })),
+            _ => None,
+        })
+    };
+    Ok(all.iter().filter_map(|(id, name)| span(*id, name).transpose()).collect())
+}
+
 /// The oldest (`ASC`) or newest (`DESC`) open time in series `id`'s table.
 fn edge(conn: &Connection, id: i64, order: &str) -> Result<Option<i64>, StoreError> {
     let sql = format!("SELECT open_time FROM candles_{id} ORDER BY open_time {order} LIMIT 1");
@@ -904,40 +999,13 @@ impl CandleStore for SqliteStore {
         })
     }
 
-    /// Sorted by series name. Counting visits every page of every candle table: meant for status
-    /// pages and startup, not for a hot path.
+    /// Sorted by series name; from memory (the catalogue), touching no table.
     fn series(&self) -> Result<Vec<SeriesInfo>, StoreError> {
-        self.read(|conn| {
-            let mut all = Vec::new();
-            {
-                let mut stmt =
-                    conn.prepare_cached("SELECT id, name FROM series ORDER BY name").map_err(db)?;
-                let mut rows = stmt.query([]).map_err(db)?;
-                while let Some(row) = rows.next().map_err(db)? {
-                    all.push((int(row, 0, "series", "id")?, text(row, 1, "series", "name")?));
-                }
-            }
-            let mut out = Vec::with_capacity(all.len());
-            for (id, name) in all {
-                let series =
-                    name.parse().map_err(|e| corrupt("series", format!("name {name:?}: {e}")))?;
-                let count: i64 = conn
-                    .prepare_cached(&format!("SELECT count(*) FROM candles_{id}"))
-                    .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
-                    .map_err(on_table(id))?;
-                let (Some(first), Some(last)) = (edge(conn, id, "ASC")?, edge(conn, id, "DESC")?)
-                else {
-                    continue; // a series whose only batch failed to write has an empty table
-                };
-                out.push(SeriesInfo {
-                    series,
-                    count: count as u64,
-                    first_open_time: first,
-                    last_open_time: last,
-                });
-            }
-            Ok(out)
-        })
+        Ok(self.catalogue.list())
+    }
+
+    fn admission(&self) -> Option<&Admission> {
+        Some(&self.admission)
     }
 
     fn close(&self) {
@@ -1088,7 +1156,7 @@ mod tests {
             busy
         });
         match busy {
-            Err(e @ StoreError::Busy { readers: 1, .. }) => {
+            Err(e @ StoreError::Busy { connections: 1, .. }) => {
                 assert!(e.to_string().contains("store.sqlite_readers"), "{e}")
             }
             other => panic!("expected Busy, got {other:?}"),

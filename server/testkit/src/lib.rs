@@ -607,6 +607,62 @@ pub struct OwnPostgres {
 
 impl OwnPostgres {
     pub fn start(dir: PathBuf) -> OwnPostgres {
+        let pg = OwnPostgres::init(dir);
+        pg.up();
+        pg
+    }
+
+    /// [`OwnPostgres::start`] with TLS: `ssl = on` with a server certificate of `ca` for `names`
+    /// (DNS names or IP addresses), `ca` trusted for client certificates (`cert` authentication),
+    /// and `pg_hba.conf` of `hba`'s lines (e.g. `hostssl all all 127.0.0.1/32 trust`,
+    /// `hostnossl all all 127.0.0.1/32 trust`) after one trusting the local socket
+    /// ([`OwnPostgres::socket_client`]).
+    pub fn start_tls(dir: PathBuf, ca: &tls::TestCa, names: &[&str], hba: &[&str]) -> OwnPostgres {
+        let cert = ca.server("postgres-server", names);
+        let pg = OwnPostgres::init(dir);
+        let files = [
+            (&cert.cert, pg.data.join("server.crt")),
+            (&cert.key, pg.data.join("server.key")),
+            (&ca.ca_file(), pg.data.join("root.crt")),
+        ];
+        for (from, to) in &files {
+            std::fs::copy(from, to).unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if pg.root {
+                pg.run_plain("chown", &["postgres", to.to_str().unwrap()]);
+            }
+        }
+        let mut conf =
+            std::fs::OpenOptions::new().append(true).open(pg.data.join("postgresql.conf")).unwrap();
+        use std::io::Write as _;
+        writeln!(
+            conf,
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+             ssl_ca_file = 'root.crt'"
+        )
+        .unwrap();
+        let mut lines = vec!["local all all trust"];
+        lines.extend_from_slice(hba);
+        std::fs::write(pg.data.join("pg_hba.conf"), lines.join("\n") + "\n").unwrap();
+        pg.up();
+        pg
+    }
+
+    /// A connection as `postgres` to its `postgres` database over its local socket (whatever
+    /// `pg_hba.conf` says of TCP).
+    pub fn socket_client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.socket_url("postgres"), postgres::NoTls).unwrap()
+    }
+
+    /// The `key=value` URL of database `db` as `postgres` over its local socket.
+    pub fn socket_url(&self, db: &str) -> String {
+        let dir = self.data.parent().unwrap().display();
+        format!("host={dir} port={} user=postgres dbname={db}", self.port)
+    }
+
+    /// `initdb` in `dir`, not started.
+    fn init(dir: PathBuf) -> OwnPostgres {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()
             .and_then(|d| {
@@ -625,7 +681,6 @@ impl OwnPostgres {
             pg.run_plain("chown", &["-R", "postgres", dir.to_str().unwrap()]);
         }
         pg.run("initdb", &["-A", "trust", "-U", "postgres", "-D", pg.data.to_str().unwrap()]);
-        pg.up();
         pg
     }
 

@@ -39,4 +39,6 @@ mod sim_restart;
 mod store;
 mod store_faults;
 mod store_pg;
+mod store_pg_flood;
+mod store_pg_tls;
 mod supervisor;

@@ -6,17 +6,20 @@
 use std::sync::Arc;
 
 use server::error::report;
-use server::store::postgres::{PostgresStore, WriteMethod, SCHEMA_VERSION};
-use server::store::{BackfillStore, CandleStore, StoreError};
+use server::store::postgres::{
+    PgOptions, PostgresStore, WriteMethod, CATALOGUE_REFRESH, SCHEMA_VERSION,
+};
+use server::store::{BackfillStore, CandleStore, SeriesInfo, StoreError};
+use shared::protocol::SeriesId;
 use testkit::PgDb;
 
 use super::store::{
-    all, extremes_round_trip, newest_and_series, progress, progress_round_trips, range_and_limit,
-    rows, run, sid, writes_are_idempotent, MIN,
+    all, catalogue_stays_exact, extremes_round_trip, newest_and_series, progress,
+    progress_round_trips, range_and_limit, rows, run, sid, writes_are_idempotent, MIN,
 };
 
 fn open(db: &PgDb, method: WriteMethod) -> PostgresStore {
-    PostgresStore::open_with(db.url(), method).unwrap()
+    PostgresStore::open_with(db.url(), PgOptions { method, ..PgOptions::default() }).unwrap()
 }
 
 /// Creates `fail()`, a trigger function that raises "injected failure", and runs `trigger`
@@ -44,7 +47,39 @@ fn every_store_behaviour_with_both_write_methods() {
         progress_round_trips(&|| Box::new(open(&db, method)));
         let db = PgDb::fresh("extremes");
         extremes_round_trip(&|| Box::new(open(&db, method)));
+        let db = PgDb::fresh("catalogue");
+        catalogue_stays_exact(&|| Box::new(open(&db, method)));
     }
+}
+
+/// `GET /api/v1/series` counts no row: the catalogue is answered while another session holds
+/// `candles` locked against any read (`ACCESS EXCLUSIVE`), and it shows what another process
+/// (another store) committed within `CATALOGUE_REFRESH`, read from `series_stats`.
+#[test]
+fn the_catalogue_reads_no_candle_and_follows_other_writers() {
+    let db = PgDb::fresh("catalogue_lock");
+    let (here, there) = (open(&db, WriteMethod::default()), open(&db, WriteMethod::default()));
+    let (a, b) = (sid("sim:spot:BTC/USDT:1m"), sid("sim:spot:ETH/USDT:1m"));
+    here.write(&[rows(&a, &run(0, 10, 1))]).unwrap();
+    there.write(&[rows(&a, &run(5 * MIN, 10, 2)), rows(&b, &run(0, 3, 2))]).unwrap();
+    let mut admin = db.client();
+    admin.batch_execute("BEGIN; LOCK TABLE candles IN ACCESS EXCLUSIVE MODE").unwrap();
+    std::thread::sleep(CATALOGUE_REFRESH);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let here = Arc::new(here);
+    let asking = here.clone();
+    let asker = std::thread::spawn(move || tx.send(asking.series()).unwrap());
+    let answer = rx.recv_timeout(std::time::Duration::from_secs(5));
+    admin.batch_execute("ROLLBACK").unwrap();
+    asker.join().unwrap();
+    let answer = answer.expect("answered while candles are locked").unwrap();
+    let info = |series: &SeriesId, count, last| SeriesInfo {
+        series: series.clone(),
+        count,
+        first_open_time: 0,
+        last_open_time: last,
+    };
+    assert_eq!(answer, vec![info(&a, 15, 14 * MIN), info(&b, 3, 2 * MIN)]);
 }
 
 #[test]
@@ -167,7 +202,7 @@ fn a_bad_or_unreachable_url_is_a_clear_error() {
     assert!(!text.contains("secret") && !text.contains("127.0.0.1"), "{text}");
     let e = PostgresStore::open("postgres://[nope").err().unwrap();
     let text = report(&e);
-    assert!(text.contains("`store.url` is not a PostgreSQL URL"), "{text}");
+    assert!(text.starts_with("configuration key `store.url`: not a PostgreSQL URL"), "{text}");
     assert!(!text.contains("nope"), "{text}");
 }
 
