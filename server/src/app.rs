@@ -30,7 +30,7 @@ use crate::bus::{Bus, InProcessBus};
 use crate::candles::backfill::Backfill;
 use crate::candles::kline_job::KlineRunner;
 use crate::candles::writer::CandleWriter;
-use crate::cluster::config::StoreKind;
+use crate::config::StoreKind;
 use crate::config::{Config, SourceConfig, SourceKind};
 use crate::jobs::supervisor::JobRunner;
 use crate::jobs::{Lease, SubscribeError, Supervisor};
@@ -150,7 +150,7 @@ impl Stores {
 pub async fn open_postgres(config: &Config) -> Result<Arc<PostgresStore>, StartError> {
     let url = config.store.url.clone().unwrap_or_default();
     let shown = crate::redact::redact(&url);
-    let options = config.store.pg_options();
+    let options = crate::store::postgres::PgOptions::from_config(&config.store);
     let store = blocking(move || PostgresStore::open_with(&url, options))
         .await
         .map(Arc::new)

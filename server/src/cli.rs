@@ -183,7 +183,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn supervisor(args: &SupervisorArgs) -> anyhow::Result<ExitCode> {
     crate::telemetry::init();
     let config = Config::load(args.config.as_deref(), std::env::vars(), &Overrides::default())?;
-    if config.bus.kind != crate::cluster::config::BusKind::Nats {
+    if config.bus.kind != crate::config::BusKind::Nats {
         anyhow::bail!("configuration key `bus.kind`: must be \"nats\" for `millrace supervisor`");
     }
     let id = args.id.clone().unwrap_or_else(|| {
@@ -237,10 +237,10 @@ fn supervisor(args: &SupervisorArgs) -> anyhow::Result<ExitCode> {
 fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     crate::telemetry::init();
     let config = Config::load(args.config.as_deref(), std::env::vars(), &Overrides::default())?;
-    if config.bus.kind != crate::cluster::config::BusKind::Nats {
+    if config.bus.kind != crate::config::BusKind::Nats {
         anyhow::bail!("configuration key `bus.kind`: must be \"nats\" for `millrace worker`");
     }
-    if !crate::cluster::config::valid_prefix(&args.id) {
+    if !crate::config::cluster::valid_prefix(&args.id) {
         anyhow::bail!("--id {:?}: must be 1 to 64 letters, digits, `_` or `-`", args.id);
     }
     if args.max_load == 0 {

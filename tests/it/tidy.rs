@@ -7,6 +7,8 @@
 //!   the concrete bus and store;
 //! - only the cluster (`server/src/cluster/`) and the NATS bus (`server/src/bus/nats.rs`) name
 //!   `async_nats`: the cluster is a layer around the service, not threaded through it;
+//! - configuration (`server/src/config/`) is a leaf: it names no module of the service but the
+//!   redaction of secrets and the error report, so every part reads it and it reads no part;
 //! - no `Result<_, String>` crosses a module boundary;
 //! - no source, script or manifest names a path outside the repository (the repository tests on
 //!   its own: recorded data lives in `testdata/`).
@@ -257,6 +259,55 @@ fn a_file_naming_a_word_outside_its_rooms_is_found() {
     assert_eq!(hits.len(), 1, "{hits:?}");
     assert!(hits[0].ends_with(":2"), "{hits:?}");
     assert!(names_outside(&[file], "async_nats", |_| true).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The modules of the crate (`crate::NAME`) that code lines of `files` name, as `file:line NAME`,
+/// leaving out those `allowed` passes.
+fn crate_modules_named(files: &[PathBuf], allowed: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut hits = Vec::new();
+    for f in files {
+        for (n, code) in code_lines(f) {
+            for (at, _) in code.match_indices("crate::") {
+                let before = code[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+                    continue;
+                }
+                let rest = &code[at + "crate::".len()..];
+                let name: String =
+                    rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                if !allowed(&name) {
+                    hits.push(format!("{}:{n} {name}", relative(f)));
+                }
+            }
+        }
+    }
+    hits
+}
+
+/// Configuration is read by every part of the service, so it reads none of them: a type it
+/// holds (the engine's settings, the allowed origins and hosts, the PostgreSQL URL's
+/// parameters) is defined with it, and the part that uses it imports it from there.
+#[test]
+fn configuration_is_a_leaf() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("server/src/config"), &mut files);
+    assert!(files.len() >= 2, "server/src/config/ holds the configuration");
+    let hits = crate_modules_named(&files, |m| matches!(m, "config" | "redact" | "error"));
+    assert!(hits.is_empty(), "configuration names other modules:\n{}", hits.join("\n"));
+}
+
+#[test]
+fn a_module_named_by_configuration_is_found() {
+    let dir = std::env::temp_dir().join(format!("millrace-tidy-leaf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("mod.rs");
+    let text = "// crate::store in a comment is fine\nuse crate::redact::redact;\n\
+                pub x: crate::l3::engine::EngineConfig,\nlet y = $crate::z;\n";
+    std::fs::write(&file, text).unwrap();
+    let hits = crate_modules_named(std::slice::from_ref(&file), |m| m == "redact");
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert!(hits[0].ends_with(":3 l3"), "{hits:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

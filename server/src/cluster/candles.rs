@@ -45,11 +45,11 @@ use shared::cluster::payload::{ClosedCandle, ClosedCandles, MinuteRuns};
 use shared::protocol::SeriesId;
 
 use super::bounds::{ClusterBounds, Ruling};
-use super::config::ClusterConfig;
 use super::lease::RoleLease;
 use super::Subjects;
 use crate::bus::PoisonStats;
 use crate::candles::writer::{CandleWriter, ClosedSink, Derive, Rows};
+use crate::config::ClusterConfig;
 use crate::error::report;
 use crate::shutdown::Shutdown;
 use crate::store::StoreError;

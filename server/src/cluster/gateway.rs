@@ -65,7 +65,7 @@ pub enum BusStartError {
 /// bus; on the NATS bus with `[bus] kind = "nats"`; and as a gateway of the cluster with
 /// `[cluster] enabled`.
 pub async fn start(config: Config) -> Result<App, BusStartError> {
-    use crate::cluster::config::BusKind;
+    use crate::config::BusKind;
     match (config.bus.kind, config.cluster.enabled) {
         (BusKind::Inprocess, false) => Ok(App::start(config).await?),
         (BusKind::Inprocess, true) => Err(BusStartError::NotOnNats),

@@ -29,7 +29,6 @@
 
 pub mod bounds;
 pub mod candles;
-pub mod config;
 pub mod depth;
 pub mod gateway;
 pub mod l3;
@@ -40,7 +39,7 @@ pub mod worker;
 
 use std::time::Duration;
 
-use crate::cluster::config::{BusAuth, BusConfig};
+use crate::config::{BusAuth, BusConfig};
 
 /// Subjects of one cluster.
 #[derive(Debug, Clone)]
@@ -142,7 +141,7 @@ pub enum ConnectError {
     },
     /// A credentials file that can no longer be read (it was checked at start).
     #[error(transparent)]
-    Config(#[from] config::InvalidKey),
+    Config(#[from] crate::config::cluster::InvalidKey),
 }
 
 /// Connects to `[bus] url` as `role` (`name` is the connection's name in the server's
@@ -181,7 +180,7 @@ pub async fn connect(
         BusAuth::Token(token) => options.token(token),
         BusAuth::NkeySeed { seed, .. } => options.nkey(seed),
         BusAuth::Credentials(text) => {
-            options.credentials(&text).map_err(|e| config::InvalidKey {
+            options.credentials(&text).map_err(|e| crate::config::cluster::InvalidKey {
                 key: "bus.credentials_file".into(),
                 problem: format!("not a NATS credentials file: {e}"),
             })?

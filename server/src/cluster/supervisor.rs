@@ -20,10 +20,11 @@ use shared::cluster::{Demand, TaskId, WorkerStatus};
 use shared::protocol::ops::ReportQuery;
 use tokio::sync::mpsc;
 
-use super::config::{glob_match, ClusterConfig};
 use super::lease::RoleLease;
 use super::Subjects;
 use crate::bus::PoisonStats;
+use crate::config::cluster::glob_match;
+use crate::config::ClusterConfig;
 use crate::shutdown::Shutdown;
 use crate::sources::{ResolveError, Sources};
 

@@ -133,7 +133,7 @@ pub async fn run(
     let subjects = Subjects::new(&config.bus.prefix);
     let js = async_nats::jetstream::new(client.clone());
     ensure_stream(&js, &subjects, &config.cluster).await.map_err(WorkerError::JetStream)?;
-    if config.store.kind != crate::cluster::config::StoreKind::Postgres {
+    if config.store.kind != crate::config::StoreKind::Postgres {
         return Err(WorkerError::NotPostgres);
     }
     // The cluster's PostgreSQL (read: where its kline tasks resume), the NATS bus (its forming

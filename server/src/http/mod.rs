@@ -28,7 +28,6 @@ mod error;
 mod heartbeat;
 pub mod host;
 mod metrics;
-pub mod origin;
 pub mod starts;
 mod upgrade;
 pub mod ws;
@@ -167,9 +166,9 @@ pub struct AppState {
     /// The dashboard's files, when they come from a directory.
     static_files: Option<ServeDir>,
     /// Web pages that may open `/ws` (`server.allowed_origins`).
-    origins: Arc<origin::AllowedOrigins>,
+    origins: Arc<crate::config::origin::AllowedOrigins>,
     /// Names requests may reach this server by (`server.allowed_hosts`).
-    hosts: Arc<host::AllowedHosts>,
+    hosts: Arc<crate::config::host::AllowedHosts>,
     /// The admin token, failed attempts per address, admin bodies.
     admin: Arc<admin::AdminGate>,
 }
@@ -328,7 +327,8 @@ pub async fn serve_app(
     };
     let addr = listener.local_addr().map_err(ServeError::Listener)?;
     let server = &config.config.server;
-    if let Some(warning) = host::AllowedHosts::bound_everywhere_warning(&server.allowed_hosts, addr)
+    if let Some(warning) =
+        crate::config::host::AllowedHosts::bound_everywhere_warning(&server.allowed_hosts, addr)
     {
         tracing::warn!("{warning}");
     }
@@ -336,8 +336,8 @@ pub async fn serve_app(
         sessions,
         app: app.clone(),
         static_files,
-        origins: Arc::new(origin::AllowedOrigins::new(&server.allowed_origins)),
-        hosts: Arc::new(host::AllowedHosts::new(&server.allowed_hosts, addr)),
+        origins: Arc::new(crate::config::origin::AllowedOrigins::new(&server.allowed_origins)),
+        hosts: Arc::new(crate::config::host::AllowedHosts::new(&server.allowed_hosts, addr)),
         admin: Arc::new(admin::AdminGate::new(&config.config, app.metrics().clone())),
     };
     let router = router(&config.dashboard, state);

@@ -1,4 +1,4 @@
-//! [`Admission`]: reads queue for a store's read connections on the runtime, before they take a
+//! [`ReadQueue`]: reads queue for a store's read connections on the runtime, before they take a
 //! blocking thread.
 //!
 //! A store's calls are blocking and run on tokio's blocking threads (at most 512). A read that
@@ -19,7 +19,7 @@ use super::StoreError;
 
 /// The queue of a store's reads (see the module documentation).
 #[derive(Debug)]
-pub struct Admission {
+pub struct ReadQueue {
     permits: Arc<Semaphore>,
     size: usize,
     wait: Duration,
@@ -30,11 +30,11 @@ pub struct Admission {
     refused: AtomicU64,
 }
 
-impl Admission {
+impl ReadQueue {
     /// `size` reads at once (at least one), a read waiting at most `wait`.
     pub fn new(size: usize, wait: Duration, location: String, key: &'static str) -> Self {
         let size = size.max(1);
-        Admission {
+        ReadQueue {
             permits: Arc::new(Semaphore::new(size)),
             size,
             wait,
@@ -86,7 +86,7 @@ mod tests {
     /// refused with the key named and counted.
     #[tokio::test(start_paused = true)]
     async fn reads_beyond_the_permits_wait_then_are_refused_naming_the_key() {
-        let a = Arc::new(Admission::new(2, Duration::from_secs(10), "db".into(), "store.x"));
+        let a = Arc::new(ReadQueue::new(2, Duration::from_secs(10), "db".into(), "store.x"));
         let (p1, p2) = (a.enter().await.unwrap(), a.enter().await.unwrap());
         assert_eq!(a.in_use(), 2);
         let waiting = tokio::spawn({

@@ -309,7 +309,7 @@ pub trait CandleStore: Send + Sync + 'static {
 
     /// The queue of reads for [`read`]: as many at once as the store has read connections.
     /// `None`: every read goes at once.
-    fn admission(&self) -> Option<&admission::Admission> {
+    fn admission(&self) -> Option<&admission::ReadQueue> {
         None
     }
 }

@@ -27,15 +27,15 @@ use super::StoreError;
 use crate::lock::lock;
 
 /// Connections of the write lane.
-pub const WRITE_LANE: usize = 3;
+pub const WRITE_LANE: usize = crate::config::cluster::PG_WRITE_LANE as usize;
 /// `store.pg_pool_size` unless configured: 3 for writes and 5 for reads. A PostgreSQL server
 /// allows 100 connections by default (`max_connections`, 3 of them kept for superusers), shared
 /// by every gateway and worker of a cluster. Connections are opened as needed: a worker only
 /// reads its kline tasks' resume points and holds one or two, so three gateways at their bound
 /// (24) and twenty workers stay well below it.
-pub const POOL_SIZE: usize = 8;
+pub const POOL_SIZE: usize = crate::config::cluster::PG_POOL_SIZE as usize;
 /// The least `store.pg_pool_size`: the write lane and one read connection.
-pub const MIN_POOL_SIZE: usize = WRITE_LANE + 1;
+pub const MIN_POOL_SIZE: usize = crate::config::cluster::PG_MIN_POOL_SIZE as usize;
 /// How long a read waits for a connection before it fails with [`StoreError::Busy`] (as the
 /// SQLite store's readers).
 pub const READ_WAIT: Duration = Duration::from_secs(10);
@@ -181,16 +181,16 @@ impl Pool {
 }
 
 /// A connection in use; returned to its lane when dropped (also if the call panicked), unless it
-/// is closed or was [`Lease::discard`]ed.
-pub struct Lease<'a> {
+/// is closed or was [`PoolLease::discard`]ed.
+pub struct PoolLease<'a> {
     client: Option<Client>,
     lane: Lane,
     pool: &'a Pool,
 }
 
-impl<'a> Lease<'a> {
+impl<'a> PoolLease<'a> {
     pub fn new(pool: &'a Pool, lane: Lane, client: Client) -> Self {
-        Lease { client: Some(client), lane, pool }
+        PoolLease { client: Some(client), lane, pool }
     }
 
     pub fn client(&mut self) -> &mut Client {
@@ -204,7 +204,7 @@ impl<'a> Lease<'a> {
     }
 }
 
-impl Drop for Lease<'_> {
+impl Drop for PoolLease<'_> {
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {
             if client.is_closed() {

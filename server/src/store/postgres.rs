@@ -68,11 +68,11 @@ use shared::candle::Candle;
 use shared::fixed::{Price, Volume};
 use shared::protocol::SeriesId;
 
-use super::admission::Admission;
+use super::admission::ReadQueue;
 use super::catalogue::{Catalogue, Plan, Span};
 use super::health::StoreHealth;
 use super::pg_connect::{Connector, PgUrl};
-use super::pg_pool::{self, Lane, Lease, Pool, Slot};
+use super::pg_pool::{self, Lane, Pool, PoolLease, Slot};
 use super::{
     backfill_state_name, backfill_state_of, BackfillProgress, BackfillStore, CandleStore,
     RangeQuery, SeriesInfo, SeriesRows, StoreError,
@@ -149,6 +149,13 @@ pub struct PgOptions {
     pub method: WriteMethod,
 }
 
+impl PgOptions {
+    /// As `[store]` says (`store.pg_pool_size`).
+    pub fn from_config(store: &crate::config::StoreConfig) -> Self {
+        PgOptions { pool_size: store.pg_pool_size as usize, ..Default::default() }
+    }
+}
+
 impl Default for PgOptions {
     fn default() -> Self {
         PgOptions { pool_size: pg_pool::POOL_SIZE, method: WriteMethod::default() }
@@ -165,7 +172,7 @@ pub struct PostgresStore {
     /// Every connection of the store, in a read and a write lane.
     pool: Pool,
     /// The REST API's reads queue here for the read lane ([`CandleStore::admission`]).
-    admission: Admission,
+    admission: ReadQueue,
     /// Series name -> id, for series whose row is committed.
     ids: Mutex<HashMap<String, i32>>,
     /// Each series' count and first and last open time (`series_stats`), for
@@ -231,7 +238,7 @@ impl PostgresStore {
         let health =
             StoreHealth::new(display.clone(), "find the rows that do not decode and repair them");
         let pool = Pool::new(options.pool_size);
-        let admission = Admission::new(
+        let admission = ReadQueue::new(
             pool.cap(Lane::Reads),
             pg_pool::READ_WAIT,
             "the PostgreSQL store".into(),
@@ -288,7 +295,7 @@ impl PostgresStore {
             }
             Slot::Busy => return Err(self.pool.busy(lane)),
         };
-        let mut lease = Lease::new(&self.pool, lane, client);
+        let mut lease = PoolLease::new(&self.pool, lane, client);
         let out = f(lease.client());
         if out.as_ref().is_err_and(connection_suspect) {
             lease.discard();
@@ -920,7 +927,7 @@ impl CandleStore for PostgresStore {
         self.health.problems()
     }
 
-    fn admission(&self) -> Option<&Admission> {
+    fn admission(&self) -> Option<&ReadQueue> {
         Some(&self.admission)
     }
 

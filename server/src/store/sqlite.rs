@@ -95,7 +95,7 @@ use shared::protocol::SeriesId;
 
 use crate::lock::lock;
 
-use super::admission::Admission;
+use super::admission::ReadQueue;
 use super::catalogue::{Catalogue, Span};
 use super::health::StoreHealth;
 use super::{
@@ -171,14 +171,14 @@ const CACHE_KIB: i64 = 32 * 1024;
 /// 1 MiB keeps those of ~120 series; more series read theirs from the OS page cache, which costs
 /// CPU: 400 series written together took 1.9 µs per row with 1 MiB against 1.5 µs with 4 MiB
 /// (BENCHMARKS.md, "Soak"). Raise it for hundreds of series.
-pub const WRITER_CACHE_KIB: u32 = 1024;
+pub const WRITER_CACHE_KIB: u32 = crate::config::cluster::SQLITE_WRITER_CACHE_KIB;
 /// How long a statement waits for a lock held by another process before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read connections at most, unless `store.sqlite_readers` says otherwise. Each is opened when
 /// first needed and kept; a read that finds them all busy waits for one ([`READER_WAIT`]). Before,
 /// such a read opened an extra connection (~0.4 MB with its page cache) and closed it after: a
 /// burst of reads could open one per blocking thread, and each made the heap reach a new peak.
-pub const READERS: usize = 4;
+pub const READERS: usize = crate::config::cluster::SQLITE_READERS as usize;
 /// How long a read waits for a free read connection before it fails with [`StoreError::Busy`].
 const READER_WAIT: Duration = Duration::from_secs(10);
 
@@ -229,7 +229,7 @@ pub struct SqliteStore {
     /// The read connections (WAL readers never block on the writer).
     readers: Readers,
     /// The queue of reads for them ([`CandleStore::admission`]).
-    admission: Admission,
+    admission: ReadQueue,
     /// Each series' count and first and last open time, loaded at open and kept by
     /// [`SqliteStore::write_tx`] (one process writes the file: the data directory's lock).
     catalogue: Catalogue,
@@ -413,12 +413,12 @@ impl Readers {
 }
 
 /// A read connection in use; returned to the pool when dropped (also if the query panicked).
-struct Lease<'a> {
+struct PoolLease<'a> {
     conn: Option<Connection>,
     pool: &'a Readers,
 }
 
-impl Drop for Lease<'_> {
+impl Drop for PoolLease<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             self.pool.give_back(conn);
@@ -476,7 +476,7 @@ impl SqliteStore {
             path: path.to_path_buf(),
             writer: Arc::new(Mutex::new(writer)),
             readers: Readers::new(readers.max(1), READER_WAIT),
-            admission: Admission::new(
+            admission: ReadQueue::new(
                 readers.max(1),
                 READER_WAIT,
                 path.display().to_string(),
@@ -593,7 +593,7 @@ impl SqliteStore {
                 })
             }
         };
-        let lease = Lease { conn: Some(conn), pool: &self.readers };
+        let lease = PoolLease { conn: Some(conn), pool: &self.readers };
         let result = f(lease.conn.as_ref().expect("a lease holds its connection until dropped"));
         match &result {
             Ok(_) => self.health.read(),
@@ -1004,7 +1004,7 @@ impl CandleStore for SqliteStore {
         Ok(self.catalogue.list())
     }
 
-    fn admission(&self) -> Option<&Admission> {
+    fn admission(&self) -> Option<&ReadQueue> {
         Some(&self.admission)
     }
 

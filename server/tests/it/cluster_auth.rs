@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use server::cluster::config::{BusConfig, BusKind};
 use server::cluster::{Role, Subjects};
 use server::config::Config;
+use server::config::{BusConfig, BusKind};
 use shared::cluster::TaskKind;
 use shared::protocol::BookHealth;
 use testkit::nats::{DocumentedTls, NatsServer, Operator};
@@ -355,8 +355,8 @@ async fn round_trip(bus: &BusConfig) {
 async fn every_role_refused(bus: &BusConfig, pg: &PgDb, dir: &Path, key: &str, secrets: &[&str]) {
     let mut config = test_config(vec![]);
     config.bus = bus.clone();
-    config.store = server::cluster::config::StoreConfig {
-        kind: server::cluster::config::StoreKind::Postgres,
+    config.store = server::config::StoreConfig {
+        kind: server::config::StoreKind::Postgres,
         url: Some(pg.url().into()),
         ..Default::default()
     };

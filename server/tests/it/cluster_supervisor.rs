@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use server::cluster::config::ClusterConfig;
 use server::cluster::supervisor;
 use server::cluster::Subjects;
+use server::config::ClusterConfig;
 use server::shutdown::Shutdown;
 use shared::cluster::worker::{Identity, WorkerTasks};
 use shared::cluster::{Instructions, TaskId, TaskKind};

@@ -32,8 +32,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use server::cluster::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
 use server::config::Config;
+use server::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
 use shared::candle::Candle;
 use shared::cluster::TaskKind;
 use shared::protocol::ops::ClusterReport;

@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use server::config::engine::BadEngineConfig;
 use server::l3::engine::{
     BalanceConfig, BookOutput, Engine, EngineConfig, EngineError, EngineHandle, FeedHealth,
     L3Snapshot, SymbolIdx, Target, TickEvent,
@@ -473,7 +474,7 @@ fn refusals_are_typed() {
     let huge_pool = EngineConfig { recycle_batches: (1 << 20) + 1, ..EngineConfig::default() };
     assert_eq!(
         huge_pool.validate(),
-        Err(EngineError::Config("recycle_batches must be at most 1048576".into()))
+        Err(BadEngineConfig("recycle_batches must be at most 1048576".into()))
     );
     drop(d);
     engine.shutdown();

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use server::cluster::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
 use server::config::Config;
+use server::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
 use shared::cluster::TaskKind;
 use testkit::*;
 

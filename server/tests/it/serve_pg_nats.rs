@@ -2,7 +2,7 @@
 //! machine's real servers with a database and a subject prefix of its own: closed candles are
 //! stored before any client sees them, exactly as on SQLite and the in-process bus.
 
-use server::cluster::config::{BusKind, StoreKind};
+use server::config::{BusKind, StoreKind};
 use testkit::PgDb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

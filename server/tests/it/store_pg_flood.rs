@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use server::cluster::config::StoreKind;
+use server::config::StoreKind;
 use server::store::postgres::PostgresStore;
 use server::store::CandleStore;
 use testkit::{embedded_sim_source, http_get, test_config, OwnPostgres, TestServer};

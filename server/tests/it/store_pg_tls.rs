@@ -5,7 +5,7 @@
 //! connection that claims TLS is encrypted in PostgreSQL's own view (`pg_stat_ssl`).
 
 use server::app::Backends;
-use server::cluster::config::StoreKind;
+use server::config::StoreKind;
 use server::error::report;
 use server::store::postgres::PostgresStore;
 use server::store::CandleStore;

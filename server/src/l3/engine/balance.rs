@@ -11,63 +11,10 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::{EngineError, SymbolIdx, Target};
+use super::{BalanceConfig, SymbolIdx, Target};
 use shared::protocol::ops::{EngineStats, ShardStats, SymbolStats};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BalanceConfig {
-    /// How often the policy looks at the shards.
-    pub interval_ms: u64,
-    /// A shard is overloaded at or above either high threshold...
-    pub high_pending: u64,
-    pub high_lag_ms: u64,
-    /// ...and a target must be below both low thresholds.
-    pub low_pending: u64,
-    pub low_lag_ms: u64,
-    /// Consecutive overloaded looks before acting.
-    pub looks: u32,
-    /// A moved symbol is not moved again for this long.
-    pub symbol_cooldown_ms: u64,
-    /// A shard that gave or received a symbol is not a source again for this long.
-    pub shard_cooldown_ms: u64,
-}
-
-impl Default for BalanceConfig {
-    fn default() -> Self {
-        Self {
-            interval_ms: 250,
-            high_pending: 200_000,
-            high_lag_ms: 250,
-            low_pending: 20_000,
-            low_lag_ms: 25,
-            looks: 3,
-            symbol_cooldown_ms: 10_000,
-            shard_cooldown_ms: 3_000,
-        }
-    }
-}
-
-impl BalanceConfig {
-    pub fn validate(&self) -> Result<(), EngineError> {
-        let bad = |m: &str| Err(EngineError::Config(format!("balance.{m}")));
-        if self.interval_ms == 0 {
-            return bad("interval_ms must be positive");
-        }
-        if self.looks == 0 {
-            return bad("looks must be at least 1");
-        }
-        if self.low_pending > self.high_pending {
-            return bad("low_pending must not exceed high_pending");
-        }
-        if self.low_lag_ms > self.high_lag_ms {
-            return bad("low_lag_ms must not exceed high_lag_ms");
-        }
-        Ok(())
-    }
-}
 
 /// One decision of the policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

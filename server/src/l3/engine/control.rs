@@ -46,7 +46,7 @@ impl Engine {
     /// auto-balance is on), as threads of `shutdown`: stopping it (or [`Engine::shutdown`])
     /// stops them.
     pub fn start(cfg: EngineConfig, shutdown: &Shutdown) -> Result<Self, EngineError> {
-        cfg.validate()?;
+        cfg.validate().map_err(|e| EngineError::Config(e.0))?;
         let reg = Arc::new(Registry::new(cfg.max_shards, cfg.top_n, cfg.auto_balance));
         let (control, control_rx) = mpsc::channel();
         let threads = Arc::new(Mutex::new(Vec::new()));

@@ -88,7 +88,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use shared::l3::{L3Book, Msg, Order, OrderId, SeqGap};
 
-pub use balance::{BalanceConfig, Balancer, Decision};
+pub use crate::config::engine::{BalanceConfig, EngineConfig};
+pub use balance::{Balancer, Decision};
 pub use control::{Engine, EngineHandle};
 pub use dispatcher::Dispatcher;
 pub use shared::protocol::ops::FeedHealth;
@@ -179,76 +180,3 @@ pub enum EngineError {
 
 /// Room for events a new batch vector starts with (it grows to `max_batch` as needed).
 pub const FIRST_BATCH: usize = 64;
-
-/// Engine configuration; every field has the documented default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EngineConfig {
-    /// Shards started with the engine (default: the number of available cores).
-    pub shards: usize,
-    /// Upper bound on shards, counting those created by migrations to a new shard.
-    pub max_shards: usize,
-    /// How often a shard publishes each changed book.
-    pub publish_interval_ms: u64,
-    /// Most events in one queue message: bounds how long a shard works before it looks at its
-    /// clock and migration flags, and the latency a batch adds.
-    pub max_batch: usize,
-    /// Emptied batch vectors kept for reuse, across all shards. A burst queued far ahead of the
-    /// shards reuses them instead of page-faulting fresh memory for every batch; each one keeps
-    /// the capacity it grew to (at most `max_batch` events of 56 bytes), so this bounds the pool
-    /// at `recycle_batches * max_batch * 56` bytes (58 MB at the defaults), held after the
-    /// burst that filled it. A new batch starts with room for [`FIRST_BATCH`] events and grows,
-    /// so a quiet feed keeps small ones. 0 keeps none.
-    pub recycle_batches: usize,
-    /// Symbols listed per shard in `top_pending`.
-    pub top_n: usize,
-    /// Whether the automatic policy starts switched on (it can be toggled at runtime).
-    pub auto_balance: bool,
-    pub balance: BalanceConfig,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-        Self {
-            shards: cores,
-            max_shards: cores * 4,
-            publish_interval_ms: 100,
-            max_batch: 1024,
-            recycle_batches: 1024,
-            top_n: 5,
-            auto_balance: false,
-            balance: BalanceConfig::default(),
-        }
-    }
-}
-
-impl EngineConfig {
-    /// Names the first bad value.
-    pub fn validate(&self) -> Result<(), EngineError> {
-        let bad = |m: &str| Err(EngineError::Config(m.to_string()));
-        if self.shards == 0 {
-            return bad("shards must be at least 1");
-        }
-        if self.max_shards < self.shards {
-            return bad("max_shards must be at least shards");
-        }
-        if self.max_shards > 4096 {
-            return bad("max_shards must be at most 4096");
-        }
-        if self.publish_interval_ms == 0 {
-            return bad("publish_interval_ms must be positive");
-        }
-        if self.max_batch == 0 {
-            return bad("max_batch must be positive");
-        }
-        if self.recycle_batches > 1 << 20 {
-            return bad("recycle_batches must be at most 1048576");
-        }
-        self.balance.validate()
-    }
-
-    pub fn publish_interval(&self) -> Duration {
-        Duration::from_millis(self.publish_interval_ms)
-    }
-}

@@ -34,7 +34,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use futures_util::{SinkExt as _, StreamExt as _};
 use server::clock::wall_clock_ms;
-use server::cluster::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
+use server::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
 use server::config::{Config, SourceConfig, SourceKind};
 use shared::cluster::TaskKind;
 use sim::{Sim, SimConfig, SimHandle, SymbolSpec};

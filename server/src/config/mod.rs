@@ -53,10 +53,17 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use shared::candle::Timeframe;
 pub use shared::protocol::ops::SourceKind;
+
+pub mod cluster;
+pub mod engine;
+pub mod host;
+pub mod origin;
+pub mod pg_url;
+
+pub use cluster::{BusAuth, BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
+pub use engine::{BalanceConfig, EngineConfig};
 use shared::protocol::{InstrumentId, Market, NameError, SeriesId};
 use shared::Price;
-
-use crate::l3::engine::EngineConfig;
 
 /// Why a configuration cannot be used. Every message names the file, the key or the variable.
 #[derive(Debug, thiserror::Error)]
@@ -80,8 +87,8 @@ pub enum ConfigError {
     Env { name: String, problem: String },
 }
 
-impl From<crate::cluster::config::InvalidKey> for ConfigError {
-    fn from(e: crate::cluster::config::InvalidKey) -> Self {
+impl From<cluster::InvalidKey> for ConfigError {
+    fn from(e: cluster::InvalidKey) -> Self {
         ConfigError::Invalid { key: e.key, problem: e.problem }
     }
 }
@@ -131,11 +138,11 @@ pub struct Config {
     pub sources: Vec<SourceConfig>,
     pub backfill: Vec<BackfillTaskConfig>,
     /// `[bus]`: in-process (default) or NATS.
-    pub bus: crate::cluster::config::BusConfig,
+    pub bus: cluster::BusConfig,
     /// `[store]`: SQLite (default) or PostgreSQL.
-    pub store: crate::cluster::config::StoreConfig,
+    pub store: cluster::StoreConfig,
     /// `[cluster]`: seed 004's supervisor, workers and gateways.
-    pub cluster: crate::cluster::config::ClusterConfig,
+    pub cluster: cluster::ClusterConfig,
 }
 
 /// `[server]`
@@ -747,13 +754,13 @@ impl Config {
         range("depth.publish_interval_ms", d.publish_interval_ms, 10, 60_000)?;
         range("server.heartbeat_ms", self.server.heartbeat_ms, 10, 3_600_000)?;
         for (n, o) in self.server.allowed_origins.iter().enumerate() {
-            crate::http::origin::Pattern::parse(o).map_err(|e| ConfigError::Invalid {
+            origin::Pattern::parse(o).map_err(|e| ConfigError::Invalid {
                 key: format!("server.allowed_origins[{n}]"),
                 problem: e.to_string(),
             })?;
         }
         for (n, h) in self.server.allowed_hosts.iter().enumerate() {
-            crate::http::host::HostPattern::parse(h).map_err(|e| ConfigError::Invalid {
+            host::HostPattern::parse(h).map_err(|e| ConfigError::Invalid {
                 key: format!("server.allowed_hosts[{n}]"),
                 problem: e.to_string(),
             })?;
@@ -765,7 +772,7 @@ impl Config {
                 self.l3.host
             )));
         }
-        crate::cluster::config::validate(&self.bus, &self.store, &self.cluster)?;
+        cluster::validate(&self.bus, &self.store, &self.cluster)?;
         range("l3.queue_batches", self.l3.queue_batches, 1, 1 << 20)?;
         range("l3.max_held_events", self.l3.max_held_events, 1, 1 << 30)?;
         range("l3.feed_stale_after_ms", self.l3.feed_stale_after_ms, 100, 3_600_000)?;

@@ -201,7 +201,7 @@ impl BusConfig {
         }
         if let Some(path) = &self.credentials_file {
             let text = read("bus.credentials_file", path)?;
-            async_nats::ConnectOptions::new().credentials(&text).map_err(|e| {
+            credentials(&text).map_err(|e| {
                 invalid(
                     "bus.credentials_file",
                     format!(
@@ -253,8 +253,8 @@ impl BusConfig {
 
     /// Checks the TLS files: each readable, certificates and a private key in PEM.
     fn check_tls(&self) -> Result<(), InvalidKey> {
-        use async_nats::rustls::pki_types::pem::PemObject as _;
-        use async_nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let certificates = |key: &str, path: &Path| {
             read(key, path)?;
             let n = CertificateDer::pem_file_iter(path)
@@ -316,6 +316,85 @@ fn read(key: &str, path: &Path) -> Result<String, InvalidKey> {
 }
 
 /// `seed` if it is an nkey user seed; the error never shows it.
+/// A NATS credentials file's two parts (as `nsc` writes it): the user JWT, then the user's
+/// nkey seed, each between a line of dashes that opens and one that closes it. Checked at
+/// start, so a file that is not one is an error naming `bus.credentials_file`, not a refusal
+/// from the server.
+fn credentials(text: &str) -> Result<(), &'static str> {
+    let mut blocks = Vec::new();
+    let mut lines = text.lines().map(str::trim);
+    while let Some(line) = lines.next() {
+        if line.starts_with("---") {
+            let Some(body) = lines.next() else { break };
+            match lines.next() {
+                Some(end) if end.starts_with("---") && !body.is_empty() => blocks.push(body),
+                _ => {
+                    return Err("a block opened by a line of dashes does not close after one line")
+                }
+            }
+        }
+    }
+    let [jwt, seed, ..] = blocks[..] else {
+        return Err("it holds fewer than two blocks (the JWT and the seed)");
+    };
+    if jwt.split('.').count() != 3 {
+        return Err("its first block is not a JWT");
+    }
+    match nkeys::KeyPair::from_seed(seed) {
+        Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::User => Ok(()),
+        _ => Err("its second block is not a user's nkey seed"),
+    }
+}
+
+/// One address of `bus.url`, as the NATS client reads it: `[scheme://][user[:pass]@]host[:port]`
+/// with the scheme `nats`, `tls`, `ws` or `wss`.
+struct NatsAddr {
+    /// `user:password@` or `token@`: the client does not send them from the URL.
+    has_credentials: bool,
+}
+
+impl NatsAddr {
+    fn parse(url: &str) -> Result<NatsAddr, &'static str> {
+        let url = url.trim();
+        let rest = match url.split_once("://") {
+            Some((scheme, rest)) => {
+                if !matches!(scheme, "nats" | "tls" | "ws" | "wss") {
+                    return Err("the scheme is not nats, tls, ws or wss");
+                }
+                rest
+            }
+            None => url,
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let (credentials, host_port) = match authority.rsplit_once('@') {
+            Some((c, h)) => (Some(c), h),
+            None => (None, authority),
+        };
+        let (host, port) = match host_port.strip_prefix('[') {
+            Some(v6) => {
+                let (host, after) = v6.split_once(']').ok_or("an IPv6 address is not closed")?;
+                host.parse::<std::net::Ipv6Addr>().map_err(|_| "a bad IPv6 address")?;
+                (host, after.strip_prefix(':'))
+            }
+            None => match host_port.split_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (host_port, None),
+            },
+        };
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'))
+        {
+            return Err("no host, or a host of characters a host name does not hold");
+        }
+        if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+            return Err("the port is not a number up to 65535");
+        }
+        Ok(NatsAddr { has_credentials: credentials.is_some_and(|c| !c.is_empty()) })
+    }
+}
+
 fn user_seed(key: &str, seed: &str) -> Result<String, InvalidKey> {
     match nkeys::KeyPair::from_seed(seed) {
         Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::User => Ok(seed.to_string()),
@@ -377,22 +456,23 @@ impl Default for StoreConfig {
             kind: StoreKind::Sqlite,
             url: None,
             quick_check: true,
-            sqlite_writer_cache_kib: crate::store::sqlite::WRITER_CACHE_KIB,
-            sqlite_readers: crate::store::sqlite::READERS as u32,
-            pg_pool_size: crate::store::pg_pool::POOL_SIZE as u32,
+            sqlite_writer_cache_kib: SQLITE_WRITER_CACHE_KIB,
+            sqlite_readers: SQLITE_READERS,
+            pg_pool_size: PG_POOL_SIZE,
         }
     }
 }
 
-impl StoreConfig {
-    /// How the PostgreSQL store is opened.
-    pub fn pg_options(&self) -> crate::store::postgres::PgOptions {
-        crate::store::postgres::PgOptions {
-            pool_size: self.pg_pool_size as usize,
-            ..Default::default()
-        }
-    }
-}
+/// `store.sqlite_writer_cache_kib` unless configured (why this much: `store::sqlite`).
+pub const SQLITE_WRITER_CACHE_KIB: u32 = 1024;
+/// `store.sqlite_readers` unless configured.
+pub const SQLITE_READERS: u32 = 4;
+/// `store.pg_pool_size` unless configured: 3 for writes and 5 for reads (`store::pg_pool`).
+pub const PG_POOL_SIZE: u32 = 8;
+/// The PostgreSQL store's connections kept for writes.
+pub const PG_WRITE_LANE: u32 = 3;
+/// The least `store.pg_pool_size`: the write lane and one read connection.
+pub const PG_MIN_POOL_SIZE: u32 = PG_WRITE_LANE + 1;
 
 /// `[cluster]`: the seed's timings (its defaults), the redundancy and the task list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -553,11 +633,11 @@ pub fn validate(
     }
     if bus.kind == BusKind::Nats {
         for url in bus.url.split(',') {
-            let addr = url.trim().parse::<async_nats::ServerAddr>().map_err(|e| {
+            let addr = NatsAddr::parse(url).map_err(|e| {
                 let url = crate::redact::redact(url);
                 invalid("bus.url", format!("{url:?} is not a NATS server URL: {e}"))
             })?;
-            if addr.has_user_pass() {
+            if addr.has_credentials {
                 // (the URL is not shown: it holds a secret)
                 return Err(invalid(
                     "bus.url",
@@ -578,7 +658,7 @@ pub fn validate(
         }
         (StoreKind::Postgres, Some(url)) => {
             // its text is not shown: it may hold a password
-            crate::store::pg_connect::PgUrl::parse(url)
+            super::pg_url::PgUrl::parse(url)
                 .map_err(|e| invalid("store.url", crate::error::report(&e)))?;
         }
         (StoreKind::Sqlite, Some(_)) => {
@@ -596,7 +676,7 @@ pub fn validate(
     };
     range("store.sqlite_writer_cache_kib", u64::from(store.sqlite_writer_cache_kib), 64, 1 << 20)?;
     range("store.sqlite_readers", u64::from(store.sqlite_readers), 1, 256)?;
-    let least = crate::store::pg_pool::MIN_POOL_SIZE as u64;
+    let least = u64::from(PG_MIN_POOL_SIZE);
     range("store.pg_pool_size", u64::from(store.pg_pool_size), least, 100)?;
     range("cluster.warmup_s", c.warmup_s, 0, 3600)?;
     range("cluster.tick_ms", c.tick_ms, 10, 60_000)?;
@@ -643,6 +723,39 @@ pub fn validate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nats_addresses_are_read_as_the_client_reads_them() {
+        for ok in
+            ["nats://127.0.0.1:4222", "tls://h.example", "127.0.0.1:4222", "h", "wss://[::1]:443/x"]
+        {
+            assert!(NatsAddr::parse(ok).is_ok_and(|a| !a.has_credentials), "{ok}");
+        }
+        for secret in ["nats://u:p@h:4222", "nats://token@h", "u:p@h"] {
+            assert!(NatsAddr::parse(secret).is_ok_and(|a| a.has_credentials), "{secret}");
+        }
+        for bad in ["http://h:4222", "nats://h:99999", "nats://", "nats://h h", "nats://[::1"] {
+            assert!(NatsAddr::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_credentials_file_holds_a_jwt_and_a_user_seed() {
+        let user = nkeys::KeyPair::new_user().seed().unwrap();
+        let account = nkeys::KeyPair::new_account().seed().unwrap();
+        let file = |jwt: &str, seed: &str| {
+            format!(
+                "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+                 ************************* IMPORTANT *************************\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+            )
+        };
+        assert_eq!(credentials(&file("a.b.c", &user)), Ok(()));
+        assert!(credentials(&file("a.b.c", &account)).is_err(), "an account's seed");
+        assert!(credentials(&file("not-a-jwt", &user)).is_err());
+        assert!(credentials(&user).is_err(), "a bare seed");
+        assert!(credentials("-----BEGIN X-----\nabc\n").is_err(), "unclosed");
+    }
 
     #[test]
     fn globs() {
