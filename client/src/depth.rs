@@ -22,7 +22,7 @@ use std::time::Duration;
 use leptos::prelude::*;
 use send_wrapper::SendWrapper;
 use shared::backoff::Backoff;
-use shared::book::DepthLadder;
+use shared::ladder::DepthLadder;
 use shared::protocol::{DepthSnapshotEvent, DepthUpdateEvent, InstrumentId, Stream};
 use shared::sync::{
     BookSync, ContinuityRule, SyncConfig, SyncEvent, SyncMode, SyncState, SyncStats,

@@ -6,8 +6,9 @@ use client::{
     bar_scale, book_text, format_utc_time, BadgeState, BookBadge, ConnStatus, HeartbeatPanel,
 };
 use leptos::prelude::*;
-use shared::book::{DepthLadder, Level, OrderBook};
+use shared::book::{Level, OrderBook};
 use shared::fixed::{Price, Qty};
+use shared::ladder::DepthLadder;
 use shared::protocol::Heartbeat;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_test::*;

@@ -16,6 +16,7 @@ pub mod chart;
 pub mod cluster;
 pub mod fixed;
 pub mod l3;
+pub mod ladder;
 pub mod protocol;
 pub mod publish;
 pub mod sync;

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::sync::{Arc, RwLock, Weak};
+
+use crate::lock::{read, write};
 
 use bytes::Bytes;
 use tokio::sync::broadcast;
@@ -81,7 +83,7 @@ impl Inner {
     fn release(&self, topic: &str) {
         let shard = self.shard(topic);
         {
-            let map = shard.read().unwrap_or_else(PoisonError::into_inner);
+            let map = read(shard);
             match map.get(topic) {
                 Some(tx) if tx.receiver_count() == 0 => {}
                 _ => return,
@@ -89,7 +91,7 @@ impl Inner {
         }
         // Subscribing happens under this lock (read or write), so the count cannot rise while
         // we hold it for writing: no subscriber is left on a removed channel.
-        let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
+        let mut map = write(shard);
         if map.get(topic).is_some_and(|tx| tx.receiver_count() == 0) {
             map.remove(topic);
         }
@@ -114,11 +116,7 @@ impl Fanout {
 
     /// Topics with at least one subscriber (the map never holds others for long).
     pub fn topic_count(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| s.read().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
+        self.inner.shards.iter().map(|s| read(s).len()).sum()
     }
 
     /// Shuts the bus down: every subscriber gets what is buffered, then [`RecvError::Closed`];
@@ -126,7 +124,7 @@ impl Fanout {
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         for shard in &self.inner.shards {
-            shard.write().unwrap_or_else(PoisonError::into_inner).clear();
+            write(shard).clear();
         }
     }
 
@@ -139,7 +137,7 @@ impl Fanout {
     /// Queues `payload` for every subscriber of `topic`; returns how many.
     #[inline]
     pub fn publish(&self, topic: &str, payload: Bytes) -> usize {
-        let map = self.inner.shard(topic).read().unwrap_or_else(PoisonError::into_inner);
+        let map = read(self.inner.shard(topic));
         match map.get_key_value(topic) {
             // `send` fails only when every receiver is gone (a cleanup about to happen).
             Some((name, tx)) => tx.send(Message { topic: name.clone(), payload }).unwrap_or(0),
@@ -151,12 +149,12 @@ impl Fanout {
     pub fn subscribe(&self, topic: &str) -> Subscription {
         let shard = self.inner.shard(topic);
         {
-            let map = shard.read().unwrap_or_else(PoisonError::into_inner);
+            let map = read(shard);
             if let Some((name, tx)) = map.get_key_value(topic) {
                 return self.subscription(name.clone(), tx.subscribe());
             }
         }
-        let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
+        let mut map = write(shard);
         // Checked under the lock `close` clears, so no topic is added after a close.
         if self.inner.closed.load(Ordering::SeqCst) {
             let (_, rx) = broadcast::channel(1);
@@ -173,7 +171,7 @@ impl Fanout {
 
     /// Current number of subscribers of `topic`.
     pub fn subscriber_count(&self, topic: &str) -> usize {
-        let map = self.inner.shard(topic).read().unwrap_or_else(PoisonError::into_inner);
+        let map = read(self.inner.shard(topic));
         map.get(topic).map_or(0, |tx| tx.receiver_count())
     }
 }

@@ -32,7 +32,7 @@ use shared::backoff::Backoff;
 
 use super::pipeline::CandlePipeline;
 use super::writer::CandleOut;
-use crate::clock::wall_clock_ms as now_ms;
+use crate::clock::{wall_clock_ms as now_ms, Now};
 use crate::config::{Config, IngestConfig};
 use crate::error::report;
 use crate::jitter::Jitter;
@@ -179,7 +179,7 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
         if let Err(e) = fill_gap(&deps, &mut pipeline, None, &health).await {
             health.crash(format!("REST gap fill: {e}"));
             health.connected.store(false, Relaxed);
-            pipeline.flush(now_ms()).await;
+            pipeline.flush(Now::read()).await;
             if ctx.sleep(e.retry_after().unwrap_or_else(|| backoff.next_delay(jitter.draw()))).await
             {
                 break;
@@ -209,7 +209,7 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
                     None => break Err("stream closed by the server".to_string()),
                 },
                 _ = tick.tick() => {
-                    pipeline.tick(now_ms(), Instant::now()).await;
+                    pipeline.tick(Now::read()).await;
                     if conn.is_reconnect_due() {
                         break Ok(());
                     }
@@ -238,7 +238,7 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
             Err(reason) => {
                 health.connected.store(false, Relaxed);
                 health.crash(reason);
-                pipeline.flush(now_ms()).await;
+                pipeline.flush(Now::read()).await;
                 backoff.connection_ended(connected_at.elapsed());
                 if ctx.sleep(backoff.next_delay(jitter.draw())).await {
                     break;
@@ -247,7 +247,7 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
         }
     }
     health.connected.store(false, Relaxed);
-    pipeline.close(now_ms()).await;
+    pipeline.close(Now::read()).await;
 }
 
 /// Back-pressure: the store refuses closed candles and `max_pending_candles` of them wait, so
@@ -263,7 +263,7 @@ async fn wait_for_store(ctx: &JobContext, pipeline: &mut CandlePipeline) -> bool
         if ctx.sleep(Duration::from_millis(50)).await {
             return true;
         }
-        pipeline.tick(now_ms(), Instant::now()).await;
+        pipeline.tick(Now::read()).await;
     }
     tracing::info!("the store takes closed candles again; ingest resumes");
     false
@@ -291,7 +291,7 @@ async fn on_event(
         if missed_before(open) {
             fill_gap(deps, pipeline, Some(open - MINUTE_MS), health).await?;
         }
-        pipeline.on_closed(candle, now_ms()).await;
+        pipeline.on_closed(candle, Now::read()).await;
     } else {
         if missed_before(open) {
             fill_gap(deps, pipeline, Some(open - MINUTE_MS), health).await?;
@@ -417,7 +417,7 @@ async fn fill_gap(
             c.minutes = 1;
             newest = Some(c.open_time);
             filled += 1;
-            pipeline.on_closed(c, now_ms()).await;
+            pipeline.on_closed(c, Now::read()).await;
         }
         match newest {
             Some(t) => from = t + MINUTE_MS,
@@ -435,7 +435,7 @@ async fn fill_gap(
         health.gap_filled_candles.fetch_add(filled, Relaxed);
         tracing::info!(symbol = %deps.symbol, filled, "filled missing closed candles from REST");
         // Persist the fill before anything newer is published.
-        pipeline.flush(now_ms()).await;
+        pipeline.flush(Now::read()).await;
     }
     Ok(())
 }
@@ -511,7 +511,7 @@ mod tests {
                     .await
                     .unwrap();
             fill_gap(&deps, &mut pipeline, None, &health).await.unwrap();
-            pipeline.flush(now_ms()).await;
+            pipeline.flush(Now::read()).await;
             let stored = store.candles(&series, Some(0), None, 100_000).unwrap();
             assert_eq!(stored[0].open_time, old, "{tag}");
             let second = stored[1].open_time;

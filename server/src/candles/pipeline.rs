@@ -22,6 +22,7 @@ use shared::candle::{Candle, DerivedAggregator, FlushBatch, FlushConfig, Timefra
 use shared::protocol::{InstrumentId, SeriesId, Stream};
 
 use super::writer::{kline_frame, CandleOut, Derive, Rows};
+use crate::clock::Now;
 use crate::config::IngestConfig;
 use crate::error::report;
 use crate::jitter::Jitter;
@@ -195,7 +196,7 @@ impl CandlePipeline {
     }
 
     /// A closed 1m candle (from the stream or a REST fill). Flushes when the batch is full.
-    pub async fn on_closed(&mut self, candle: Candle, now_ms: i64) {
+    pub async fn on_closed(&mut self, candle: Candle, now: Now) {
         if let Err(e) = candle.check() {
             self.health.malformed.fetch_add(1, Relaxed);
             tracing::warn!(open_time = candle.open_time, "dropping an invalid closed candle: {e}");
@@ -211,8 +212,8 @@ impl CandlePipeline {
         if self.forming.is_some_and(|(f, _)| f.open_time <= candle.open_time) {
             self.forming = None;
         }
-        if self.batch.push(candle, now_ms) {
-            self.flush(now_ms).await;
+        if self.batch.push(candle, now.ms) {
+            self.flush(now).await;
         }
     }
 
@@ -224,23 +225,25 @@ impl CandlePipeline {
     }
 
     /// Timer: flushes when due, retries a failed persist, publishes a throttled forming candle.
-    pub async fn tick(&mut self, now_ms: i64, now: Instant) {
-        if self.pending.is_some() && self.retry_at.is_none_or(|t| now >= t) {
-            self.persist_pending().await;
+    pub async fn tick(&mut self, now: Now) {
+        if self.pending.is_some() && self.retry_at.is_none_or(|t| now.at >= t) {
+            self.persist_pending(now.at).await;
         }
-        if self.batch.is_due(now_ms) {
-            self.flush(now_ms).await;
+        if self.batch.is_due(now.ms) {
+            self.flush(now).await;
         }
         if self.forming_dirty
-            && self.last_forming_publish.is_none_or(|t| now.duration_since(t) >= self.forming_every)
+            && self
+                .last_forming_publish
+                .is_none_or(|t| now.at.duration_since(t) >= self.forming_every)
         {
-            self.publish_forming(now);
+            self.publish_forming(now.at);
         }
     }
 
     /// Flushes the buffer now: sort, de-dup, derive, persist, then publish.
-    pub async fn flush(&mut self, now_ms: i64) {
-        let closed = self.batch.flush(now_ms);
+    pub async fn flush(&mut self, now: Now) {
+        let closed = self.batch.flush(now.ms);
         if closed.is_empty() {
             return;
         }
@@ -275,12 +278,14 @@ impl CandlePipeline {
         }
         // While the store fails, the rows wait for the scheduled retry (`tick`): the job goes on
         // taking candles in between instead of waiting on the store at every flush.
-        if self.retry_at.is_none_or(|t| Instant::now() >= t) {
-            self.persist_pending().await;
+        if self.retry_at.is_none_or(|t| now.at >= t) {
+            self.persist_pending(now.at).await;
         }
     }
 
-    async fn persist_pending(&mut self) {
+    /// Persists the pending rows; on failure the next attempt is due a back-off delay after
+    /// `now` (when this attempt started).
+    async fn persist_pending(&mut self, now: Instant) {
         let Some(pending) = self.pending.take() else { return };
         let rows: Rows =
             pending.rows.iter().map(|(i, v)| (self.outs[*i].series.clone(), v.clone())).collect();
@@ -298,7 +303,7 @@ impl CandlePipeline {
                 self.health.persist_failures.fetch_add(1, Relaxed);
                 let delay = self.persist_retry.next_delay(self.jitter.draw());
                 tracing::error!("persisting candles failed, retrying in {delay:?}: {e}");
-                self.retry_at = Some(Instant::now() + delay);
+                self.retry_at = Some(now + delay);
                 self.pending = Some(pending);
                 let paused = if self.is_backlogged() {
                     "; ingest paused until the store takes them (ingest.max_pending_candles)"
@@ -314,14 +319,14 @@ impl CandlePipeline {
     }
 
     /// Flushes everything buffered and tries hard to persist it (shutdown).
-    pub async fn close(&mut self, now_ms: i64) {
-        self.flush(now_ms).await;
-        for _ in 0..5 {
+    pub async fn close(&mut self, now: Now) {
+        self.flush(now).await;
+        for attempt in 1..=5 {
             if self.pending.is_none() {
                 return;
             }
             tokio::time::sleep(self.persist_retry.base).await;
-            self.persist_pending().await;
+            self.persist_pending(now.at + self.persist_retry.base * attempt).await;
         }
         if self.pending.is_some() {
             tracing::error!("shutting down with candles that could not be persisted");
@@ -377,13 +382,13 @@ mod tests {
         for i in 0..100i64 {
             let now = t0 + Duration::from_millis(10 * i as u64);
             pipeline.on_forming(forming(60_000, 1_000 + i), 60_000 + 10 * i, now);
-            pipeline.tick(60_000 + 10 * i, now).await;
+            pipeline.tick(Now { ms: 60_000 + 10 * i, at: now }).await;
             while let Ok(Some(m)) = sub.try_recv() {
                 published.push((10 * i, m.payload));
             }
         }
         // the trailing edge: the newest update goes out once its interval has passed
-        pipeline.tick(61_000, t0 + Duration::from_millis(1_000)).await;
+        pipeline.tick(Now { ms: 61_000, at: t0 + Duration::from_millis(1_000) }).await;
         while let Ok(Some(m)) = sub.try_recv() {
             published.push((1_000, m.payload));
         }
