@@ -7,6 +7,7 @@
 //!   the concrete bus and store;
 //! - only the cluster (`server/src/cluster/`) and the NATS bus (`server/src/bus/nats.rs`) name
 //!   `async_nats`: the cluster is a layer around the service, not threaded through it;
+//! - the service locks only through `lock.rs` (one poisoning policy);
 //! - configuration (`server/src/config/`) is a leaf: it names no module of the service but the
 //!   redaction of secrets and the error report, so every part reads it and it reads no part;
 //! - no `Result<_, String>` crosses a module boundary;
@@ -230,6 +231,16 @@ fn only_the_cluster_and_the_nats_bus_name_async_nats() {
         rel.starts_with("server/src/cluster/") || rel == "server/src/bus/nats.rs"
     });
     assert!(hits.is_empty(), "async_nats named outside the cluster:\n{}", hits.join("\n"));
+}
+
+/// One way to lock: every lock, read, write and wait of the service goes through `lock.rs`,
+/// which recovers a poisoned guard; nothing else decides what poisoning means.
+#[test]
+fn only_lock_rs_handles_poisoning() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("server/src"), &mut files);
+    let hits = names_outside(&files, "PoisonError", |rel| rel == "server/src/lock.rs");
+    assert!(hits.is_empty(), "poisoning handled outside lock.rs:\n{}", hits.join("\n"));
 }
 
 /// `file:line` of every code line naming `word` in a file that `allowed` does not pass.

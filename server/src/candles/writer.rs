@@ -178,7 +178,7 @@ impl SeriesLocks {
         let series: BTreeSet<SeriesId> = series.into_iter().collect();
         let mut held = lock(&self.held);
         while series.iter().any(|s| held.contains(s)) {
-            held = self.released.wait(held).unwrap_or_else(std::sync::PoisonError::into_inner);
+            held = crate::lock::wait(&self.released, held);
         }
         held.extend(series.iter().cloned());
         SeriesHold { locks: self, series }

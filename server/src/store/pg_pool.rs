@@ -18,13 +18,13 @@
 //! a new one: a PostgreSQL restart costs each call made while it is down an error, never the
 //! process.
 
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use postgres::Client;
 
 use super::StoreError;
-use crate::lock::lock;
+use crate::lock::{lock, wait_timeout};
 
 /// Connections of the write lane.
 pub const WRITE_LANE: usize = crate::config::cluster::PG_WRITE_LANE as usize;
@@ -131,8 +131,7 @@ impl Pool {
             if left.is_zero() {
                 return Slot::Busy;
             }
-            lanes =
-                self.freed[i].wait_timeout(lanes, left).unwrap_or_else(PoisonError::into_inner).0;
+            lanes = wait_timeout(&self.freed[i], lanes, left);
         }
     }
 

@@ -83,7 +83,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -93,7 +93,7 @@ use shared::candle::Candle;
 use shared::fixed::{Price, Volume};
 use shared::protocol::SeriesId;
 
-use crate::lock::lock;
+use crate::lock::{lock, wait_timeout, wait_timeout_while, wait_while};
 
 use super::admission::ReadQueue;
 use super::catalogue::{Catalogue, Span};
@@ -284,20 +284,14 @@ impl CheckpointSignal {
 
     /// Waits for a commit; `false` when asked to stop.
     fn wait_for_commit(&self) -> bool {
-        let mut st = self
-            .cv
-            .wait_while(lock(&self.state), |st| !st.0 && !st.1)
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut st = wait_while(&self.cv, lock(&self.state), |st| !st.0 && !st.1);
         st.0 = false;
         !st.1
     }
 
     /// Sleeps `d` unless asked to stop; `false` when asked to stop.
     fn pause(&self, d: Duration) -> bool {
-        let (st, _) = self
-            .cv
-            .wait_timeout_while(lock(&self.state), d, |st| !st.1)
-            .unwrap_or_else(PoisonError::into_inner);
+        let st = wait_timeout_while(&self.cv, lock(&self.state), d, |st| !st.1);
         !st.1
     }
 }
@@ -390,7 +384,7 @@ impl Readers {
             if left.is_zero() {
                 return Slot::Busy;
             }
-            st = self.returned.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0;
+            st = wait_timeout(&self.returned, st, left);
         }
     }
 
