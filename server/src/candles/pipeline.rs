@@ -61,6 +61,9 @@ pub struct CandlePipeline {
     persist_retry: Backoff,
     jitter: Jitter,
     retry_at: Option<Instant>,
+    /// The back-off after a failed persist, started by the next time the pipeline is given
+    /// (the attempt may have waited on the store for seconds: the delay counts from its end).
+    retry_delay: Option<Duration>,
     /// Most closed 1m candles waiting (buffered or failed to persist) before the job pauses.
     max_pending: usize,
 }
@@ -131,6 +134,7 @@ impl CandlePipeline {
             ),
             jitter: Jitter::new(&instrument.to_string()),
             retry_at: None,
+            retry_delay: None,
             max_pending: config.max_pending_candles,
         })
     }
@@ -226,8 +230,8 @@ impl CandlePipeline {
 
     /// Timer: flushes when due, retries a failed persist, publishes a throttled forming candle.
     pub async fn tick(&mut self, now: Now) {
-        if self.pending.is_some() && self.retry_at.is_none_or(|t| now.at >= t) {
-            self.persist_pending(now.at).await;
+        if self.pending.is_some() && self.retry_due(now.at) {
+            self.persist_pending().await;
         }
         if self.batch.is_due(now.ms) {
             self.flush(now).await;
@@ -278,20 +282,29 @@ impl CandlePipeline {
         }
         // While the store fails, the rows wait for the scheduled retry (`tick`): the job goes on
         // taking candles in between instead of waiting on the store at every flush.
-        if self.retry_at.is_none_or(|t| now.at >= t) {
-            self.persist_pending(now.at).await;
+        if self.retry_due(now.at) {
+            self.persist_pending().await;
         }
     }
 
-    /// Persists the pending rows; on failure the next attempt is due a back-off delay after
-    /// `now` (when this attempt started).
-    async fn persist_pending(&mut self, now: Instant) {
+    /// Whether a persist may be tried at `now`: none failed, or the back-off since the failure
+    /// has passed (it starts at the first `now` given after the failure).
+    fn retry_due(&mut self, now: Instant) -> bool {
+        if let Some(delay) = self.retry_delay.take() {
+            self.retry_at = Some(now + delay);
+        }
+        self.retry_at.is_none_or(|t| now >= t)
+    }
+
+    /// Persists the pending rows; on failure the next attempt waits a back-off delay.
+    async fn persist_pending(&mut self) {
         let Some(pending) = self.pending.take() else { return };
         let rows: Rows =
             pending.rows.iter().map(|(i, v)| (self.outs[*i].series.clone(), v.clone())).collect();
         match self.out.closed.take(rows, Derive::CompletePartial).await {
             Ok(written) => {
                 self.retry_at = None;
+                self.retry_delay = None;
                 self.persist_retry.reset();
                 self.health.persisted_batches.fetch_add(1, Relaxed);
                 if let Some(last) = written.first().and_then(|(_, m1)| m1.last()) {
@@ -303,7 +316,7 @@ impl CandlePipeline {
                 self.health.persist_failures.fetch_add(1, Relaxed);
                 let delay = self.persist_retry.next_delay(self.jitter.draw());
                 tracing::error!("persisting candles failed, retrying in {delay:?}: {e}");
-                self.retry_at = Some(now + delay);
+                self.retry_delay = Some(delay);
                 self.pending = Some(pending);
                 let paused = if self.is_backlogged() {
                     "; ingest paused until the store takes them (ingest.max_pending_candles)"
@@ -321,12 +334,12 @@ impl CandlePipeline {
     /// Flushes everything buffered and tries hard to persist it (shutdown).
     pub async fn close(&mut self, now: Now) {
         self.flush(now).await;
-        for attempt in 1..=5 {
+        for _ in 0..5 {
             if self.pending.is_none() {
                 return;
             }
             tokio::time::sleep(self.persist_retry.base).await;
-            self.persist_pending(now.at + self.persist_retry.base * attempt).await;
+            self.persist_pending().await;
         }
         if self.pending.is_some() {
             tracing::error!("shutting down with candles that could not be persisted");
