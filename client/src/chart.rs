@@ -15,7 +15,7 @@ use leptos::prelude::*;
 use send_wrapper::SendWrapper;
 use shared::candle::{Candle, Timeframe};
 use shared::chart::{Applied, Changes, LiveSeries};
-use shared::protocol::{InstrumentId, KlineEvent, SeriesId, Stream};
+use shared::protocol::{InstrumentId, KlineEvent, PushData, SeriesId, Stream};
 use web_sys::Element;
 
 use crate::api;
@@ -73,11 +73,9 @@ impl ChartWidget {
         feed.subscribe(
             Stream::Kline(series_id),
             Handlers {
-                on_push: Box::new(move |data| {
-                    match serde_json::from_value::<KlineEvent>(data.clone()) {
-                        Ok(ev) => on_push.on_kline(&ev),
-                        Err(e) => leptos::logging::warn!("bad kline: {e}"),
-                    }
+                on_push: Box::new(move |data| match data {
+                    PushData::Kline(ev) => on_push.on_kline(ev),
+                    other => leptos::logging::warn!("a {} push on kline", other.kind()),
                 }),
                 on_live: Box::new(move || {
                     on_live.live.set(true);

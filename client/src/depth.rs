@@ -23,7 +23,7 @@ use leptos::prelude::*;
 use send_wrapper::SendWrapper;
 use shared::backoff::Backoff;
 use shared::ladder::DepthLadder;
-use shared::protocol::{DepthSnapshotEvent, DepthUpdateEvent, InstrumentId, Stream};
+use shared::protocol::{InstrumentId, PushData, Stream};
 use shared::sync::{
     BookSync, ContinuityRule, SyncConfig, SyncEvent, SyncMode, SyncState, SyncStats,
 };
@@ -187,15 +187,13 @@ impl BookWidget {
             feed.subscribe(
                 Stream::DepthUpdate(instrument),
                 Handlers {
-                    on_push: Box::new(move |data| {
-                        match serde_json::from_value::<DepthUpdateEvent>(data.clone()) {
-                            Ok(ev) => {
-                                on_push.last_message_ms.set(js_sys::Date::now());
-                                on_push.sync.borrow_mut().handle_delta((&ev).into(), now_ms());
-                                on_push.drain();
-                            }
-                            Err(e) => leptos::logging::warn!("bad depth_update: {e}"),
+                    on_push: Box::new(move |data| match data {
+                        PushData::DepthUpdate(ev) => {
+                            on_push.last_message_ms.set(js_sys::Date::now());
+                            on_push.sync.borrow_mut().handle_delta(ev.into(), now_ms());
+                            on_push.drain();
                         }
+                        other => leptos::logging::warn!("a {} push on depth_update", other.kind()),
                     }),
                     on_live: Box::new(move || {
                         on_live.live.set(true);
@@ -298,13 +296,13 @@ impl BookWidget {
             Handlers {
                 on_push: Box::new(move |data| {
                     let Some(w) = on_push.upgrade() else { return };
-                    match serde_json::from_value::<DepthSnapshotEvent>(data.clone()) {
-                        Ok(ev) => {
+                    match data {
+                        PushData::Depth(ev) => {
                             w.last_message_ms.set(js_sys::Date::now());
-                            w.sync.borrow_mut().handle_snapshot((&ev).into(), now_ms());
+                            w.sync.borrow_mut().handle_snapshot(ev.into(), now_ms());
                             w.drain();
                         }
-                        Err(e) => leptos::logging::warn!("bad depth snapshot: {e}"),
+                        other => leptos::logging::warn!("a {} push on depth", other.kind()),
                     }
                 }),
                 on_live: Box::new(move || {

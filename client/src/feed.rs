@@ -27,7 +27,7 @@ use leptos::task::spawn_local;
 use send_wrapper::SendWrapper;
 use shared::backoff::Backoff;
 use shared::protocol::{
-    ClientRequest, ErrorBody, ErrorCode, Heartbeat, Method, ServerFrame, Stream,
+    ClientRequest, ErrorBody, ErrorCode, Heartbeat, Method, PushData, ServerFrame, Stream,
 };
 
 use crate::ConnStatus;
@@ -44,8 +44,8 @@ fn refusal_backoff() -> Backoff {
 
 /// What a subscriber is told about its stream.
 pub struct Handlers {
-    /// A message pushed on the stream (its `data`).
-    pub on_push: Box<dyn Fn(&serde_json::Value)>,
+    /// A message pushed on the stream (its `data`, read as the stream's type once per frame).
+    pub on_push: Box<dyn Fn(&PushData)>,
     /// The server accepted the subscription (after every (re)connect): messages flow from now.
     pub on_live: Box<dyn Fn()>,
     /// The socket closed: nothing arrives until the next `on_live`.
@@ -56,7 +56,7 @@ pub struct Handlers {
 
 impl Handlers {
     /// Handlers that only take pushes.
-    pub fn pushes(on_push: impl Fn(&serde_json::Value) + 'static) -> Handlers {
+    pub fn pushes(on_push: impl Fn(&PushData) + 'static) -> Handlers {
         Handlers {
             on_push: Box::new(on_push),
             on_live: Box::new(|| {}),
@@ -202,15 +202,13 @@ pub fn use_heartbeat_feed() -> HeartbeatFeed {
     feed.subscribe(
         Stream::Heartbeat,
         Handlers {
-            on_push: Box::new(move |data| {
-                match serde_json::from_value::<Heartbeat>(data.clone()) {
-                    Ok(hb) => {
-                        status.set(ConnStatus::Live);
-                        set_last.set(Some(hb));
-                        set_received.set(js_sys::Date::now());
-                    }
-                    Err(e) => leptos::logging::warn!("bad heartbeat: {e}"),
+            on_push: Box::new(move |data| match data {
+                PushData::Heartbeat(hb) => {
+                    status.set(ConnStatus::Live);
+                    set_last.set(Some(hb.clone()));
+                    set_received.set(js_sys::Date::now());
                 }
+                other => leptos::logging::warn!("a {} push on heartbeat", other.kind()),
             }),
             on_live: Box::new(|| {}),
             on_lost: Box::new(|| {}),

@@ -3,16 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use shared::protocol::{ErrorCode, KlineEvent, Push, ServerFrame, Stream};
+use shared::protocol::{ErrorCode, KlineEvent, Push, PushData, ServerFrame};
 use testkit::*;
 
 /// Waits for the next kline push.
 async fn next_kline(ws: &mut Ws) -> KlineEvent {
     loop {
         match next_frame(ws).await {
-            ServerFrame::Push(Push { stream: Stream::Kline(_), data }) => {
-                return serde_json::from_value(data).unwrap()
-            }
+            ServerFrame::Push(Push { data: PushData::Kline(ev), .. }) => return ev,
             _ => continue,
         }
     }

@@ -28,7 +28,7 @@ use shared::candle::{Candle, MINUTE_MS};
 use shared::cluster::payload::ClosedCandles;
 use shared::cluster::TaskKind;
 use shared::fixed::{Price, Volume};
-use shared::protocol::{InstrumentId, KlineEvent, SeriesId, ServerFrame};
+use shared::protocol::{InstrumentId, Push, PushData, SeriesId, ServerFrame};
 use testkit::*;
 
 use super::cluster_workers::{fully_assigned, nats_url, report, stored_pg, TestCluster};
@@ -85,11 +85,9 @@ fn closed_push(series: &SeriesId, c: &Candle) -> Bytes {
 async fn closed_seen(ws: &mut Ws, n: usize) -> Vec<i64> {
     let mut opens = Vec::new();
     while opens.len() < n {
-        if let ServerFrame::Push(p) = next_frame(ws).await {
-            if let Ok(ev) = serde_json::from_value::<KlineEvent>(p.data) {
-                if ev.k.x {
-                    opens.push(ev.k.t);
-                }
+        if let ServerFrame::Push(Push { data: PushData::Kline(ev), .. }) = next_frame(ws).await {
+            if ev.k.x {
+                opens.push(ev.k.t);
             }
         }
     }

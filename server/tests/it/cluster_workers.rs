@@ -37,7 +37,7 @@ use server::config::{BusConfig, BusKind, ClusterConfig, StoreConfig, StoreKind};
 use shared::candle::Candle;
 use shared::cluster::TaskKind;
 use shared::protocol::ops::ClusterReport;
-use shared::protocol::{KlineEvent, ServerFrame};
+use shared::protocol::{Push, PushData, ServerFrame};
 use sim::SimHandle;
 use testkit::*;
 
@@ -266,11 +266,11 @@ pub(crate) fn watch_closed(
     let keep = seen.clone();
     let task = tokio::spawn(async move {
         loop {
-            if let ServerFrame::Push(push) = next_frame(&mut ws).await {
-                if let Ok(ev) = serde_json::from_value::<KlineEvent>(push.data) {
-                    if ev.k.x {
-                        *keep.lock().unwrap().entry(ev.k.t).or_insert(0) += 1;
-                    }
+            if let ServerFrame::Push(Push { data: PushData::Kline(ev), .. }) =
+                next_frame(&mut ws).await
+            {
+                if ev.k.x {
+                    *keep.lock().unwrap().entry(ev.k.t).or_insert(0) += 1;
                 }
             }
         }

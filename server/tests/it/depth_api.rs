@@ -15,7 +15,7 @@ use shared::book::{Level, OrderBook, Side};
 use shared::fixed::{Price, Qty};
 use shared::protocol::{BookHealth, BookStatus};
 use shared::protocol::{
-    DepthSnapshotEvent, DepthUpdateEvent, InstrumentId, Market, RestDepthResponse, ServerFrame,
+    DepthUpdateEvent, InstrumentId, Market, PushData, RestDepthResponse, ServerFrame,
 };
 use shared::sync::{BookSync, ContinuityRule, DepthSnapshot, SyncConfig, SyncEvent};
 use shared::testkit::Rng;
@@ -85,7 +85,7 @@ async fn published_at(history: &History, id: u64) -> (Vec<Level>, Vec<Level>) {
 
 /// The next frame on `ws` if it is a push (`None` for anything else); fails if nothing arrives
 /// for 2 s.
-async fn next_push(ws: &mut Ws) -> Option<shared::protocol::Push<serde_json::Value>> {
+async fn next_push(ws: &mut Ws) -> Option<shared::protocol::Push<shared::protocol::PushData>> {
     let msg = tokio::time::timeout(Duration::from_secs(2), ws.next())
         .await
         .expect("pushes keep coming")
@@ -135,7 +135,7 @@ async fn a_seed_client_over_ws_and_rest_stays_equal_to_the_published_book() {
     while Instant::now() < deadline {
         let Some(push) = next_push(&mut ws).await else { continue };
         if push.stream.to_string() == name {
-            let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
+            let PushData::DepthUpdate(ev) = push.data else { panic!("{}", push.stream) };
             deltas += 1;
             apply_without_gap(&mut client, &ev);
             if client.is_synced() {
@@ -149,7 +149,7 @@ async fn a_seed_client_over_ws_and_rest_stays_equal_to_the_published_book() {
                 checked += 1;
             }
         } else {
-            let ev: DepthSnapshotEvent = serde_json::from_value(push.data).unwrap();
+            let PushData::Depth(ev) = push.data else { panic!("{}", push.stream) };
             assert_eq!(ev.bids.len(), 20);
             let expected = published_at(&history, ev.u).await;
             assert_eq!(ev.bids, expected.0[..20]);
@@ -219,13 +219,13 @@ async fn a_snapshot_from_the_first_depth_push_bridges_the_delta_stream() {
         if push.stream.to_string() == snap_name {
             if snapshot_at.is_none() {
                 // the first push is the snapshot (steps 3-4); later ones are not needed
-                let ev: DepthSnapshotEvent = serde_json::from_value(push.data).unwrap();
+                let PushData::Depth(ev) = push.data else { panic!("{}", push.stream) };
                 snapshot_at = Some(ev.u);
                 client.handle_snapshot((&ev).into(), 0);
             }
             continue;
         }
-        let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
+        let PushData::DepthUpdate(ev) = push.data else { panic!("{}", push.stream) };
         apply_without_gap(&mut client, &ev);
         if !client.is_synced() {
             continue;

@@ -115,6 +115,9 @@ impl Watch {
     }
 }
 
+/// The exchange's book at an update id: the id, bids and asks.
+type BookAt = (u64, Vec<Level>, Vec<Level>);
+
 /// Waits until the published book of `instrument` is the exchange's book at the same update id
 /// (full book; in snapshot mode the top 20; limited to the job's trusted price range). The
 /// registry must say `expect` then. Returns the job status at that moment.
@@ -132,7 +135,7 @@ pub(crate) async fn matches_sim(
     // exchange's by the path between them (in a cluster, a worker and NATS), which can be longer
     // than the exchange's 50 ms tick under load, so it is compared with the exchange's book at
     // the published book's own id, not with whatever the exchange holds at that moment.
-    let seen: Mutex<VecDeque<(u64, Vec<Level>, Vec<Level>)>> = Mutex::default();
+    let seen: Mutex<VecDeque<BookAt>> = Mutex::default();
     eventually(&what, || async {
         let (sim_id, bids, asks) = sim.book(symbol).unwrap();
         {
@@ -553,7 +556,7 @@ async fn ws_depth_subscription_leases_the_depth_job() {
         }
     };
     assert_eq!(push.stream.to_string(), stream);
-    let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
+    let shared::protocol::PushData::DepthUpdate(ev) = push.data else { panic!("{stream}") };
     let mut book = OrderBook::new();
     book.replace(&ev.b, &ev.a);
     assert!(!book.bids.is_empty() && !book.asks.is_empty() && !book.is_crossed());

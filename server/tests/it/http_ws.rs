@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use server::cli::ServeArgs;
 use server::http::{serve, ServeConfig};
-use shared::protocol::{ErrorCode, Heartbeat, Push, ServerFrame, Stream};
+use shared::protocol::{ErrorCode, Heartbeat, Push, PushData, ServerFrame, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -81,9 +81,7 @@ async fn connect(app: &TestApp) -> Ws {
 
 async fn next_heartbeat(ws: &mut Ws) -> Heartbeat {
     match next_frame(ws).await {
-        ServerFrame::Push(Push { stream: Stream::Heartbeat, data }) => {
-            serde_json::from_value(data).unwrap()
-        }
+        ServerFrame::Push(Push { stream: Stream::Heartbeat, data: PushData::Heartbeat(hb) }) => hb,
         other => panic!("expected a heartbeat, got {other:?}"),
     }
 }

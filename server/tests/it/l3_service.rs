@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use shared::protocol::{DepthUpdateEvent, RestDepthResponse, ServerFrame};
+use shared::protocol::{PushData, RestDepthResponse, ServerFrame};
 use shared::sync::{BookSync, ContinuityRule, DepthSnapshot, SyncConfig, SyncEvent};
 use sim::tbt::TbtHandle;
 use testkit::*;
@@ -121,7 +121,9 @@ impl SeedClient {
             if push.stream.to_string() != self.stream {
                 continue;
             }
-            let ev: DepthUpdateEvent = serde_json::from_value(push.data).unwrap();
+            let PushData::DepthUpdate(ev) = push.data else {
+                panic!("a {} push on {}", push.data.kind(), self.stream)
+            };
             self.deltas += 1;
             self.sync.handle_delta((&ev).into(), 0);
             while let Some(e) = self.sync.poll_event() {

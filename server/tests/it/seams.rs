@@ -155,9 +155,9 @@ async fn the_service_runs_on_a_second_bus_and_store_and_publishes_after_persisti
     let (mut closed, mut deltas) = (0, 0);
     while closed < 3 || deltas < 3 {
         if let shared::protocol::ServerFrame::Push(push) = next_frame(&mut ws).await {
-            match push.stream {
-                shared::protocol::Stream::Kline(_) if push.data["k"]["x"] == true => closed += 1,
-                shared::protocol::Stream::DepthUpdate(_) => deltas += 1,
+            match push.data {
+                shared::protocol::PushData::Kline(ev) if ev.k.x => closed += 1,
+                shared::protocol::PushData::DepthUpdate(_) => deltas += 1,
                 _ => {}
             }
         }

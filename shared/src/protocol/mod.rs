@@ -12,14 +12,18 @@
 //! (also `UNSUBSCRIBE`). Server -> client: a reply `{"id":1,"result":null}` or
 //! `{"id":1,"error":{"code":"unknown_series","msg":"..."}}`, and pushes
 //! `{"stream":"...","data":{...}}` whose `data` is a [`KlineEvent`], [`DepthUpdateEvent`],
-//! [`DepthSnapshotEvent`] or [`Heartbeat`], depending on the stream.
+//! [`DepthSnapshotEvent`] or [`Heartbeat`], depending on the stream; a client reads either as a
+//! [`ServerFrame`], its push's data typed in one pass ([`frame`]).
 
 use core::fmt;
 use core::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod frame;
 pub mod ops;
+
+pub use frame::{PushData, ServerFrame};
 
 use crate::book::Level;
 use crate::candle::Timeframe;
@@ -338,14 +342,6 @@ impl Reply {
 pub struct Push<T> {
     pub stream: Stream,
     pub data: T,
-}
-
-/// Anything the server sends on `/ws`, for clients that decode before dispatching.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum ServerFrame {
-    Reply(Reply),
-    Push(Push<serde_json::Value>),
 }
 
 /// Server liveness, pushed on `heartbeat` once a second.

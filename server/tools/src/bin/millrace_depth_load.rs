@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
-use shared::protocol::{DepthUpdateEvent, RestDepthResponse, ServerFrame};
+use shared::protocol::{PushData, RestDepthResponse, ServerFrame};
 use shared::sync::{BookSync, ContinuityRule, DepthSnapshot, ResyncReason, SyncConfig, SyncEvent};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -108,7 +108,9 @@ async fn client(
     config.verify_interval_ms = None;
     let mut sync = BookSync::new(config);
     for p in early {
-        let ev: DepthUpdateEvent = serde_json::from_value(p.data)?;
+        let PushData::DepthUpdate(ev) = p.data else {
+            anyhow::bail!("{book}: a {} push on {}", p.data.kind(), p.stream)
+        };
         sync.handle_delta((&ev).into(), 0);
     }
     sync.handle_snapshot(snapshot(&http, &args.addr, &book).await?, 0);
@@ -138,7 +140,9 @@ async fn client(
         let Ok(ServerFrame::Push(push)) = serde_json::from_str::<ServerFrame>(&text) else {
             continue;
         };
-        let ev: DepthUpdateEvent = serde_json::from_value(push.data)?;
+        let PushData::DepthUpdate(ev) = push.data else {
+            anyhow::bail!("{book}: a {} push on {}", push.data.kind(), push.stream)
+        };
         let latency = now_ms() - ev.event_time;
         sync.handle_delta((&ev).into(), 0);
         let mut reinit = false;

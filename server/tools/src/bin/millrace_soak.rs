@@ -49,7 +49,7 @@ use futures_util::{SinkExt as _, StreamExt as _};
 use serde_json::{json, Value};
 use server::config::{Config, SourceConfig, SourceKind};
 use shared::fixed::{Price, Volume};
-use shared::protocol::{ErrorCode, KlineEvent, ServerFrame, Stream};
+use shared::protocol::{ErrorCode, KlineEvent, PushData, ServerFrame, Stream};
 use sim::SymbolSpec;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
@@ -289,22 +289,18 @@ async fn client(url: String, topics: Vec<String>, stop: Arc<AtomicBool>, t: Arc<
                         t.note(format!("refused: {}", e.msg));
                     }
                 },
-                Ok(ServerFrame::Push(p)) => match p.stream {
-                    Stream::Kline(series) => match serde_json::from_value::<KlineEvent>(p.data) {
-                        Ok(ev) if ev.k.x => {
-                            t.closed.fetch_add(1, Relaxed);
-                            let series = series.to_string();
-                            t.record(&series, &ev);
-                            closed.entry(series).or_default().push(ev.k.t);
-                        }
-                        Ok(_) => {
-                            t.forming.fetch_add(1, Relaxed);
-                        }
-                        Err(_) => {
-                            t.undecodable.fetch_add(1, Relaxed);
-                        }
-                    },
-                    Stream::DepthUpdate(_) => {
+                // (a kline whose data does not decode makes the frame undecodable, below)
+                Ok(ServerFrame::Push(p)) => match (p.stream, p.data) {
+                    (Stream::Kline(series), PushData::Kline(ev)) if ev.k.x => {
+                        t.closed.fetch_add(1, Relaxed);
+                        let series = series.to_string();
+                        t.record(&series, &ev);
+                        closed.entry(series).or_default().push(ev.k.t);
+                    }
+                    (_, PushData::Kline(_)) => {
+                        t.forming.fetch_add(1, Relaxed);
+                    }
+                    (_, PushData::DepthUpdate(_)) => {
                         t.depth.fetch_add(1, Relaxed);
                     }
                     _ => {}
