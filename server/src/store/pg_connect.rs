@@ -126,8 +126,8 @@ fn client_config(
         )
         .build()
         .map_err(|e| UrlError::Tls(rustls::Error::General(e.to_string())))?,
-        SslMode::VerifyCa => Arc::new(ChainOnly { roots: root_store(mode, roots)?, algs }),
-        _ => Arc::new(Unverified { algs }),
+        SslMode::VerifyCa => Arc::new(Lenient { roots: Some(root_store(mode, roots)?), algs }),
+        _ => Arc::new(Lenient { roots: None, algs }),
     };
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -187,57 +187,17 @@ fn root_store(mode: SslMode, roots: &Roots) -> Result<RootCertStore, UrlError> {
     Ok(store)
 }
 
-/// `prefer` and `require`: any certificate (libpq checks none in these modes), but the
-/// handshake's signatures are still checked, so the session is with the holder of the key of
+/// The modes that do not check the certificate's names, as libpq: `prefer` and `require` take
+/// any certificate (`roots` is `None`), `verify-ca` one that chains to a trusted root. Either
+/// way the handshake's signatures are checked, so the session is with the holder of the key of
 /// the certificate shown.
 #[derive(Debug)]
-struct Unverified {
+struct Lenient {
+    roots: Option<RootCertStore>,
     algs: WebPkiSupportedAlgorithms,
 }
 
-/// `verify-ca`: the certificate must chain to a trusted root; its names are not checked.
-#[derive(Debug)]
-struct ChainOnly {
-    roots: RootCertStore,
-    algs: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algs)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algs)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algs.supported_schemes()
-    }
-}
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -246,14 +206,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algs.all,
-        )?;
+        if let Some(roots) = &self.roots {
+            let cert = ParsedCertificate::try_from(end_entity)?;
+            verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algs.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
