@@ -734,6 +734,50 @@ mod tests {
         (out, at)
     }
 
+    #[test]
+    fn liveness_pings_then_closes_a_silent_or_idle_connection() {
+        let limits = crate::config::LimitsConfig {
+            ws_ping_interval_ms: 200,
+            ws_pong_timeout_ms: 300,
+            ws_idle_timeout_ms: 800,
+            ..Default::default()
+        };
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        // no subscription: pings at 200, 400 (unanswered since 200), then idle at 800 ... but
+        // the pong timeout (200 + 300) comes first
+        let mut l = Liveness::new(&limits, t0);
+        assert_eq!(l.next_wake(), t0 + ms(200));
+        assert_eq!(l.due(t0 + ms(199)), Due::Nothing);
+        assert_eq!(l.due(t0 + ms(200)), Due::Ping);
+        assert_eq!(l.due(t0 + ms(400)), Due::Ping);
+        assert_eq!(l.next_wake(), t0 + ms(500));
+        assert_eq!(l.due(t0 + ms(500)), Due::PongTimeout);
+        // answered pings: the idle timeout closes it
+        let mut l = Liveness::new(&limits, t0);
+        for at in [200, 400, 600] {
+            assert_eq!(l.due(t0 + ms(at)), Due::Ping);
+            l.heard();
+        }
+        assert_eq!(l.next_wake(), t0 + ms(800));
+        assert_eq!(l.due(t0 + ms(800)), Due::Idle);
+        // a subscription: never idle; subscribing again after none restarts the idle clock
+        let mut l = Liveness::new(&limits, t0);
+        l.holds(1, t0 + ms(700));
+        for at in (1..20).map(|n| n * 200) {
+            assert_eq!(l.due(t0 + ms(at)), Due::Ping, "{at}");
+            l.heard();
+        }
+        l.holds(0, t0 + ms(3900));
+        l.holds(0, t0 + ms(3950));
+        for at in [4000, 4200, 4400, 4600] {
+            assert_eq!(l.due(t0 + ms(at)), Due::Ping, "{at}");
+            l.heard();
+        }
+        assert_eq!(l.next_wake(), t0 + ms(4700));
+        assert_eq!(l.due(t0 + ms(4700)), Due::Idle);
+    }
+
     #[tokio::test]
     async fn long_pushes_go_out_as_fragments_and_arrive_whole() {
         let (server_io, mut client_io) = tokio::io::duplex(1 << 20);

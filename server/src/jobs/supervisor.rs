@@ -817,6 +817,97 @@ mod tests {
         d.as_millis() as u64
     }
 
+    /// A job loop that runs until it is stopped.
+    struct Idle;
+
+    impl JobRunner for Idle {
+        fn validate(&self, _: &SeriesId) -> Result<(), ResolveError> {
+            Ok(())
+        }
+
+        fn validate_instrument(&self, _: &InstrumentId) -> Result<(), ResolveError> {
+            Ok(())
+        }
+
+        fn run(&self, ctx: JobContext) -> JobFuture {
+            Box::pin(async move { ctx.stopped().await })
+        }
+    }
+
+    fn addr(last: u8) -> Option<ClientAddr> {
+        Some(ClientAddr::of(std::net::IpAddr::from([10, 0, 0, last])))
+    }
+
+    fn inst(base: &str) -> InstrumentId {
+        format!("sim:spot:{base}/USDT").parse().unwrap()
+    }
+
+    /// Capacity 4, no per-address limit: one address takes it all; a newcomer preempts the
+    /// hog's least recently subscribed job (its lease is told), until both hold their share;
+    /// then each is refused. A job shared with an address below its share, or held by the
+    /// service, is never taken.
+    #[tokio::test]
+    async fn a_newcomer_below_its_fair_share_preempts_the_address_most_above_its_share() {
+        let config = IngestConfig {
+            ondemand_max_jobs: 4,
+            ondemand_max_jobs_per_ip: 0,
+            max_job_starts_per_min: 0,
+            ..IngestConfig::default()
+        };
+        let shutdown = Shutdown::new();
+        let sup = Supervisor::new(JobKind::Depth, config, Arc::new(Idle), &shutdown);
+        let take = |base: &str, owner| sup.subscribe_instrument(&inst(base), base, owner);
+        let (hog, newcomer, third) = (addr(1), addr(2), addr(3));
+        let hogs: Vec<Lease> =
+            ["BTC", "ETH", "SOL", "XRP"].iter().map(|b| take(b, hog).unwrap()).collect();
+        // the hog holds 4 > its share (4 / 2 addresses): its least recently subscribed job goes
+        let _got = take("ADA", newcomer).unwrap();
+        assert!(hogs[0].is_preempted() && !hogs[1].is_preempted());
+        assert!(sup.health(&inst("BTC")).is_none(), "BTC stopped");
+        tokio::time::timeout(Duration::from_secs(1), hogs[0].preempted()).await.unwrap();
+        // the hog (3 >= 2) is refused; the newcomer (1 < 2) takes one more
+        assert_eq!(take("DOT", hog).unwrap_err(), SubscribeError::CapacityExhausted { max: 4 });
+        let _second = take("DOT", newcomer).unwrap();
+        assert!(hogs[1].is_preempted(), "ETH, the hog's next least recently subscribed");
+        // 2 and 2: both at their share
+        assert!(take("LTC", newcomer).is_err());
+        assert!(take("LTC", hog).is_err());
+        let snap = sup.snapshot();
+        assert_eq!((snap.capacity.preemptions, snap.capacity.ondemand_jobs), (2, 4));
+        assert_eq!(snap.capacity.refusals, 3);
+        // a third address (share 4 / 3 = 1): the hog's SOL is shared with it, so XRP is taken
+        let _shared = take("SOL", third).unwrap();
+        let fourth = addr(4);
+        // 4 addresses, share 1: the hog holds 2, the newcomer 2, the third 1 (SOL, shared)
+        let _t = take("TRX", fourth).unwrap();
+        assert!(!hogs[2].is_preempted(), "SOL is shared with the third address, at its share");
+        assert!(hogs[3].is_preempted(), "XRP, the hog's only job held by it alone");
+        drop(hogs);
+        sup.stop(Duration::from_secs(5)).await;
+    }
+
+    /// A job held by the service itself (a lease without owner) is never preempted.
+    #[tokio::test]
+    async fn jobs_the_service_holds_are_never_preempted() {
+        let config = IngestConfig {
+            ondemand_max_jobs: 2,
+            ondemand_max_jobs_per_ip: 0,
+            max_job_starts_per_min: 0,
+            ..IngestConfig::default()
+        };
+        let shutdown = Shutdown::new();
+        let sup = Supervisor::new(JobKind::Depth, config, Arc::new(Idle), &shutdown);
+        let take = |base: &str, owner| sup.subscribe_instrument(&inst(base), base, owner);
+        let a = [take("BTC", addr(1)).unwrap(), take("ETH", addr(1)).unwrap()];
+        let _service = [take("BTC", None).unwrap(), take("ETH", None).unwrap()];
+        assert_eq!(take("SOL", addr(2)).unwrap_err(), SubscribeError::CapacityExhausted { max: 2 });
+        // nor does the service preempt anyone (it has no share)
+        assert!(take("SOL", None).is_err());
+        assert!(!a[0].is_preempted() && !a[1].is_preempted());
+        assert_eq!(sup.snapshot().capacity.preemptions, 0);
+        sup.stop(Duration::from_secs(5)).await;
+    }
+
     /// Seed 000: a panicking job loop is restarted with back-off — doubling from
     /// `reconnect_base_ms` to `reconnect_cap_ms` (±20 % jitter), back to the base after a run
     /// that lasted `reconnect_reset_after_ms`.
