@@ -204,7 +204,7 @@ async fn a_client_with_no_subscription_is_closed_after_the_idle_timeout() {
     let mut ws = server.ws().await;
     let opened = Instant::now();
     let seen = read_for(&mut ws, WAIT).await;
-    let (code, reason, at) = seen.close.expect("closed for idleness");
+    let (code, reason, at) = seen.close.clone().expect("closed for idleness");
     let after = at - opened;
     assert!(after >= ms(IDLE_MS - 50) && after <= ms(IDLE_MS) + SLACK, "closed after {after:?}");
     assert_eq!(code, CloseCode::Policy);
