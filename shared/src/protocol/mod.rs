@@ -12,7 +12,9 @@
 //! (also `UNSUBSCRIBE`). Server -> client: a reply `{"id":1,"result":null}` or
 //! `{"id":1,"error":{"code":"unknown_series","msg":"..."}}`, and pushes
 //! `{"stream":"...","data":{...}}` whose `data` is a [`KlineEvent`], [`DepthUpdateEvent`],
-//! [`DepthSnapshotEvent`] or [`Heartbeat`], depending on the stream.
+//! [`DepthSnapshotEvent`] or [`Heartbeat`], depending on the stream. A subscription the server
+//! ends unasked is told by a reply with id 0 naming it:
+//! `{"id":0,"stream":"...","error":{"code":"preempted","msg":"..."}}`.
 
 use core::fmt;
 use core::str::FromStr;
@@ -609,6 +611,13 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(frame, ServerFrame::Push(p) if p.stream == Stream::Heartbeat));
+        // an unasked reply: a stream ended (its job preempted)
+        let stream: Stream = "kline@sim:spot:BTC/USDT:1m".parse().unwrap();
+        let ended = Reply::stream_ended(stream.clone(), ErrorCode::Preempted, "gone");
+        let json = r#"{"id":0,"stream":"kline@sim:spot:BTC/USDT:1m","error":{"code":"preempted","msg":"gone"}}"#;
+        assert_eq!(serde_json::to_string(&ended).unwrap(), json);
+        let frame: ServerFrame = serde_json::from_str(json).unwrap();
+        assert!(matches!(frame, ServerFrame::Reply(r) if r == ended && r.stream == Some(stream)));
     }
 
     #[test]
