@@ -19,7 +19,7 @@
 //!   idle job, a client address holding fewer jobs than its fair share — `ondemand_max_jobs` /
 //!   the number of distinct addresses holding on-demand jobs, the requester counted, at least 1
 //!   — takes a job from the address holding the most jobs above its share: that address's job
-//!   subscribed least recently, among those whose every holder stays at or above its share and
+//!   subscribed least recently (by anyone), among those whose every holder stays at or above its share and
 //!   that no service lease (`owner` `None`) holds. The job is stopped and its leases are told
 //!   ([`Lease::preempted`]; a WebSocket session sends its subscribers `preempted`); counted
 //!   (`preemptions`) and logged once. A requester already at its share is refused as before. A
