@@ -19,10 +19,10 @@
 //!   idle job, a client address holding fewer jobs than its fair share — `ondemand_max_jobs` /
 //!   the number of distinct addresses holding on-demand jobs, the requester counted, at least 1
 //!   — takes a job from the address holding the most jobs above its share: that address's job
-//!   subscribed least recently (by anyone), among those whose every holder stays at or above its share and
-//!   that no service lease (`owner` `None`) holds. The job is stopped and its leases are told
-//!   ([`Lease::preempted`]; a WebSocket session sends its subscribers `preempted`); counted
-//!   (`preemptions`) and logged once. A requester already at its share is refused as before. A
+//!   subscribed least recently (by anyone), among those whose every holder stays at or above
+//!   its share and that no service lease (`owner` `None`) holds. The job is stopped and its
+//!   leases are told ([`Lease::preempted`]; a WebSocket session sends its subscribers
+//!   `preempted`); counted (`preemptions`) and logged once. A requester already at its share is refused as before. A
 //!   job counts for **every** address holding a lease on it (as for the per-address limit of
 //!   [`super::admission`]), so a job two addresses share counts once for each.
 //! - **Admission** ([`super::admission`]): a job start asked by a client address is limited by
