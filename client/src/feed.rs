@@ -95,6 +95,7 @@ pub fn is_retryable(code: ErrorCode) -> bool {
     matches!(
         code,
         ErrorCode::CapacityExhausted
+            | ErrorCode::Preempted
             | ErrorCode::Lagging
             | ErrorCode::Internal
             | ErrorCode::Unavailable
@@ -485,6 +486,12 @@ impl Connection {
 
     fn on_text(self: &Rc<Self>, text: &str) {
         match serde_json::from_str::<ServerFrame>(text) {
+            Ok(ServerFrame::Reply(reply)) if reply.stream.is_some() => {
+                // unasked: the server ended a stream (e.g. `preempted`); ask again later
+                if let (Some(stream), Some(error)) = (reply.stream.clone(), &reply.error) {
+                    self.on_refused(vec![stream], error);
+                }
+            }
             Ok(ServerFrame::Reply(reply)) => {
                 let streams = self.pending.borrow_mut().remove(&reply.id);
                 // the server answers: the connection is live, whatever it says of one stream

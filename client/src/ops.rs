@@ -273,13 +273,14 @@ fn TokenForm(admin: Admin) -> impl IntoView {
 
 fn capacity_line(label: &'static str, c: &Capacity) -> String {
     format!(
-        "{label}: {} pinned, {} / {} on demand (idle jobs stop after {} s), {} evicted, {} refused",
+        "{label}: {} pinned, {} / {} on demand (idle jobs stop after {} s), {} evicted, {} refused, {} preempted",
         c.pinned_jobs,
         c.ondemand_jobs,
         c.ondemand_max_jobs,
         c.ondemand_idle_ttl_s,
         c.evictions,
-        c.refusals
+        c.refusals,
+        c.preemptions
     )
 }
 

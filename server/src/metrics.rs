@@ -35,6 +35,10 @@ pub struct Metrics {
     pub ws_request_errors: AtomicU64,
     pub ws_dropped_lagging: AtomicU64,
     pub ws_dropped_slow_send: AtomicU64,
+    /// WebSockets closed for not answering a ping within `limits.ws_pong_timeout_ms` ...
+    pub ws_closed_pong_timeout: AtomicU64,
+    /// ... or for holding no subscription for `limits.ws_idle_timeout_ms`.
+    pub ws_closed_idle: AtomicU64,
     pub subscriptions: AtomicI64,
     pub subscriptions_refused_capacity: AtomicU64,
     /// Subscriptions refused because they would start a job too soon (the server-wide job-start rate).
@@ -230,6 +234,17 @@ impl Metrics {
             "Clients dropped because a send timed out.",
             c(&self.ws_dropped_slow_send),
         );
+        e.family(
+            "millrace_ws_closed_total",
+            "counter",
+            "WebSockets the server closed: no pong in time (pong_timeout), or no subscription for too long (idle).",
+        );
+        e.sample(
+            "millrace_ws_closed_total",
+            &[("reason", "pong_timeout")],
+            c(&self.ws_closed_pong_timeout),
+        );
+        e.sample("millrace_ws_closed_total", &[("reason", "idle")], c(&self.ws_closed_idle));
         e.single(
             "millrace_subscriptions",
             "gauge",

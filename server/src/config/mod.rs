@@ -235,6 +235,16 @@ pub struct LimitsConfig {
     /// (a token bucket: bursts up to this); beyond, its admin requests get 429 before their
     /// token is compared. Successful requests take nothing.
     pub max_admin_failures_per_min_per_ip: u32,
+    /// The server sends a WebSocket Ping on every connection this often (ms).
+    pub ws_ping_interval_ms: u64,
+    /// A WebSocket that sends nothing (a Pong or anything else) this long (ms) after an
+    /// unanswered Ping is closed (1001, or dropped when its socket is dead): a half-open socket
+    /// does not live forever.
+    pub ws_pong_timeout_ms: u64,
+    /// A WebSocket holding no subscription (`heartbeat` counts) this long (ms) is closed (1008,
+    /// reason `idle: …`); subscribing resets it, and one holding a subscription is never closed
+    /// for idleness.
+    pub ws_idle_timeout_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -253,6 +263,9 @@ impl Default for LimitsConfig {
             max_klines_limit: 5000,
             body_timeout_ms: 10_000,
             max_admin_failures_per_min_per_ip: 10,
+            ws_ping_interval_ms: 20_000,
+            ws_pong_timeout_ms: 10_000,
+            ws_idle_timeout_ms: 60_000,
         }
     }
 }
@@ -733,6 +746,9 @@ impl Config {
             1,
             100_000,
         )?;
+        range("limits.ws_ping_interval_ms", l.ws_ping_interval_ms, 10, 3_600_000)?;
+        range("limits.ws_pong_timeout_ms", l.ws_pong_timeout_ms, 10, 3_600_000)?;
+        range("limits.ws_idle_timeout_ms", l.ws_idle_timeout_ms, 10, 86_400_000)?;
         let d = &self.depth;
         range("depth.snapshot_limit", d.snapshot_limit, 5, 5000)?;
         range("depth.verify_interval_ms", d.verify_interval_ms, 0, 86_400_000)?;

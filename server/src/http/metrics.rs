@@ -20,6 +20,12 @@ fn book_metrics(app: &App, e: &mut Exposition) {
         "Depth subscriptions refused for capacity.",
         depth.capacity.refusals,
     );
+    e.single(
+        "millrace_depth_preemptions_total",
+        "counter",
+        "Subscribed depth jobs stopped at full capacity to give a client address its fair share.",
+        depth.capacity.preemptions,
+    );
     let per_job: [Column<shared::protocol::ops::JobReport>; 4] = [
         (
             "millrace_depth_job_connected",
@@ -179,6 +185,12 @@ pub async fn render(app: &App) -> String {
         "counter",
         "Subscriptions refused for capacity.",
         snap.capacity.refusals,
+    );
+    e.single(
+        "millrace_ingest_preemptions_total",
+        "counter",
+        "Subscribed on-demand jobs stopped at full capacity to give a client address its fair share.",
+        snap.capacity.preemptions,
     );
     e.single(
         "millrace_ingest_reaped_total",

@@ -17,6 +17,16 @@
 //! a client that falls further behind is closed with code 4000 and reason `lagging: …` (its
 //! dashboard reconnects and reloads state); a send that takes longer than
 //! `limits.send_timeout_ms` drops the client too.
+//!
+//! Liveness ([`Liveness`]): the server pings every connection each `limits.ws_ping_interval_ms`;
+//! one that sends nothing (a Pong or anything else) within `limits.ws_pong_timeout_ms` of an
+//! unanswered ping is closed (1001; a dead socket is simply dropped), and a session holding no
+//! subscription (`heartbeat` counts as one) for `limits.ws_idle_timeout_ms` is closed with 1008
+//! and reason `idle: …`. Both are counted (`millrace_ws_closed_total{reason}`).
+//!
+//! A subscription whose job is preempted (stopped at full capacity to give another client
+//! address its fair share; see [`crate::jobs::supervisor`]) ends: the client gets an unasked
+//! reply `{"id":0,"stream":"…","error":{"code":"preempted",…}}` and the socket stays open.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -27,6 +37,7 @@ use bytes::Bytes;
 use futures_util::{SinkExt as _, StreamExt as _};
 use shared::protocol::{ClientRequest, ErrorCode, Method, Reply, Stream};
 use tokio::sync::broadcast;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{CloseFrame, Frame};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
@@ -51,6 +62,8 @@ pub const READ_BUFFER_BYTES: usize = 1024;
 const GOING_AWAY: u16 = 1001;
 /// Close code for a client that fell behind (application range 4000-4999).
 pub const LAGGING: u16 = 4000;
+/// Close code "policy violation" (RFC 6455 7.4.1), sent to a session idle too long.
+pub const POLICY: u16 = 1008;
 /// Close codes for a client's protocol violations (RFC 6455 7.4.1).
 pub const PROTOCOL_ERROR: u16 = 1002;
 pub const INVALID_PAYLOAD: u16 = 1007;
@@ -86,8 +99,110 @@ fn close_frame(code: u16, reason: impl Into<Utf8Bytes>) -> CloseFrame {
 struct Sub {
     /// Reference on the ingest job (none for books that are always on, e.g. tick-by-tick ones);
     /// dropped with the subscription.
-    _lease: Option<Lease>,
+    lease: Option<Lease>,
     rx: Subscription,
+}
+
+/// What a subscription has next: a message from the bus, or the end of its job by preemption.
+enum Next {
+    Recv(Result<crate::bus::Message, RecvError>),
+    Preempted,
+}
+
+impl Sub {
+    async fn next(&mut self) -> Next {
+        let Sub { lease, rx } = self;
+        match lease {
+            Some(lease) => tokio::select! {
+                biased;
+                () = lease.preempted() => Next::Preempted,
+                r = rx.recv() => Next::Recv(r),
+            },
+            None => Next::Recv(rx.recv().await),
+        }
+    }
+}
+
+/// Why a push could not be taken: the client lagged on a stream (name, messages skipped), or a
+/// stream's job was preempted (the subscription is removed already).
+enum Interrupt {
+    Lagged(String, u64),
+    Preempted(String),
+}
+
+/// When a connection is pinged, and when it is closed for silence or for holding no
+/// subscription (see the module docs). Times are tokio's, so tests can pause them.
+#[derive(Debug)]
+struct Liveness {
+    ping_every: Duration,
+    pong_timeout: Duration,
+    idle_timeout: Duration,
+    next_ping: Instant,
+    /// The first ping the client has not answered (nor sent anything since).
+    unanswered: Option<Instant>,
+    /// Since when the session holds no subscription.
+    idle_since: Option<Instant>,
+}
+
+/// What [`Liveness::due`] calls for.
+#[derive(Debug, PartialEq, Eq)]
+enum Due {
+    Ping,
+    PongTimeout,
+    Idle,
+    Nothing,
+}
+
+impl Liveness {
+    /// A connection opened at `now`, with no subscription yet.
+    fn new(limits: &crate::config::LimitsConfig, now: Instant) -> Self {
+        let ping_every = Duration::from_millis(limits.ws_ping_interval_ms);
+        Liveness {
+            ping_every,
+            pong_timeout: Duration::from_millis(limits.ws_pong_timeout_ms),
+            idle_timeout: Duration::from_millis(limits.ws_idle_timeout_ms),
+            next_ping: now + ping_every,
+            unanswered: None,
+            idle_since: Some(now),
+        }
+    }
+
+    /// When [`Liveness::due`] has something to do next.
+    fn next_wake(&self) -> Instant {
+        let pong = self.unanswered.map(|t| t + self.pong_timeout);
+        let idle = self.idle_since.map(|t| t + self.idle_timeout);
+        [pong, idle].into_iter().flatten().fold(self.next_ping, Instant::min)
+    }
+
+    /// The client sent something: it is alive.
+    fn heard(&mut self) {
+        self.unanswered = None;
+    }
+
+    /// The session holds `subscriptions` now.
+    fn holds(&mut self, subscriptions: usize, now: Instant) {
+        if subscriptions == 0 {
+            self.idle_since.get_or_insert(now);
+        } else {
+            self.idle_since = None;
+        }
+    }
+
+    /// What is due at `now`: a close first, then a ping (which it counts as sent).
+    fn due(&mut self, now: Instant) -> Due {
+        if self.unanswered.is_some_and(|t| now >= t + self.pong_timeout) {
+            return Due::PongTimeout;
+        }
+        if self.idle_since.is_some_and(|t| now >= t + self.idle_timeout) {
+            return Due::Idle;
+        }
+        if now >= self.next_ping {
+            self.next_ping = now + self.ping_every;
+            self.unanswered.get_or_insert(now);
+            return Due::Ping;
+        }
+        Due::Nothing
+    }
 }
 
 /// The request-handling state of one connection.
@@ -286,7 +401,7 @@ impl Session {
                 for (name, lease) in taken {
                     tracing::debug!(stream = %name, "subscribed");
                     let rx = self.sessions.bus.subscribe(&name);
-                    self.subs.insert(name, Sub { _lease: lease, rx });
+                    self.subs.insert(name, Sub { lease, rx });
                     self.sessions.metrics.subscriptions.fetch_add(1, Relaxed);
                 }
                 Reply::ok(request.id)
@@ -313,35 +428,44 @@ async fn next_heartbeat(heartbeat: &mut Option<broadcast::Receiver<Arc<str>>>) -
     }
 }
 
-/// The next market-data frame of any subscription, or the name of a stream this client lagged
-/// on. Pending forever without subscriptions. A subscription whose bus closed is removed.
+/// The next market-data frame of any subscription, or why there is none: a stream this client
+/// lagged on, or one whose job was preempted (removed here). Pending forever without
+/// subscriptions. A subscription whose bus closed is removed.
 async fn next_push(
     subs: &mut BTreeMap<String, Sub>,
     metrics: &Metrics,
-) -> Result<Bytes, (String, u64)> {
+) -> Result<Bytes, Interrupt> {
     loop {
         if subs.is_empty() {
             return std::future::pending().await;
         }
-        let (name, result) = if subs.len() == 1 {
+        let (name, next) = if subs.len() == 1 {
             let (name, sub) = subs.iter_mut().next().expect("one subscription");
-            (name, sub.rx.recv().await)
+            (name, sub.next().await)
         } else {
             let futures = subs.iter_mut().map(|(name, sub)| {
                 Box::pin(async move {
-                    let r = sub.rx.recv().await;
+                    let r = sub.next().await;
                     (name, r)
                 })
             });
             futures_util::future::select_all(futures).await.0
         };
-        match result {
-            Ok(msg) => return Ok(msg.payload),
-            Err(RecvError::Lagged { skipped }) => return Err((name.clone(), skipped)),
-            Err(RecvError::Closed) => {
+        match next {
+            Next::Recv(Ok(msg)) => return Ok(msg.payload),
+            Next::Recv(Err(RecvError::Lagged { skipped })) => {
+                return Err(Interrupt::Lagged(name.clone(), skipped))
+            }
+            Next::Recv(Err(RecvError::Closed)) => {
                 let name = name.clone();
                 subs.remove(&name);
                 metrics.subscriptions.fetch_sub(1, Relaxed);
+            }
+            Next::Preempted => {
+                let name = name.clone();
+                subs.remove(&name);
+                metrics.subscriptions.fetch_sub(1, Relaxed);
+                return Err(Interrupt::Preempted(name));
             }
         }
     }
@@ -404,7 +528,8 @@ fn malformed_msg(e: &serde_json::Error) -> String {
     )
 }
 
-/// Runs one connection until the client leaves, the socket fails, or the server shuts down.
+/// Runs one connection until the client leaves, the socket fails, the server shuts down, or the
+/// client is closed for silence or idleness ([`Liveness`]).
 pub async fn session(
     mut socket: Socket,
     sessions: Arc<Sessions>,
@@ -413,30 +538,43 @@ pub async fn session(
     let send_timeout = Duration::from_millis(sessions.limits.send_timeout_ms);
     let metrics = sessions.metrics.clone();
     let shutdown = sessions.shutdown.clone();
+    let mut liveness = Liveness::new(&sessions.limits, Instant::now());
     let mut session = Session::new(sessions, ip);
+    let wake = tokio::time::sleep_until(liveness.next_wake());
+    tokio::pin!(wake);
     tracing::debug!("websocket session started");
     loop {
+        liveness.holds(session.count(), Instant::now());
+        let next_wake = liveness.next_wake();
+        if wake.deadline() != next_wake {
+            wake.as_mut().reset(next_wake);
+        }
         // The frame this turn writes first, and whether more buffered pushes follow it.
         let mut first: Option<Bytes> = None;
         let mut drain = false;
         let mut lagged: Option<(String, u64)> = None;
         let reply: Option<Message> = tokio::select! {
-            msg = socket.next() => match msg {
-                Some(Ok(Message::Text(text))) => Some(reply_frame(session.handle_text(text.as_str()))),
-                Some(Ok(Message::Binary(_))) => Some(reply_frame(Reply::error(
-                    0,
-                    ErrorCode::Malformed,
-                    "binary frames are not accepted; send JSON text frames",
-                ))),
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => None,
-                Some(Ok(Message::Close(_))) | None => break,
-                Some(Err(e)) => {
-                    tracing::debug!("websocket read failed: {e}");
-                    if let Some(close) = violation_close(e) {
-                        metrics.ws_protocol_violations.fetch_add(1, Relaxed);
-                        let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
+            msg = socket.next() => {
+                if let Some(Ok(_)) = &msg {
+                    liveness.heard();
+                }
+                match msg {
+                    Some(Ok(Message::Text(text))) => Some(reply_frame(session.handle_text(text.as_str()))),
+                    Some(Ok(Message::Binary(_))) => Some(reply_frame(Reply::error(
+                        0,
+                        ErrorCode::Malformed,
+                        "binary frames are not accepted; send JSON text frames",
+                    ))),
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => None,
+                    Some(Ok(Message::Close(_))) | None => break,
+                    Some(Err(e)) => {
+                        tracing::debug!("websocket read failed: {e}");
+                        if let Some(close) = violation_close(e) {
+                            metrics.ws_protocol_violations.fetch_add(1, Relaxed);
+                            let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
+                        }
+                        break;
                     }
-                    break;
                 }
             },
             frame = next_heartbeat(&mut session.heartbeat) => {
@@ -448,11 +586,37 @@ pub async fn session(
                     Ok(payload) => {
                         first = Some(payload);
                         drain = true;
+                        None
                     }
-                    Err(l) => lagged = Some(l),
+                    Err(Interrupt::Lagged(stream, skipped)) => {
+                        lagged = Some((stream, skipped));
+                        None
+                    }
+                    Err(Interrupt::Preempted(stream)) => Some(preempted_frame(&stream)),
                 }
-                None
             }
+            () = &mut wake => match liveness.due(Instant::now()) {
+                Due::Ping => Some(Message::Ping(Bytes::new())),
+                Due::Nothing => None,
+                Due::PongTimeout => {
+                    metrics.ws_closed_pong_timeout.fetch_add(1, Relaxed);
+                    let ms = liveness.pong_timeout.as_millis();
+                    tracing::info!("closing a websocket that answered no ping within {ms} ms");
+                    let reason = format!("no pong within {ms} ms of a ping (limits.ws_pong_timeout_ms)");
+                    // The socket may be dead: the close frame gets little time.
+                    let wait = send_timeout.min(liveness.pong_timeout);
+                    let _ = tokio::time::timeout(wait, socket.send(Message::Close(Some(close_frame(GOING_AWAY, reason))))).await;
+                    break;
+                }
+                Due::Idle => {
+                    metrics.ws_closed_idle.fetch_add(1, Relaxed);
+                    let ms = liveness.idle_timeout.as_millis();
+                    tracing::debug!("closing a websocket that held no subscription for {ms} ms");
+                    let reason = format!("idle: no subscription for {ms} ms (limits.ws_idle_timeout_ms)");
+                    let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close_frame(POLICY, reason))))).await;
+                    break;
+                }
+            },
             () = shutdown.stopping() => {
                 let close = close_frame(GOING_AWAY, "server shutting down");
                 let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(close)))).await;
@@ -522,6 +686,19 @@ pub async fn session(
     tracing::debug!("websocket session ended");
 }
 
+/// The unasked reply telling a client that `stream` ended: its job was preempted.
+fn preempted_frame(stream: &str) -> Message {
+    let msg = format!(
+        "{stream}: preempted: on-demand capacity is full and this stream's job was stopped to \
+         give another client address its fair share; subscribe again later"
+    );
+    let reply = match stream.parse::<Stream>() {
+        Ok(s) => Reply::stream_ended(s, ErrorCode::Preempted, msg),
+        Err(_) => Reply::error(0, ErrorCode::Preempted, msg),
+    };
+    reply_frame(reply)
+}
+
 fn reply_frame(reply: Reply) -> Message {
     Message::Text(serde_json::to_string(&reply).expect("a reply always serializes").into())
 }
@@ -555,6 +732,50 @@ mod tests {
             at += header + len;
         }
         (out, at)
+    }
+
+    #[test]
+    fn liveness_pings_then_closes_a_silent_or_idle_connection() {
+        let limits = crate::config::LimitsConfig {
+            ws_ping_interval_ms: 200,
+            ws_pong_timeout_ms: 300,
+            ws_idle_timeout_ms: 800,
+            ..Default::default()
+        };
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        // no subscription: pings at 200, 400 (unanswered since 200), then idle at 800 ... but
+        // the pong timeout (200 + 300) comes first
+        let mut l = Liveness::new(&limits, t0);
+        assert_eq!(l.next_wake(), t0 + ms(200));
+        assert_eq!(l.due(t0 + ms(199)), Due::Nothing);
+        assert_eq!(l.due(t0 + ms(200)), Due::Ping);
+        assert_eq!(l.due(t0 + ms(400)), Due::Ping);
+        assert_eq!(l.next_wake(), t0 + ms(500));
+        assert_eq!(l.due(t0 + ms(500)), Due::PongTimeout);
+        // answered pings: the idle timeout closes it
+        let mut l = Liveness::new(&limits, t0);
+        for at in [200, 400, 600] {
+            assert_eq!(l.due(t0 + ms(at)), Due::Ping);
+            l.heard();
+        }
+        assert_eq!(l.next_wake(), t0 + ms(800));
+        assert_eq!(l.due(t0 + ms(800)), Due::Idle);
+        // a subscription: never idle; subscribing again after none restarts the idle clock
+        let mut l = Liveness::new(&limits, t0);
+        l.holds(1, t0 + ms(700));
+        for at in (1..20).map(|n| n * 200) {
+            assert_eq!(l.due(t0 + ms(at)), Due::Ping, "{at}");
+            l.heard();
+        }
+        l.holds(0, t0 + ms(3900));
+        l.holds(0, t0 + ms(3950));
+        for at in [4000, 4200, 4400, 4600] {
+            assert_eq!(l.due(t0 + ms(at)), Due::Ping, "{at}");
+            l.heard();
+        }
+        assert_eq!(l.next_wake(), t0 + ms(4700));
+        assert_eq!(l.due(t0 + ms(4700)), Due::Idle);
     }
 
     #[tokio::test]

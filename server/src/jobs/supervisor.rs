@@ -11,8 +11,20 @@
 //!   subscription to one series) counts once, and dropping the lease releases it, so a closing tab
 //!   can never leak a reference.
 //! - **Capacity** `ondemand_max_jobs`: when full, the on-demand job idle (refcount 0) the longest
-//!   is evicted; if none is idle the subscription is refused with
-//!   [`SubscribeError::CapacityExhausted`] (seed §4: "an orderly no, not a crash").
+//!   is evicted; if none is idle, the requester may **preempt** a job (below); otherwise the
+//!   subscription is refused with [`SubscribeError::CapacityExhausted`] (seed §4: "an orderly
+//!   no, not a crash").
+//! - **Preemption** (a fair share of a full capacity): jobs with subscribers are never evicted,
+//!   so a few addresses holding leases could lock every other client out. At capacity with no
+//!   idle job, a client address holding fewer jobs than its fair share — `ondemand_max_jobs` /
+//!   the number of distinct addresses holding on-demand jobs, the requester counted, at least 1
+//!   — takes a job from the address holding the most jobs above its share: that address's job
+//!   subscribed least recently (by anyone), among those whose every holder stays at or above
+//!   its share and that no service lease (`owner` `None`) holds. The job is stopped and its
+//!   leases are told ([`Lease::preempted`]; a WebSocket session sends its subscribers
+//!   `preempted`); counted (`preemptions`) and logged once. A requester already at its share is refused as before. A
+//!   job counts for **every** address holding a lease on it (as for the per-address limit of
+//!   [`super::admission`]), so a job two addresses share counts once for each.
 //! - **Admission** ([`super::admission`]): a job start asked by a client address is limited by
 //!   its fair share of on-demand capacity and by job-start rates (per address and in all), so
 //!   subscription churn cannot start jobs faster than the upstream allows.
@@ -41,6 +53,7 @@ use std::time::{Duration, Instant};
 use shared::backoff::Backoff;
 use shared::protocol::ops::{Capacity, JobKind, JobReport};
 use shared::protocol::{InstrumentId, SeriesId};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::admission::{Admission, Refused};
@@ -169,6 +182,11 @@ struct Job {
     subs: BTreeMap<String, u32>,
     /// Live subscriptions per client address (for the addresses' fair share).
     holders: HashMap<ClientAddr, u32>,
+    /// When the job was last subscribed (a sequence number of the supervisor's subscriptions):
+    /// preemption takes the job of an address subscribed least recently.
+    last_subscribed: u64,
+    /// Cancelled when the job is preempted; every lease holds a clone.
+    preempted: CancellationToken,
     refcount: u32,
     /// When the refcount last became 0 (ms); `None` while referenced. New on-demand jobs start
     /// referenced by the subscription creating them.
@@ -190,6 +208,10 @@ struct State {
     reaped: u64,
     /// Job starts refused by [`Admission`] (fair share or start rate).
     rate_limited: u64,
+    /// Jobs stopped to give a client address its fair share of a full capacity.
+    preemptions: u64,
+    /// Subscriptions taken so far (orders the jobs by their last subscription).
+    subscriptions: u64,
     admission: Admission,
 }
 
@@ -218,6 +240,22 @@ pub struct Lease {
     generation: u64,
     /// The client address that holds it (`None`: the service).
     owner: Option<ClientAddr>,
+    /// The job's preemption signal.
+    preempted: CancellationToken,
+}
+
+impl Lease {
+    /// Completes when the job was preempted (stopped to give another client address its fair
+    /// share of capacity): the subscription gets nothing more and should be dropped. Pending
+    /// forever otherwise (a job stopped for any other reason is not preempted). Cancel safe.
+    pub async fn preempted(&self) {
+        self.preempted.cancelled().await;
+    }
+
+    /// Was the job preempted?
+    pub fn is_preempted(&self) -> bool {
+        self.preempted.is_cancelled()
+    }
 }
 
 impl Drop for Lease {
@@ -256,6 +294,8 @@ impl Supervisor {
             refusals: 0,
             reaped: 0,
             rate_limited: 0,
+            preemptions: 0,
+            subscriptions: 0,
             admission: Admission::new(
                 config.ondemand_max_jobs_per_ip,
                 config.max_job_starts_per_min,
@@ -384,16 +424,37 @@ impl Supervisor {
                         st.evictions += 1;
                         tracing::info!(instrument = %key, kind = self.inner.kind.as_str(), "evicted the longest-idle on-demand job");
                     }
-                    None => {
-                        st.refusals += 1;
-                        return Err(SubscribeError::CapacityExhausted { max });
-                    }
+                    None => match owner.and_then(|ip| preemption(&st.jobs, ip, max)) {
+                        Some(p) => {
+                            let job = st.jobs.remove(&p.instrument).expect("victim exists");
+                            job.shutdown.stop();
+                            job.preempted.cancel();
+                            st.preemptions += 1;
+                            tracing::info!(
+                                instrument = %p.instrument,
+                                kind = self.inner.kind.as_str(),
+                                from = ?p.from,
+                                from_holds = p.from_holds,
+                                to = ?owner,
+                                share = p.share,
+                                subscribers = job.refcount,
+                                "preempted an on-demand job: capacity is full and the requester holds less than its fair share"
+                            );
+                        }
+                        None => {
+                            st.refusals += 1;
+                            return Err(SubscribeError::CapacityExhausted { max });
+                        }
+                    },
                 }
             }
             let job = self.spawn_job(&mut st, instrument.clone(), false);
             st.jobs.insert(instrument.clone(), job);
         }
+        st.subscriptions += 1;
+        let seq = st.subscriptions;
         let job = st.jobs.get_mut(&instrument).expect("inserted above");
+        job.last_subscribed = seq;
         job.refcount += 1;
         *job.subs.entry(name.clone()).or_default() += 1;
         if let Some(ip) = owner {
@@ -406,6 +467,7 @@ impl Supervisor {
             series: name,
             generation: job.generation,
             owner,
+            preempted: job.preempted.clone(),
         })
     }
 
@@ -481,6 +543,9 @@ impl Supervisor {
             self.spawn_job_after(&mut st, instrument.clone(), old.pinned, Some(old.shutdown));
         job.generation = old.generation;
         job.subs = old.subs;
+        job.holders = old.holders;
+        job.last_subscribed = old.last_subscribed;
+        job.preempted = old.preempted;
         job.refcount = old.refcount;
         job.last_zero_at_ms = old.last_zero_at_ms;
         tracing::info!(%instrument, kind = self.inner.kind.as_str(), subscribers = job.refcount, "job restarted by an admin");
@@ -577,6 +642,8 @@ impl Supervisor {
             pinned,
             subs: BTreeMap::new(),
             holders: HashMap::new(),
+            last_subscribed: 0,
+            preempted: CancellationToken::new(),
             refcount: 0,
             last_zero_at_ms: if pinned { None } else { Some(now_ms()) },
             started_at_ms: now_ms(),
@@ -638,6 +705,7 @@ impl Supervisor {
                 refusals: st.refusals,
                 reaped: st.reaped,
                 start_refusals: st.rate_limited,
+                preemptions: st.preemptions,
             },
             jobs,
         }
@@ -647,6 +715,57 @@ impl Supervisor {
     pub fn health(&self, instrument: &InstrumentId) -> Option<Arc<JobHealth>> {
         self.lock().jobs.get(instrument).map(|j| j.health.clone())
     }
+}
+
+/// A job to preempt, and why.
+#[derive(Debug, PartialEq, Eq)]
+struct Preemption {
+    instrument: InstrumentId,
+    /// The address it is taken from (the one holding the most jobs above its share) ...
+    from: ClientAddr,
+    /// ... which holds this many on-demand jobs.
+    from_holds: usize,
+    /// The fair share: capacity / addresses holding on-demand jobs (the requester counted).
+    share: usize,
+}
+
+/// The job `requester` may take from another address when capacity (`max` on-demand jobs) is
+/// full and none is idle, or `None` when it already holds its fair share or no job can be taken
+/// (see the module docs).
+fn preemption(
+    jobs: &HashMap<InstrumentId, Job>,
+    requester: ClientAddr,
+    max: usize,
+) -> Option<Preemption> {
+    let ondemand = || jobs.iter().filter(|(_, j)| !j.pinned);
+    let mut held: HashMap<ClientAddr, usize> = HashMap::new();
+    for (_, job) in ondemand() {
+        for ip in job.holders.keys() {
+            *held.entry(*ip).or_default() += 1;
+        }
+    }
+    let addresses = held.len() + usize::from(!held.contains_key(&requester));
+    let share = (max / addresses).max(1);
+    if held.get(&requester).copied().unwrap_or(0) >= share {
+        return None;
+    }
+    // Addresses above their share, the most jobs first (ties: by address, to be repeatable).
+    let mut hogs: Vec<(ClientAddr, usize)> = held
+        .iter()
+        .filter(|(ip, n)| **ip != requester && **n > share)
+        .map(|(ip, n)| (*ip, *n))
+        .collect();
+    hogs.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    hogs.into_iter().find_map(|(from, from_holds)| {
+        ondemand()
+            .filter(|(_, j)| j.holders.contains_key(&from))
+            // no service lease on it ...
+            .filter(|(_, j)| j.holders.values().sum::<u32>() == j.refcount)
+            // ... and every holder keeps at least its share
+            .filter(|(_, j)| j.holders.keys().all(|ip| held[ip] > share))
+            .min_by_key(|(_, j)| j.last_subscribed)
+            .map(|(k, _)| Preemption { instrument: k.clone(), from, from_holds, share })
+    })
 }
 
 /// A supervisor's debug snapshot: its capacity and its jobs, pinned first.
@@ -696,6 +815,97 @@ mod tests {
 
     fn ms(d: Duration) -> u64 {
         d.as_millis() as u64
+    }
+
+    /// A job loop that runs until it is stopped.
+    struct Idle;
+
+    impl JobRunner for Idle {
+        fn validate(&self, _: &SeriesId) -> Result<(), ResolveError> {
+            Ok(())
+        }
+
+        fn validate_instrument(&self, _: &InstrumentId) -> Result<(), ResolveError> {
+            Ok(())
+        }
+
+        fn run(&self, ctx: JobContext) -> JobFuture {
+            Box::pin(async move { ctx.stopped().await })
+        }
+    }
+
+    fn addr(last: u8) -> Option<ClientAddr> {
+        Some(ClientAddr::of(std::net::IpAddr::from([10, 0, 0, last])))
+    }
+
+    fn inst(base: &str) -> InstrumentId {
+        format!("sim:spot:{base}/USDT").parse().unwrap()
+    }
+
+    /// Capacity 4, no per-address limit: one address takes it all; a newcomer preempts the
+    /// hog's least recently subscribed job (its lease is told), until both hold their share;
+    /// then each is refused. A job shared with an address below its share, or held by the
+    /// service, is never taken.
+    #[tokio::test]
+    async fn a_newcomer_below_its_fair_share_preempts_the_address_most_above_its_share() {
+        let config = IngestConfig {
+            ondemand_max_jobs: 4,
+            ondemand_max_jobs_per_ip: 0,
+            max_job_starts_per_min: 0,
+            ..IngestConfig::default()
+        };
+        let shutdown = Shutdown::new();
+        let sup = Supervisor::new(JobKind::Depth, config, Arc::new(Idle), &shutdown);
+        let take = |base: &str, owner| sup.subscribe_instrument(&inst(base), base, owner);
+        let (hog, newcomer, third) = (addr(1), addr(2), addr(3));
+        let hogs: Vec<Lease> =
+            ["BTC", "ETH", "SOL", "XRP"].iter().map(|b| take(b, hog).unwrap()).collect();
+        // the hog holds 4 > its share (4 / 2 addresses): its least recently subscribed job goes
+        let _got = take("ADA", newcomer).unwrap();
+        assert!(hogs[0].is_preempted() && !hogs[1].is_preempted());
+        assert!(sup.health(&inst("BTC")).is_none(), "BTC stopped");
+        tokio::time::timeout(Duration::from_secs(1), hogs[0].preempted()).await.unwrap();
+        // the hog (3 >= 2) is refused; the newcomer (1 < 2) takes one more
+        assert_eq!(take("DOT", hog).unwrap_err(), SubscribeError::CapacityExhausted { max: 4 });
+        let _second = take("DOT", newcomer).unwrap();
+        assert!(hogs[1].is_preempted(), "ETH, the hog's next least recently subscribed");
+        // 2 and 2: both at their share
+        assert!(take("LTC", newcomer).is_err());
+        assert!(take("LTC", hog).is_err());
+        let snap = sup.snapshot();
+        assert_eq!((snap.capacity.preemptions, snap.capacity.ondemand_jobs), (2, 4));
+        assert_eq!(snap.capacity.refusals, 3);
+        // a third address (share 4 / 3 = 1): the hog's SOL is shared with it, so XRP is taken
+        let _shared = take("SOL", third).unwrap();
+        let fourth = addr(4);
+        // 4 addresses, share 1: the hog holds 2, the newcomer 2, the third 1 (SOL, shared)
+        let _t = take("TRX", fourth).unwrap();
+        assert!(!hogs[2].is_preempted(), "SOL is shared with the third address, at its share");
+        assert!(hogs[3].is_preempted(), "XRP, the hog's only job held by it alone");
+        drop(hogs);
+        sup.stop(Duration::from_secs(5)).await;
+    }
+
+    /// A job held by the service itself (a lease without owner) is never preempted.
+    #[tokio::test]
+    async fn jobs_the_service_holds_are_never_preempted() {
+        let config = IngestConfig {
+            ondemand_max_jobs: 2,
+            ondemand_max_jobs_per_ip: 0,
+            max_job_starts_per_min: 0,
+            ..IngestConfig::default()
+        };
+        let shutdown = Shutdown::new();
+        let sup = Supervisor::new(JobKind::Depth, config, Arc::new(Idle), &shutdown);
+        let take = |base: &str, owner| sup.subscribe_instrument(&inst(base), base, owner);
+        let a = [take("BTC", addr(1)).unwrap(), take("ETH", addr(1)).unwrap()];
+        let _service = [take("BTC", None).unwrap(), take("ETH", None).unwrap()];
+        assert_eq!(take("SOL", addr(2)).unwrap_err(), SubscribeError::CapacityExhausted { max: 2 });
+        // nor does the service preempt anyone (it has no share)
+        assert!(take("SOL", None).is_err());
+        assert!(!a[0].is_preempted() && !a[1].is_preempted());
+        assert_eq!(sup.snapshot().capacity.preemptions, 0);
+        sup.stop(Duration::from_secs(5)).await;
     }
 
     /// Seed 000: a panicking job loop is restarted with back-off — doubling from

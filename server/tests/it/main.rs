@@ -1,6 +1,7 @@
 //! The service end to end, over real sockets, against the real simulator: the browser API and its
-//! limits (`api`, `http_ws`; hostile clients in `http_hardening`), the ingest supervisor's
-//! capacity rules (`supervisor`), candles persisted then published through faults and crashes
+//! limits (`api`, `http_ws`; hostile clients in `http_hardening`; pings and idle sessions in
+//! `ws_liveness`), the ingest supervisor's capacity rules (`supervisor`; a client address's fair
+//! share in `churn` and `fair_share`), candles persisted then published through faults and crashes
 //! (`ingest_faults`, `crash`, `backfill`), the SQLite store (`store`), order books (`depth_api`,
 //! `depth_faults`), the tick-by-tick engine and its books (`l3engine`, `l3_service`,
 //! `l3_replay`), and the `millrace replay` commands (`cli_replay_*`); the seams — a second bus
@@ -22,6 +23,7 @@ mod crash;
 mod depth_api;
 mod depth_drift;
 mod depth_faults;
+mod fair_share;
 mod http_edge;
 mod http_hardening;
 mod http_ws;
@@ -42,3 +44,4 @@ mod store_pg;
 mod store_pg_flood;
 mod store_pg_tls;
 mod supervisor;
+mod ws_liveness;

@@ -1,7 +1,8 @@
 //! What the server sends on `/ws`, typed once: a [`ServerFrame`] is a [`Reply`] or a push whose
 //! `data` is already the type its stream carries ([`PushData`]), read in one pass over the text.
 //!
-//! A push is `{"stream":"…","data":{…}}`. The stream names the type of `data`, so the reader
+//! A push is `{"stream":"…","data":{…}}`; a reply holds an `id` (and, sent unasked, the
+//! `stream` it is about). The stream names the type of `data`, so the reader
 //! takes `stream` first and then reads `data` straight into that type; only a frame that puts
 //! `data` before `stream` (which millrace never sends) has its `data` held as a JSON value until
 //! the stream is known. A `data` that does not fit its stream is an error naming the stream,
@@ -156,8 +157,10 @@ impl<'de> Visitor<'de> for FrameVisitor {
                 }
             }
         }
-        match (stream, id) {
-            (Some(stream), _) => {
+        match (id, stream) {
+            // a reply; one the server sends unasked names the stream it is about
+            (Some(id), stream) => Ok(ServerFrame::Reply(Reply { id, error, stream })),
+            (None, Some(stream)) => {
                 let data = match (data, early) {
                     (Some(d), _) => d,
                     (None, Some(v)) => PushData::read(&stream, v).map_err(de::Error::custom)?,
@@ -165,7 +168,6 @@ impl<'de> Visitor<'de> for FrameVisitor {
                 };
                 Ok(ServerFrame::Push(Push { stream, data }))
             }
-            (None, Some(id)) => Ok(ServerFrame::Reply(Reply { id, error })),
             (None, None) => Err(de::Error::custom("neither a reply (`id`) nor a push (`stream`)")),
         }
     }
@@ -309,5 +311,12 @@ mod tests {
             serde_json::to_string(&frame).unwrap(),
             r#"{"id":3,"error":{"code":"malformed","msg":"x"}}"#
         );
+        // unasked: the subscription the server ended, named
+        let text = r#"{"id":0,"stream":"kline@sim:spot:BTC/USDT:1m","error":{"code":"preempted","msg":"y"}}"#;
+        let ServerFrame::Reply(reply) = serde_json::from_str(text).unwrap() else {
+            panic!("a reply: {text}")
+        };
+        assert_eq!(reply.stream, Some("kline@sim:spot:BTC/USDT:1m".parse().unwrap()));
+        assert_eq!(reply.error.map(|e| e.code), Some(ErrorCode::Preempted));
     }
 }

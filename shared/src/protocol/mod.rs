@@ -13,7 +13,9 @@
 //! `{"id":1,"error":{"code":"unknown_series","msg":"..."}}`, and pushes
 //! `{"stream":"...","data":{...}}` whose `data` is a [`KlineEvent`], [`DepthUpdateEvent`],
 //! [`DepthSnapshotEvent`] or [`Heartbeat`], depending on the stream; a client reads either as a
-//! [`ServerFrame`], its push's data typed in one pass ([`frame`]).
+//! [`ServerFrame`], its push's data typed in one pass ([`frame`]). A subscription the server
+//! ends unasked is told by a reply with id 0 naming it:
+//! `{"id":0,"stream":"...","error":{"code":"preempted","msg":"..."}}`.
 
 use core::fmt;
 use core::str::FromStr;
@@ -295,6 +297,10 @@ pub enum ErrorCode {
     TooManyAttempts,
     /// REST: the request's body did not arrive in time (`limits.body_timeout_ms`).
     Timeout,
+    /// WebSocket, unasked (a [`Reply`] with id 0 naming the `stream`): the stream's job was
+    /// stopped at full capacity to give another client address its fair share of on-demand
+    /// jobs; the subscription is gone and may be asked for again later.
+    Preempted,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,19 +310,27 @@ pub struct ErrorBody {
 }
 
 /// Reply to a [`ClientRequest`]: `{"id":N,"result":null}` on success,
-/// `{"id":N,"error":{"code":..,"msg":..}}` on failure.
+/// `{"id":N,"error":{"code":..,"msg":..}}` on failure. The server also sends one unasked, with
+/// id 0 and the `stream` it is about, when a subscription ends without the client asking
+/// (`{"id":0,"stream":"kline@…","error":{"code":"preempted","msg":..}}`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Reply {
     pub id: u64,
     #[serde(default)]
     pub error: Option<ErrorBody>,
+    /// The stream an unasked reply is about (`None` in answers to requests).
+    #[serde(default)]
+    pub stream: Option<Stream>,
 }
 
 impl Serialize for Reply {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(2))?;
+        let mut m = s.serialize_map(Some(2 + usize::from(self.stream.is_some())))?;
         m.serialize_entry("id", &self.id)?;
+        if let Some(stream) = &self.stream {
+            m.serialize_entry("stream", stream)?;
+        }
         match &self.error {
             None => m.serialize_entry("result", &())?,
             Some(e) => m.serialize_entry("error", e)?,
@@ -327,10 +341,14 @@ impl Serialize for Reply {
 
 impl Reply {
     pub fn ok(id: u64) -> Self {
-        Self { id, error: None }
+        Self { id, error: None, stream: None }
     }
     pub fn error(id: u64, code: ErrorCode, msg: impl Into<String>) -> Self {
-        Self { id, error: Some(ErrorBody { code, msg: msg.into() }) }
+        Self { id, error: Some(ErrorBody { code, msg: msg.into() }), stream: None }
+    }
+    /// An unasked reply (id 0): `stream` ended for the reason `code` says.
+    pub fn stream_ended(stream: Stream, code: ErrorCode, msg: impl Into<String>) -> Self {
+        Self { id: 0, error: Some(ErrorBody { code, msg: msg.into() }), stream: Some(stream) }
     }
     pub fn is_ok(&self) -> bool {
         self.error.is_none()
@@ -589,6 +607,13 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(frame, ServerFrame::Push(p) if p.stream == Stream::Heartbeat));
+        // an unasked reply: a stream ended (its job preempted)
+        let stream: Stream = "kline@sim:spot:BTC/USDT:1m".parse().unwrap();
+        let ended = Reply::stream_ended(stream.clone(), ErrorCode::Preempted, "gone");
+        let json = r#"{"id":0,"stream":"kline@sim:spot:BTC/USDT:1m","error":{"code":"preempted","msg":"gone"}}"#;
+        assert_eq!(serde_json::to_string(&ended).unwrap(), json);
+        let frame: ServerFrame = serde_json::from_str(json).unwrap();
+        assert!(matches!(frame, ServerFrame::Reply(r) if r == ended && r.stream == Some(stream)));
     }
 
     #[test]

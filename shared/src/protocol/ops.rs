@@ -185,6 +185,10 @@ pub struct Capacity {
     /// (`rate_limited`).
     #[serde(default)]
     pub start_refusals: u64,
+    /// Jobs with subscribers stopped at full capacity to give a client address holding less
+    /// than its fair share a job (their subscribers were told `preempted`).
+    #[serde(default)]
+    pub preemptions: u64,
 }
 
 /// What a supervisor's jobs do; in a cluster, the kind of a worker's task.

@@ -2,12 +2,13 @@
 //!
 //! The service is [`App::start`] with an embedded simulator source (speed 1), no pinned jobs, no
 //! backfill and its data in a fresh temp dir, served by [`serve_app`] — the router, WebSocket
-//! sessions, per-IP limits, job leases and bus of `millrace serve`. Two settings differ from the
-//! defaults, both to keep the measured traffic the publisher's: `limits.max_connections_per_ip`
-//! is raised (every client comes from 127.0.0.1) and `ingest.forming_min_interval_ms` is an hour,
-//! so the ingest jobs the clients' leases start publish their first forming candle and then only
-//! closed candles (`"x":true`, at most one per topic per minute), which clients count but leave
-//! out of the latency figures.
+//! sessions, per-IP limits, job leases and bus of `millrace serve`. Three settings differ from
+//! the defaults: `limits.max_connections_per_ip` is raised (every client comes from 127.0.0.1),
+//! `limits.ws_idle_timeout_ms` too (the idle phase's connections subscribe to nothing and must
+//! stay open while memory is measured), and, to keep the measured traffic the publisher's,
+//! `ingest.forming_min_interval_ms` is an hour, so the ingest jobs the clients' leases start
+//! publish their first forming candle and then only closed candles (`"x":true`, at most one per
+//! topic per minute), which clients count but leave out of the latency figures.
 //!
 //! The publisher is a plain thread: it sleeps to the next `--tick-ms` boundary of the wall clock,
 //! then publishes every message due by then (the configured rate times the time since the rate
@@ -268,6 +269,8 @@ fn config(opts: &ServeOpts, dir: &std::path::Path, db: Option<&PgDb>) -> anyhow:
     c.ingest.forming_min_interval_ms = 3_600_000;
     c.backfill = vec![];
     c.limits.max_connections_per_ip = 1_000_000;
+    // the idle phase holds connections with no subscription for longer than the default
+    c.limits.ws_idle_timeout_ms = 86_400_000;
     c.limits.bus_capacity = opts.bus_capacity;
     c.sources = vec![SourceConfig { speed: 1.0, seed: opts.seed, ..SourceConfig::default() }];
     if let (Some(url), Some(db)) = (&opts.gateway, db) {
