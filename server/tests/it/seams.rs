@@ -196,6 +196,12 @@ fn a_stopped_service_leaves_no_task_behind() {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         let server = TestServer::start(busy_config()).await;
+        // the tick-by-tick books register once the exchange's feed lists them (later under load)
+        let stock: shared::protocol::InstrumentId = "sim:stock:600000".parse().unwrap();
+        testkit::eventually("the tick-by-tick book of 600000", || async {
+            server.app.books().is_always_on(&stock).then_some(())
+        })
+        .await;
         let mut ws = server.ws().await;
         let streams = [
             "heartbeat",
@@ -203,7 +209,8 @@ fn a_stopped_service_leaves_no_task_behind() {
             "depth_update@sim:spot:XRP/USDT",
             "depth@sim:stock:600000,20",
         ];
-        assert!(request(&mut ws, "SUBSCRIBE", &streams, 1).await.is_ok());
+        let reply = request(&mut ws, "SUBSCRIBE", &streams, 1).await;
+        assert!(reply.is_ok(), "{reply:?}");
         // pushes flow (the jobs run, the books publish)
         let mut pushes = 0;
         while pushes < 5 {
