@@ -120,28 +120,6 @@ impl DepthTap {
         Arc::new(DepthTap { client, subjects, queue, stats })
     }
 
-    /// Forwards one diff of `instrument` (`U` = `first`, `u` = `last`, `pu` = `prev`) as the
-    /// exchange sent it.
-    pub fn forward(
-        &self,
-        instrument: &InstrumentId,
-        first: u64,
-        last: u64,
-        prev: Option<u64>,
-        text: &str,
-    ) {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", format!("{instrument}|{first}|{last}").as_str());
-        let prev = prev.unwrap_or(first.saturating_sub(1));
-        headers.insert("Millrace-Prev", prev.to_string().as_str());
-        headers.insert("Millrace-U", last.to_string().as_str());
-        let item =
-            (diff_subject(&self.subjects, instrument), headers, Bytes::from(text.to_owned()));
-        if self.queue.try_send(item).is_err() {
-            self.stats.dropped.fetch_add(1, Relaxed);
-        }
-    }
-
     /// Answers the gateways' snapshot requests (`{prefix}.booksnap.{instrument}`) with the
     /// synced books of this worker's depth jobs, asked of `registry`, until `shutdown`. A job
     /// that is not synced leaves the request to another replica (no answer).
@@ -190,6 +168,8 @@ fn instrument_of(subject: &str) -> Option<InstrumentId> {
 }
 
 impl DiffTap for DepthTap {
+    /// Forwards one diff of `instrument` (`U` = `first`, `u` = `last`, `pu` = `prev`) as the
+    /// exchange sent it.
     fn diff(
         &self,
         instrument: &InstrumentId,
@@ -198,7 +178,16 @@ impl DiffTap for DepthTap {
         prev: Option<u64>,
         text: &str,
     ) {
-        self.forward(instrument, first, last, prev, text);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{instrument}|{first}|{last}").as_str());
+        let prev = prev.unwrap_or(first.saturating_sub(1));
+        headers.insert("Millrace-Prev", prev.to_string().as_str());
+        headers.insert("Millrace-U", last.to_string().as_str());
+        let item =
+            (diff_subject(&self.subjects, instrument), headers, Bytes::from(text.to_owned()));
+        if self.queue.try_send(item).is_err() {
+            self.stats.dropped.fetch_add(1, Relaxed);
+        }
     }
 }
 
