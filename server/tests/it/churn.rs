@@ -15,12 +15,12 @@ fn job<'a>(jobs: &'a serde_json::Value, instrument: &str) -> Option<&'a serde_js
     jobs["jobs"].as_array().unwrap().iter().find(|j| j["instrument"] == instrument)
 }
 
-fn kline(base: &str) -> String {
+pub(crate) fn kline(base: &str) -> String {
     format!("kline@sim:spot:{base}/USDT:1m")
 }
 
 /// A WebSocket to `addr` from the local address `from` (127.0.0.x: another client address).
-async fn ws_from(from: &str, addr: SocketAddr) -> Ws {
+pub(crate) async fn ws_from(from: &str, addr: SocketAddr) -> Ws {
     let socket = TcpSocket::new_v4().unwrap();
     socket.bind(SocketAddr::new(from.parse::<IpAddr>().unwrap(), 0)).unwrap();
     let tcp = socket.connect(addr).await.unwrap();

@@ -4,28 +4,12 @@
 //! newcomer below its fair share (capacity / addresses holding jobs, itself counted) preempts a
 //! job of the address most above its share; that job's subscribers are told `preempted`.
 
-use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use shared::protocol::{ErrorCode, Reply, ServerFrame, Stream};
 use testkit::*;
-use tokio::net::TcpSocket;
-use tokio_tungstenite::MaybeTlsStream;
 
-fn kline(base: &str) -> String {
-    format!("kline@sim:spot:{base}/USDT:1m")
-}
-
-/// A WebSocket to `addr` from the local address `from` (127.0.0.x: another client address).
-async fn ws_from(from: &str, addr: SocketAddr) -> Ws {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::new(from.parse::<IpAddr>().unwrap(), 0)).unwrap();
-    let tcp = socket.connect(addr).await.unwrap();
-    tokio_tungstenite::client_async(format!("ws://{addr}/ws"), MaybeTlsStream::Plain(tcp))
-        .await
-        .unwrap()
-        .0
-}
+use crate::churn::{kline, ws_from};
 
 /// The next unasked reply (id 0) on `ws`, skipping pushes; at most 10 s.
 async fn unasked_reply(ws: &mut Ws) -> Reply {

@@ -61,8 +61,9 @@ async fn paths_that_cannot_name_a_file_are_404_never_500() {
 
 // ---- 15: WebSocket protocol violations, with hand-made frames ----
 
-/// A WebSocket on a raw TCP socket: the handshake by hand, then whatever bytes the test writes.
-async fn raw_ws(addr: SocketAddr, extra_headers: &str) -> TcpStream {
+/// A WebSocket on a raw TCP socket: the handshake by hand (the answer read byte by byte, so
+/// nothing after it is consumed), then whatever bytes the test writes.
+pub(crate) async fn raw_ws(addr: SocketAddr, extra_headers: &str) -> TcpStream {
     let mut tcp = TcpStream::connect(addr).await.unwrap();
     let req = format!(
         "GET /ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\

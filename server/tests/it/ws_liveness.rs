@@ -102,28 +102,6 @@ async fn a_subscribed_client_that_answers_pings_stays_open_and_is_pinged() {
     server.stop().await;
 }
 
-/// A WebSocket on a raw TCP socket: the handshake by hand (reading the answer byte by byte, so
-/// nothing after it is consumed).
-async fn raw_ws(server: &TestServer) -> TcpStream {
-    let addr = server.addr;
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    let req = format!(
-        "GET /ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    );
-    tcp.write_all(req.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(WAIT, tcp.read(&mut byte)).await.unwrap().unwrap();
-        assert_eq!(n, 1, "connection closed during the handshake");
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    tcp
-}
-
 /// A masked client text frame.
 fn text_frame(payload: &[u8]) -> Vec<u8> {
     assert!(payload.len() < 126);
@@ -168,7 +146,7 @@ async fn frames_to_the_end(tcp: &mut TcpStream) -> Vec<(u8, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_answers_a_ping_is_closed_and_counted() {
     let server = server().await;
-    let mut tcp = raw_ws(&server).await;
+    let mut tcp = crate::http_hardening::raw_ws(server.addr, "").await;
     let opened = Instant::now();
     tcp.write_all(&text_frame(br#"{"method":"SUBSCRIBE","params":["heartbeat"],"id":1}"#))
         .await
