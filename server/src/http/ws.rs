@@ -29,6 +29,7 @@
 //! reply `{"id":0,"stream":"…","error":{"code":"preempted",…}}` and the socket stays open.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{CloseFrame, Frame};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::starts::Bucket;
 use super::upgrade::Socket;
@@ -99,7 +101,10 @@ fn close_frame(code: u16, reason: impl Into<Utf8Bytes>) -> CloseFrame {
 struct Sub {
     /// Reference on the ingest job (none for books that are always on, e.g. tick-by-tick ones);
     /// dropped with the subscription.
-    lease: Option<Lease>,
+    _lease: Option<Lease>,
+    /// Completes if the lease's job is preempted; kept across polls, so waiting for a message
+    /// registers nothing new per message.
+    preempted: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     rx: Subscription,
 }
 
@@ -110,12 +115,17 @@ enum Next {
 }
 
 impl Sub {
+    fn new(lease: Option<Lease>, rx: Subscription) -> Sub {
+        let preempted = lease.as_ref().map(|l| Box::pin(l.preempted_owned()));
+        Sub { _lease: lease, preempted, rx }
+    }
+
     async fn next(&mut self) -> Next {
-        let Sub { lease, rx } = self;
-        match lease {
-            Some(lease) => tokio::select! {
+        let Sub { preempted, rx, .. } = self;
+        match preempted {
+            Some(preempted) => tokio::select! {
                 biased;
-                () = lease.preempted() => Next::Preempted,
+                () = preempted.as_mut() => Next::Preempted,
                 r = rx.recv() => Next::Recv(r),
             },
             None => Next::Recv(rx.recv().await),
@@ -177,6 +187,11 @@ impl Liveness {
     /// The client sent something: it is alive.
     fn heard(&mut self) {
         self.unanswered = None;
+    }
+
+    /// Whether the session holds no subscription (since [`Liveness::holds`] last said so).
+    fn is_idle(&self) -> bool {
+        self.idle_since.is_some()
     }
 
     /// The session holds `subscriptions` now.
@@ -401,7 +416,7 @@ impl Session {
                 for (name, lease) in taken {
                     tracing::debug!(stream = %name, "subscribed");
                     let rx = self.sessions.bus.subscribe(&name);
-                    self.subs.insert(name, Sub { lease, rx });
+                    self.subs.insert(name, Sub::new(lease, rx));
                     self.sessions.metrics.subscriptions.fetch_add(1, Relaxed);
                 }
                 Reply::ok(request.id)
@@ -544,7 +559,12 @@ pub async fn session(
     tokio::pin!(wake);
     tracing::debug!("websocket session started");
     loop {
-        liveness.holds(session.count(), Instant::now());
+        // the clock is read only when the session starts or stops holding subscriptions, not
+        // per push
+        let count = session.count();
+        if (count == 0) != liveness.is_idle() {
+            liveness.holds(count, Instant::now());
+        }
         let next_wake = liveness.next_wake();
         if wake.deadline() != next_wake {
             wake.as_mut().reset(next_wake);

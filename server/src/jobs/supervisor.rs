@@ -252,6 +252,12 @@ impl Lease {
         self.preempted.cancelled().await;
     }
 
+    /// [`Lease::preempted`] as a future the caller keeps and polls again and again: it waits
+    /// once, where a new `preempted()` per poll would register and drop a waiter each time.
+    pub fn preempted_owned(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.preempted.clone().cancelled_owned()
+    }
+
     /// Was the job preempted?
     pub fn is_preempted(&self) -> bool {
         self.preempted.is_cancelled()
