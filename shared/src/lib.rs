@@ -21,6 +21,7 @@ pub mod protocol;
 pub mod publish;
 pub mod sync;
 pub mod testkit;
+pub mod venue;
 
 pub use book::{Level, LevelUpdate, OrderBook, Side};
 pub use fixed::{ParseDecimalError, Price, Qty, Volume};

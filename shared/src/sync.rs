@@ -266,6 +266,13 @@ pub enum SyncEvent {
     Crossed { last_update_id: u64 },
     /// Fell back to snapshot-only mode; the caller should switch to the snapshot stream.
     EnteredSnapshotMode,
+    /// The venue's sequence restarted (OKX `seqId` below `prevSeqId` after maintenance, Bybit
+    /// `u = 1`): continued from, not a gap.
+    SequenceReset { from: Option<u64>, to: u64 },
+    /// A checksum the venue sent could not be checked (no checksum in a message that should
+    /// carry one, or numbers the venue's format cannot be reproduced for); reported at the
+    /// first of a run of such messages, each counted in [`SyncStats::checksums_unchecked`].
+    ChecksumUnchecked { last_update_id: u64 },
 }
 
 /// Counters, cumulative over the machine's life.
@@ -287,6 +294,16 @@ pub struct SyncStats {
     pub crossed: u64,
     pub buffer_overflow_dropped: u64,
     pub snapshot_mode_entries: u64,
+    /// Checksums computed and equal to the venue's.
+    pub checksums_verified: u64,
+    /// Checksums that could not be checked (see [`SyncEvent::ChecksumUnchecked`]).
+    pub checksums_unchecked: u64,
+    /// Venue sequence restarts continued from ([`SyncEvent::SequenceReset`]).
+    pub sequence_resets: u64,
+    /// Venue heartbeats (messages that only repeat the sequence).
+    pub heartbeats: u64,
+    /// Updates dropped while waiting for the venue's snapshot.
+    pub unsynced_dropped: u64,
 }
 
 /// What the continuity rule says about one delta.

@@ -564,6 +564,8 @@ impl<'a> Job<'a> {
                     }
                 }
                 SyncEvent::ChecksumMismatch { .. } | SyncEvent::Crossed { .. } => {}
+                // only a venue's machine (shared::venue) reports these
+                SyncEvent::SequenceReset { .. } | SyncEvent::ChecksumUnchecked { .. } => {}
                 SyncEvent::BookChanged { .. }
                 | SyncEvent::Synced { .. }
                 | SyncEvent::DroppedStale { .. }
