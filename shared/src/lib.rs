@@ -1,8 +1,8 @@
 //! # millrace shared core
 //!
 //! The market logic that runs both in the server (native) and in the browser (wasm32): fixed-point
-//! numbers, candles, L2 and L3 order books, the book sync state machine and the browser wire
-//! protocol.
+//! numbers, candles, trades, L2 and L3 order books, the book sync state machine and the browser
+//! wire protocol.
 //!
 //! This crate is **sans-IO**: it never opens a socket, never spawns a thread and never reads a
 //! clock. Time arrives as an argument (`now_ms`), inputs go in through `handle_*` methods and
@@ -21,6 +21,7 @@ pub mod protocol;
 pub mod publish;
 pub mod sync;
 pub mod testkit;
+pub mod trade;
 pub mod venue;
 
 pub use book::{Level, LevelUpdate, OrderBook, Side};
