@@ -210,8 +210,11 @@ fn book(
             u64::try_from(n).map(Some).map_err(|_| invalid(D, format!("{field} {n} is negative")))
         }
     };
+    // OKX deprecated the checksum on 23 June 2026: the field stays, always 0, "must no longer be
+    // used" (its notice of 21 May 2026). 0 is read as no checksum, so such a book is counted as
+    // unchecked and proven by seqId/prevSeqId alone; captures from before keep theirs.
     let checksum = match b.checksum {
-        None => None,
+        None | Some(0) => None,
         Some(c) => Some(
             i32::try_from(c)
                 .map_err(|_| invalid(D, format!("checksum {c} is not a 32-bit integer")))?

@@ -15,8 +15,10 @@ fn lv(p: &str, q: &str) -> Level {
 
 #[test]
 fn a_book_snapshot_and_its_update_sync_with_the_checksum() {
-    // the four levels of OKX's checksum example ("3366.1:7:3366.8:9:3366:6:3368:8")
-    let sum = crc32fast::hash(b"3366.1:7:3366.8:9:3366:6:3368:8") as i32;
+    // the four levels of OKX's checksum example (docs, "Checksum": the string
+    // "3366.1:7:3366.8:9:3366:6:3368:8"); its CRC-32 as a signed integer, computed with Python's
+    // zlib.crc32, not by this code
+    let sum = -1_881_014_294;
     let snapshot = format!(
         r#"{{"arg":{{"channel":"books","instId":"BTC-USDT"}},"action":"snapshot","data":[{{"asks":[["3366.8","9","0","3"],["3368","8","0","1"]],"bids":[["3366.1","7","0","2"],["3366","6","0","1"]],"ts":"1597026383085","checksum":{sum},"prevSeqId":-1,"seqId":123456}}]}}"#
     );
@@ -38,6 +40,18 @@ fn a_book_snapshot_and_its_update_sync_with_the_checksum() {
     sync.handle_message(b.message());
     assert_eq!(sync.stats().checksums_verified, 2);
     assert!(sync.is_synced());
+}
+
+#[test]
+fn a_zero_checksum_is_no_checksum_since_okx_deprecated_it() {
+    let frame = r#"{"arg":{"channel":"books","instId":"BTC-USDT"},"action":"snapshot","data":[{"asks":[["3366.8","9","0","3"]],"bids":[["3366.1","7","0","2"]],"ts":"1597026383085","checksum":0,"prevSeqId":-1,"seqId":5}]}"#;
+    let Message::Book(b) = one(frame) else { panic!() };
+    assert_eq!(b.checksum, None);
+    let mut sync =
+        VenueSync::new(VenueSyncConfig::new(SequenceRule::Okx, shared::venue::ChecksumRule::Okx));
+    sync.handle_message(b.message());
+    assert!(sync.is_synced());
+    assert_eq!((sync.stats().checksums_verified, sync.stats().checksums_unchecked), (0, 1));
 }
 
 #[test]
