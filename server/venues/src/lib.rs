@@ -54,6 +54,25 @@ pub enum Message {
     Ignored {
         channel: String,
     },
+    /// The connection-wide sequence number the frame carries (Coinbase `sequence_num`), pushed
+    /// before what the frame says: the caller feeds it to
+    /// [`shared::venue::ConnectionSequence`] and, on a gap, tells each book of the connection.
+    Sequence {
+        seq: u64,
+    },
+    /// An instrument's metadata (Kraken's `instrument` channel).
+    Instrument(InstrumentFrame),
+}
+
+/// An instrument's metadata: the precisions its prices and quantities are printed with, and its
+/// tick and lot sizes, where the venue says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstrumentFrame {
+    pub symbol: String,
+    pub price_decimals: Option<u8>,
+    pub qty_decimals: Option<u8>,
+    pub tick: Option<Price>,
+    pub lot: Option<Qty>,
 }
 
 /// A book snapshot or update of one instrument, for [`shared::venue::VenueSync`].
