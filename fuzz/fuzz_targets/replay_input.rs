@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
         }
         2 => {
             let files = vec![write(&format!("d.{ext}"), rest)];
-            let _ = replay::depth::run(&DepthArgs { files }, &mut sink);
+            let _ = replay::depth::run(&DepthArgs { files, venue: shared::venue::Dialect::Binance }, &mut sink);
         }
         _ => {
             let i = rest.iter().position(|&b| b == 0xff).unwrap_or(rest.len());

@@ -29,9 +29,13 @@ use crate::input::{for_each_line, InputError, Origin};
 /// Arguments of `millrace replay depth`.
 #[derive(Debug, clap::Args)]
 pub struct DepthArgs {
-    /// Recorded files: cryptofeed `.http.*`/`.ws.*` pairs or hftbacktest `<recv_ns> <json>` files.
+    /// Recorded files: cryptofeed `.http.*`/`.ws.*` pairs or hftbacktest `<recv_ns> <json>` files;
+    /// for another venue, its captures (`<ts>: <json>`, `<url> <- <ts>: <json>`, `<url> <-> <ts>`).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// Whose wire format the files hold: binance, okx, bybit, coinbase or kraken.
+    #[arg(long, default_value = "binance")]
+    pub venue: shared::venue::Dialect,
 }
 
 /// One recorded message, decoded.
@@ -339,6 +343,9 @@ pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
 
 /// Runs the replay, printing one JSON object per symbol; returns whether every check passed.
 pub fn run(args: &DepthArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
+    if args.venue != shared::venue::Dialect::Binance {
+        return crate::venue::run(args.venue, &args.files, out);
+    }
     let reports = replay(&args.files)?;
     if reports.is_empty() {
         anyhow::bail!("no depth updates found in {} file(s)", args.files.len());

@@ -8,3 +8,4 @@ pub mod input;
 pub mod klines;
 pub mod lobster;
 pub mod sse;
+pub mod venue;

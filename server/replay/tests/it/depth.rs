@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use replay::depth::{replay, run, DepthArgs, DepthReport};
 use replay::input::testdata_dir as data_dir;
+use shared::venue::Dialect;
 
 fn cf(name: &str) -> PathBuf {
     data_dir().join("binance-ws/cryptofeed").join(name)
@@ -70,9 +71,14 @@ fn hftbacktest_files_are_one_stream_6468_diffs_1056_tickers() {
 #[test]
 fn run_prints_one_json_line_per_symbol() {
     let mut out = Vec::new();
-    let ok =
-        run(&DepthArgs { files: vec![cf("BINANCE.http.0.0"), cf("BINANCE.ws.1.0")] }, &mut out)
-            .unwrap();
+    let ok = run(
+        &DepthArgs {
+            files: vec![cf("BINANCE.http.0.0"), cf("BINANCE.ws.1.0")],
+            venue: Dialect::Binance,
+        },
+        &mut out,
+    )
+    .unwrap();
     assert!(ok);
     let text = String::from_utf8(out).unwrap();
     let lines: Vec<serde_json::Value> =
@@ -130,8 +136,14 @@ fn a_missing_diff_is_a_gap_and_fails() {
     assert!(!sushi.synced, "no second snapshot in the file: the book must not claim to be synced");
     assert!(!sushi.ok());
     let mut out = Vec::new();
-    assert!(!run(&DepthArgs { files: vec![cf("BINANCE_FUTURES.http.0.0"), ws_path] }, &mut out)
-        .unwrap());
+    assert!(!run(
+        &DepthArgs {
+            files: vec![cf("BINANCE_FUTURES.http.0.0"), ws_path],
+            venue: Dialect::Binance
+        },
+        &mut out
+    )
+    .unwrap());
 }
 
 /// A ticker that disagrees with the book is counted as a mismatch.
