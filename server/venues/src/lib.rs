@@ -11,6 +11,8 @@
 //! The same types serve the simulator, which writes each dialect with [`write`], so the frames
 //! the service reads in tests are the ones a venue sends.
 
+pub mod bybit;
+pub mod coinbase;
 pub mod okx;
 mod time;
 
@@ -54,9 +56,12 @@ pub enum Message {
     Ignored {
         channel: String,
     },
-    /// The connection-wide sequence number the frame carries (Coinbase `sequence_num`), pushed
-    /// before what the frame says: the caller feeds it to
-    /// [`shared::venue::ConnectionSequence`] and, on a gap, tells each book of the connection.
+    /// Coinbase's `sequence_num`, counted per connection across all its channels. Pushed
+    /// *first* for every frame that carries one, whatever its channel (books, trades,
+    /// heartbeats, answers), so the connection sees every number: the caller feeds it to its
+    /// [`shared::venue::ConnectionSequence::observe`] before the messages after it, and on a
+    /// [`shared::venue::SeqVerdict::Gap`] calls [`shared::venue::VenueSync::handle_lost_message`]
+    /// on every book of that connection (a message of any of them may have been the lost one).
     Sequence {
         seq: u64,
     },
@@ -152,9 +157,9 @@ pub enum WireError {
 pub fn parse(dialect: Dialect, frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
     match dialect {
         Dialect::Okx => okx::parse(frame, out),
-        Dialect::Kraken | Dialect::Bybit | Dialect::Coinbase | Dialect::Binance => {
-            Err(WireError::Unsupported(dialect))
-        }
+        Dialect::Bybit => bybit::parse(frame, out),
+        Dialect::Coinbase => coinbase::parse(frame, out),
+        Dialect::Kraken | Dialect::Binance => Err(WireError::Unsupported(dialect)),
     }
 }
 
@@ -312,4 +317,107 @@ pub(crate) fn candle(
     c.minutes = minutes;
     c.check().map_err(|e| invalid(dialect, format!("candle: {e}")))?;
     Ok(c)
+}
+
+/// An integer a venue sends as a JSON number or as a string of one (Bybit's `ts` is a number in
+/// its field tables and a string in its own reminder), read to an integer with [`Self::get`]
+/// so that the error names the field.
+#[derive(Debug, Clone)]
+pub(crate) enum IntText<'a> {
+    Int(i128),
+    Text(std::borrow::Cow<'a, str>),
+    /// Anything else (a fraction, a boolean), kept for the error message.
+    Other(String),
+}
+
+impl IntText<'_> {
+    /// The integer, or an error naming `field`.
+    pub fn get<T: TryFrom<i128>>(
+        &self,
+        dialect: Dialect,
+        field: &'static str,
+    ) -> Result<T, WireError> {
+        let bad = |value: &str, detail: &str| WireError::Number {
+            dialect,
+            field,
+            value: clip(value).to_string(),
+            detail: detail.into(),
+        };
+        let n = match self {
+            IntText::Int(n) => *n,
+            IntText::Text(s) => s.parse::<i128>().map_err(|_| bad(s, "not an integer"))?,
+            IntText::Other(s) => return Err(bad(s, "not an integer")),
+        };
+        T::try_from(n).map_err(|_| bad(&n.to_string(), "out of range"))
+    }
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for IntText<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = IntText<'de>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("an integer, or a string of one")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<IntText<'de>, E> {
+                Ok(IntText::Int(v.into()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<IntText<'de>, E> {
+                Ok(IntText::Int(v.into()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<IntText<'de>, E> {
+                Ok(IntText::Other(v.to_string()))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<IntText<'de>, E> {
+                Ok(IntText::Other(v.to_string()))
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<IntText<'de>, E> {
+                Ok(IntText::Text(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<IntText<'de>, E> {
+                Ok(IntText::Text(clip(v).to_string().into()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A JSON array of at most `MAX` entries, refused while it is read (before the rest of an
+/// oversized array is held), its error naming `what` is too long.
+#[derive(Debug)]
+pub(crate) struct Capped<T, const MAX: usize>(pub Vec<T>);
+
+impl<T, const MAX: usize> Default for Capped<T, MAX> {
+    fn default() -> Self {
+        Capped(Vec::new())
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>, const MAX: usize> serde::Deserialize<'de> for Capped<T, MAX> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T, const MAX: usize>(core::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>, const MAX: usize> serde::de::Visitor<'de> for V<T, MAX> {
+            type Value = Capped<T, MAX>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                write!(f, "a list of at most {MAX} entries")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Capped<T, MAX>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX).min(64));
+                while let Some(item) = seq.next_element()? {
+                    if out.len() == MAX {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "a list has more than the {MAX} entries allowed"
+                        )));
+                    }
+                    out.push(item);
+                }
+                Ok(Capped(out))
+            }
+        }
+        d.deserialize_seq(V::<T, MAX>(core::marker::PhantomData))
+    }
 }
