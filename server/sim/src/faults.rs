@@ -10,6 +10,7 @@
 //! | `reorder`              | the next `count` messages are each held back and sent after the following message of the same stream (adjacent swap) |
 //! | `malformed`            | the next `count` messages are replaced by broken text: alternately invalid JSON and the real frame cut in half |
 //! | `corrupt`              | the next `count` depth diffs carry one wrong level (update ids intact): a phantom level one price unit (10^-8) beyond the deepest changed bid (or ask), which the exchange never has, so the receiver's book silently diverges until it checks against a snapshot |
+//! | `reset`                | the other venues' book streams: the next `count` messages are the venue's own reset (OKX `seqId` below `prevSeqId`, Bybit `u = 1` carrying the whole book, a fresh snapshot on Coinbase and Kraken) |
 //! | `stall`                | the matching streams send nothing for `ms` milliseconds (messages are dropped; the connection stays open and keeps answering pings) |
 //! | `rest_fail`            | the next `count` REST calls (optionally only those whose path starts with `path`) fail with `status`; 429 and 418 carry `Retry-After: retry_after` seconds (default 1) |
 //! | `max_connection_age`   | WebSocket connections are closed (close frame) once they are `ms` old; `null` restores the configured age |
@@ -102,6 +103,9 @@ pub enum MessageFault {
     Malformed,
     /// Depth diffs only (other messages pass unchanged): see the module docs.
     Corrupt,
+    /// The other venues' book streams only: the venue's own reset (OKX `seqId` going down,
+    /// Bybit `u = 1` with the whole book, a fresh snapshot on Coinbase and Kraken).
+    Reset,
 }
 
 /// One scripted fault; the JSON form of `POST /sim/faults` (see the module docs).
@@ -133,6 +137,11 @@ pub enum FaultCommand {
         count: u32,
     },
     Corrupt {
+        #[serde(flatten)]
+        target: StreamTarget,
+        count: u32,
+    },
+    Reset {
         #[serde(flatten)]
         target: StreamTarget,
         count: u32,
@@ -207,6 +216,9 @@ pub struct FaultCounters {
     /// Depth diffs sent with a phantom level (`corrupt`).
     #[serde(default)]
     pub corrupted: u64,
+    /// Book messages of the other venues sent as the venue's reset (`reset`).
+    #[serde(default)]
+    pub resets: u64,
     /// Messages withheld by a stall.
     pub stalled: u64,
     /// Connections closed by `drop`.
@@ -236,6 +248,7 @@ struct Counters {
     reordered: AtomicU64,
     malformed: AtomicU64,
     corrupted: AtomicU64,
+    resets: AtomicU64,
     stalled: AtomicU64,
     connections_dropped: AtomicU64,
     connections_aged_out: AtomicU64,
@@ -252,6 +265,7 @@ struct Counters {
 pub(crate) enum Count {
     Reordered,
     Corrupted,
+    Reset,
     AgedOut,
     Laggard,
     PingTimeout,
@@ -346,6 +360,9 @@ impl Faults {
             }
             FaultCommand::Corrupt { target, count } => {
                 self.message_fault(MessageFault::Corrupt, target, count)
+            }
+            FaultCommand::Reset { target, count } => {
+                self.message_fault(MessageFault::Reset, target, count)
             }
             FaultCommand::Stall { target, ms } => self.stall(target, Duration::from_millis(ms)),
             FaultCommand::RestFail { count, status, path, retry_after } => {
@@ -463,6 +480,7 @@ impl Faults {
             reordered: c.reordered.load(Relaxed),
             malformed: c.malformed.load(Relaxed),
             corrupted: c.corrupted.load(Relaxed),
+            resets: c.resets.load(Relaxed),
             stalled: c.stalled.load(Relaxed),
             connections_dropped: c.connections_dropped.load(Relaxed),
             connections_aged_out: c.connections_aged_out.load(Relaxed),
@@ -485,6 +503,7 @@ impl Faults {
         let counter = match what {
             Count::Reordered => &c.reordered,
             Count::Corrupted => &c.corrupted,
+            Count::Reset => &c.resets,
             Count::AgedOut => &c.connections_aged_out,
             Count::Laggard => &c.laggards_disconnected,
             Count::PingTimeout => &c.ping_timeouts,
@@ -518,7 +537,7 @@ impl Faults {
                 MessageFault::Duplicate => c.duplicated.fetch_add(1, Relaxed),
                 MessageFault::Malformed => c.malformed.fetch_add(1, Relaxed),
                 // counted when the swap happens / when a depth diff was actually altered
-                MessageFault::Reorder | MessageFault::Corrupt => 0,
+                MessageFault::Reorder | MessageFault::Corrupt | MessageFault::Reset => 0,
             };
             Decision::Fault(f)
         } else {

@@ -55,6 +55,7 @@ pub mod server;
 mod state;
 pub mod symbols;
 pub mod tbt;
+pub mod venues;
 pub mod ws;
 
 use std::net::SocketAddr;

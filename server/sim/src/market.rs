@@ -168,7 +168,13 @@ struct State {
     trades: Vec<Trade>,
     /// Scratch buffer for the levels one tick changed.
     touched: Vec<(Side, shared::Price)>,
+    /// The newest trades, oldest first, at most [`RECENT_TRADES`]: what the other venues'
+    /// sessions and REST answers read.
+    recent: std::collections::VecDeque<Trade>,
 }
+
+/// Trades each market keeps for the other venues' dialects ([`SimMarket::trades_after`]).
+pub const RECENT_TRADES: usize = 20_000;
 
 impl State {
     /// Runs the engine to `until`, closing minutes on the way; the levels changed go to every
@@ -180,6 +186,10 @@ impl State {
             self.engine.step(&mut self.trades);
             for t in &self.trades[n..] {
                 self.klines.add(t);
+                if self.recent.len() == RECENT_TRADES {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back(*t);
             }
         }
         if self.feeds.is_empty() {
@@ -234,6 +244,7 @@ impl SimMarket {
             last_ticker: None,
             trades: Vec::new(),
             touched: Vec::new(),
+            recent: std::collections::VecDeque::new(),
         };
         state.advance(start_ms, &mut Vec::new());
         state.trades.clear();
@@ -323,6 +334,35 @@ impl SimMarket {
         }
         out.extend(SimCandle::merge(tf, &bucket));
         out
+    }
+
+    /// Up to `max` trades with an id above `after` (the oldest kept when `after` is `None`),
+    /// oldest first, and the id of the newest trade there is.
+    pub fn trades_after(&self, after: Option<u64>, max: usize) -> (Vec<Trade>, Option<u64>) {
+        let s = self.lock();
+        let newest = s.recent.back().map(|t| t.id);
+        let start = match after {
+            None => s.recent.len().saturating_sub(max),
+            Some(id) => s.recent.partition_point(|t| t.id <= id),
+        };
+        (s.recent.range(start..).take(max).copied().collect(), newest)
+    }
+
+    /// The forming 1m candle.
+    pub fn forming(&self) -> SimCandle {
+        *self.lock().klines.forming()
+    }
+
+    /// The book (the best `limit` levels per side) with its update id, the forming candle and
+    /// the newest trade id, read at one instant.
+    pub fn book_and_time(&self, limit: usize) -> (BookView, i64) {
+        let s = self.lock();
+        let view = BookView {
+            last_update_id: s.engine.update_id(),
+            bids: s.engine.levels(Side::Bid, limit),
+            asks: s.engine.levels(Side::Ask, limit),
+        };
+        (view, s.now_ms)
     }
 
     /// The simulated time the engine has run to.

@@ -10,6 +10,7 @@
 //! | `GET /sim/faults`, `POST /sim/faults` | the fault plan and counters; inject faults ([`crate::faults`]; token and JSON, [`crate::control`]) |
 //! | `GET /sim/status` | symbols, clock, connections |
 //! | `/tbt/*` | the tick-by-tick feed ([`crate::tbt::routes`]) |
+//! | `/okx/…`, `/bybit/…`, `/coinbase/…`, `/kraken/…` | the other venues' WebSocket and REST protocols ([`crate::venues`]) |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,8 +69,11 @@ pub(crate) async fn start(
     let faults = Arc::new(Faults::new(config.max_connection_age));
     let hub = Arc::new(Hub::new(config.ws_queue, faults.clone()));
     let weak = Arc::downgrade(&hub);
+    let venue_conns = Arc::new(crate::venues::VenueConns::default());
+    let weak_venues = Arc::downgrade(&venue_conns);
     faults.attach_dropper(Box::new(move |symbol| {
         weak.upgrade().map_or(0, |h| h.drop_connections(symbol))
+            + weak_venues.upgrade().map_or(0, |v| v.drop_connections(symbol))
     }));
     let tasks = TaskTracker::new();
     let srv = Arc::new(Srv {
@@ -88,6 +92,7 @@ pub(crate) async fn start(
             max_streams_per_connection: config.max_streams_per_connection,
         },
         stop: stop.clone(),
+        venue_conns,
     });
     let tbt = crate::tbt::TbtHandle::start(config.tbt.clone(), stop.child_token(), &tasks)?;
     let guard = crate::control::Guard {
@@ -136,7 +141,7 @@ fn router(srv: Arc<Srv>) -> Router {
             .route(&format!("{base}/stream"), get(ws::ws_combined))
             .route(&format!("{base}/stream/"), get(ws::ws_combined));
     }
-    rest_routes.merge(ws_routes).with_state(srv)
+    rest_routes.merge(ws_routes).merge(crate::venues::routes()).with_state(srv)
 }
 
 /// `/sim/*`; the caller guards it ([`crate::control`]).

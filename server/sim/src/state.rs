@@ -27,4 +27,6 @@ pub(crate) struct Srv {
     pub config: WsSettings,
     /// Cancelled on shutdown; sessions close with 1001.
     pub stop: CancellationToken,
+    /// The other venues' connections ([`crate::venues`]).
+    pub venue_conns: Arc<crate::venues::VenueConns>,
 }
