@@ -108,6 +108,11 @@ pub struct VenueReport {
     pub books: Vec<BookReport>,
     pub trades: TradesReport,
     pub refusals: u64,
+    /// Frames of the capture that could not be read (all instruments': a broken frame names
+    /// none), and the first one's error.
+    pub bad_frames: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_bad_frame: Option<String>,
     /// What the capture lacked, and how the replay made do.
     pub notes: Vec<String>,
     pub ok: bool,
@@ -264,6 +269,8 @@ struct Replay {
     /// Each file's connection (re)opens, receive time in ms.
     connects: Vec<Vec<i64>>,
     messages: Vec<Message>,
+    bad_frames: u64,
+    first_bad_frame: Option<String>,
 }
 
 impl Replay {
@@ -278,6 +285,8 @@ impl Replay {
             sequences: vec![ConnectionSequence::default(); files],
             connects: vec![Vec::new(); files],
             messages: Vec::new(),
+            bad_frames: 0,
+            first_bad_frame: None,
         }
     }
 
@@ -296,9 +305,19 @@ impl Replay {
             Line::Received(json) => {
                 let mut messages = std::mem::take(&mut self.messages);
                 messages.clear();
-                venues::parse(self.dialect, &json, &mut messages)
-                    .map_err(|e| InputError::new(r.origin.clone(), e.to_string()))?;
+                if let Err(e) = venues::parse(self.dialect, &json, &mut messages) {
+                    // a broken frame is the venue's (or the recorder's): counted, and the
+                    // books go on, as they would live
+                    self.bad_frames += 1;
+                    self.first_bad_frame.get_or_insert_with(|| format!("{}: {e}", r.origin));
+                }
                 for m in messages.drain(..) {
+                    if let Message::Sequence { seq } = m {
+                        if !self.on_sequence(r.file, seq) {
+                            break; // a frame already seen on this connection
+                        }
+                        continue;
+                    }
                     self.on_message(r.file, ms, m);
                 }
                 self.messages = messages;
@@ -359,12 +378,7 @@ impl Replay {
             }
             Message::Candle(_) => {}
             Message::Sequence { seq } => {
-                if let SeqVerdict::Gap { .. } = self.sequences[file].observe(seq) {
-                    for b in self.books.values_mut().filter(|b| b.file == file) {
-                        b.sync.handle_lost_message();
-                        b.drain();
-                    }
-                }
+                self.on_sequence(file, seq);
             }
             Message::Instrument(i) => {
                 self.precisions.insert(i.symbol, (i.price_decimals, i.qty_decimals));
@@ -373,6 +387,21 @@ impl Replay {
                 *self.refusals.entry(format!("{code} {message}")).or_default() += 1;
             }
             Message::Heartbeat | Message::Ack { .. } | Message::Ignored { .. } => {}
+        }
+    }
+
+    /// A connection-wide sequence number; `false` for a duplicate, whose frame is dropped.
+    fn on_sequence(&mut self, file: usize, seq: u64) -> bool {
+        match self.sequences[file].observe(seq) {
+            SeqVerdict::Gap { .. } => {
+                for b in self.books.values_mut().filter(|b| b.file == file) {
+                    b.sync.handle_lost_message();
+                    b.drain();
+                }
+                true
+            }
+            SeqVerdict::Duplicate => false,
+            SeqVerdict::First | SeqVerdict::Next => true,
         }
     }
 
@@ -413,6 +442,8 @@ impl Replay {
                 books: Vec::new(),
                 trades: TradesReport::default(),
                 refusals: 0,
+                bad_frames: 0,
+                first_bad_frame: None,
                 notes: Vec::new(),
                 ok: false,
             }
@@ -441,6 +472,8 @@ impl Replay {
         let refusals: u64 = self.refusals.values().sum();
         for r in symbols.values_mut() {
             r.refusals = refusals;
+            r.bad_frames = self.bad_frames;
+            r.first_bad_frame.clone_from(&self.first_bad_frame);
             r.notes.dedup();
             r.judge();
         }

@@ -176,10 +176,11 @@ impl VenueSync {
 
     /// One book message of the venue.
     pub fn handle_message(&mut self, m: BookMessage<'_>) {
-        let restart =
-            self.config.sequence == SequenceRule::Bybit && !m.snapshot && m.seq == Some(1);
+        // Bybit's u = 1: the service restarted, and this message is the whole book (a snapshot,
+        // or a delta that must be taken as one)
+        let restart = self.config.sequence == SequenceRule::Bybit && m.seq == Some(1);
         if m.snapshot || restart {
-            if restart {
+            if restart && self.last_seq.is_some() {
                 self.stats.sequence_resets += 1;
                 self.events.push_back(SyncEvent::SequenceReset { from: self.last_seq, to: 1 });
             }

@@ -62,15 +62,23 @@ impl Venue for Bybit {
             let parts: Vec<&str> = topic.split('.').collect();
             let sub = match parts.as_slice() {
                 ["orderbook", depth, sym] => {
-                    let depth: usize = depth.parse().map_err(|_| format!("error:handler not found,topic:{topic}"))?;
+                    let depth: usize = depth
+                        .parse()
+                        .map_err(|_| format!("error:handler not found,topic:{topic}"))?;
                     if !DEPTHS.contains(&depth) {
                         return Err(format!("error:handler not found,topic:{topic}"));
                     }
                     Sub { channel: Channel::Book, symbol: sym.to_string(), depth: Some(depth) }
                 }
-                ["publicTrade", sym] => Sub { channel: Channel::Trades, symbol: sym.to_string(), depth: None },
-                ["kline", "1", sym] => Sub { channel: Channel::Candles, symbol: sym.to_string(), depth: None },
-                ["tickers", sym] => Sub { channel: Channel::Ticker, symbol: sym.to_string(), depth: None },
+                ["publicTrade", sym] => {
+                    Sub { channel: Channel::Trades, symbol: sym.to_string(), depth: None }
+                }
+                ["kline", "1", sym] => {
+                    Sub { channel: Channel::Candles, symbol: sym.to_string(), depth: None }
+                }
+                ["tickers", sym] => {
+                    Sub { channel: Channel::Ticker, symbol: sym.to_string(), depth: None }
+                }
                 _ => return Err(format!("error:handler not found,topic:{topic}")),
             };
             subs.push(sub);
@@ -128,7 +136,14 @@ impl Venue for Bybit {
         json!({"topic": format!("publicTrade.{symbol}"), "type": "snapshot", "ts": ctx.now_ms, "data": data}).to_string()
     }
 
-    fn candle(&self, symbol: &str, spec: &SymbolSpec, c: &SimCandle, closed: bool, ctx: &mut Ctx) -> String {
+    fn candle(
+        &self,
+        symbol: &str,
+        spec: &SymbolSpec,
+        c: &SimCandle,
+        closed: bool,
+        ctx: &mut Ctx,
+    ) -> String {
         let k = &c.candle;
         json!({
             "topic": format!("kline.1.{symbol}"),
@@ -144,7 +159,15 @@ impl Venue for Bybit {
         .to_string()
     }
 
-    fn ticker(&self, symbol: &str, spec: &SymbolSpec, bid: Level, ask: Level, cs: u64, ctx: &mut Ctx) -> String {
+    fn ticker(
+        &self,
+        symbol: &str,
+        spec: &SymbolSpec,
+        bid: Level,
+        ask: Level,
+        cs: u64,
+        ctx: &mut Ctx,
+    ) -> String {
         json!({
             "topic": format!("tickers.{symbol}"),
             "type": "snapshot",

@@ -109,7 +109,11 @@ impl Venue for Coinbase {
             }
         }
         let kind = if b.snapshot { "snapshot" } else { "update" };
-        envelope("l2_data", json!([{"type": kind, "product_id": b.symbol, "updates": updates}]), ctx)
+        envelope(
+            "l2_data",
+            json!([{"type": kind, "product_id": b.symbol, "updates": updates}]),
+            ctx,
+        )
     }
 
     fn book_heartbeat(&self, _b: &BookOut<'_>, _ctx: &mut Ctx) -> Option<String> {
@@ -130,7 +134,14 @@ impl Venue for Coinbase {
         envelope("market_trades", json!([{"type": "update", "trades": rows}]), ctx)
     }
 
-    fn candle(&self, symbol: &str, spec: &SymbolSpec, c: &SimCandle, _closed: bool, ctx: &mut Ctx) -> String {
+    fn candle(
+        &self,
+        symbol: &str,
+        spec: &SymbolSpec,
+        c: &SimCandle,
+        _closed: bool,
+        ctx: &mut Ctx,
+    ) -> String {
         let k = &c.candle;
         envelope(
             "candles",
@@ -147,7 +158,15 @@ impl Venue for Coinbase {
         5
     }
 
-    fn ticker(&self, symbol: &str, spec: &SymbolSpec, bid: Level, ask: Level, _cs: u64, ctx: &mut Ctx) -> String {
+    fn ticker(
+        &self,
+        symbol: &str,
+        spec: &SymbolSpec,
+        bid: Level,
+        ask: Level,
+        _cs: u64,
+        ctx: &mut Ctx,
+    ) -> String {
         envelope(
             "ticker",
             json!([{"type": "update", "tickers": [{

@@ -56,7 +56,8 @@ impl Venue for Kraken {
     }
 
     fn request(&self, text: &str) -> Result<Request, String> {
-        let v: Value = serde_json::from_str(text).map_err(|_| "EGeneral:Invalid arguments".to_string())?;
+        let v: Value =
+            serde_json::from_str(text).map_err(|_| "EGeneral:Invalid arguments".to_string())?;
         let id = v.get("req_id").cloned();
         let method = v["method"].as_str().ok_or("EGeneral:Invalid arguments")?;
         if method == "ping" {
@@ -103,7 +104,10 @@ impl Venue for Kraken {
         let t = time(ctx.now_ms);
         let (method, id) = match req {
             Request::Ping { id } if outcome.is_ok() => {
-                return Some(json!({"method": "pong", "req_id": id, "time_in": t, "time_out": t}).to_string());
+                return Some(
+                    json!({"method": "pong", "req_id": id, "time_in": t, "time_out": t})
+                        .to_string(),
+                );
             }
             Request::Ping { id } => ("ping", id),
             Request::Subscribe { id, .. } => ("subscribe", id),
@@ -149,7 +153,14 @@ impl Venue for Kraken {
         json!({"channel": "trade", "type": "update", "data": data}).to_string()
     }
 
-    fn candle(&self, symbol: &str, _spec: &SymbolSpec, c: &SimCandle, _closed: bool, ctx: &mut Ctx) -> String {
+    fn candle(
+        &self,
+        symbol: &str,
+        _spec: &SymbolSpec,
+        c: &SimCandle,
+        _closed: bool,
+        ctx: &mut Ctx,
+    ) -> String {
         let k = &c.candle;
         json!({
             "channel": "ohlc",
@@ -164,7 +175,15 @@ impl Venue for Kraken {
         .to_string()
     }
 
-    fn ticker(&self, symbol: &str, _spec: &SymbolSpec, bid: Level, ask: Level, _cs: u64, _ctx: &mut Ctx) -> String {
+    fn ticker(
+        &self,
+        symbol: &str,
+        _spec: &SymbolSpec,
+        bid: Level,
+        ask: Level,
+        _cs: u64,
+        _ctx: &mut Ctx,
+    ) -> String {
         json!({
             "channel": "ticker",
             "type": "update",

@@ -122,10 +122,23 @@ pub(crate) trait Venue: Send + Sync + 'static {
     fn book_heartbeat(&self, b: &BookOut<'_>, ctx: &mut Ctx) -> Option<String>;
     fn trades(&self, symbol: &str, spec: &SymbolSpec, trades: &[Trade], ctx: &mut Ctx) -> String;
     /// A 1m candle (Coinbase: its 5 m candle), forming or closed.
-    fn candle(&self, symbol: &str, spec: &SymbolSpec, c: &SimCandle, closed: bool, ctx: &mut Ctx)
-        -> String;
-    fn ticker(&self, symbol: &str, spec: &SymbolSpec, bid: Level, ask: Level, cross_seq: u64, ctx: &mut Ctx)
-        -> String;
+    fn candle(
+        &self,
+        symbol: &str,
+        spec: &SymbolSpec,
+        c: &SimCandle,
+        closed: bool,
+        ctx: &mut Ctx,
+    ) -> String;
+    fn ticker(
+        &self,
+        symbol: &str,
+        spec: &SymbolSpec,
+        bid: Level,
+        ask: Level,
+        cross_seq: u64,
+        ctx: &mut Ctx,
+    ) -> String;
     /// What the connection sends every second whatever it holds (Kraken and Coinbase heartbeats).
     fn heartbeat(&self, subs: &[Sub], ctx: &mut Ctx) -> Option<String>;
     /// Frames a subscription to a connection-wide channel starts with (Kraken's instruments).
@@ -355,7 +368,10 @@ fn on_request<V: Venue>(
                     continue;
                 }
                 if find(&s.symbol).is_none() {
-                    let why = format!("unknown instrument {:?}", s.symbol.chars().take(40).collect::<String>());
+                    let why = format!(
+                        "unknown instrument {:?}",
+                        s.symbol.chars().take(40).collect::<String>()
+                    );
                     return venue.answer(&req, Err(&why), ctx);
                 }
             }
@@ -414,13 +430,26 @@ fn checksum_of<V: Venue>(venue: &V, spec: &SymbolSpec, book: &OrderBook) -> Opti
     }
 }
 
-fn decide(srv: &Srv, venue: Dialect, channel: &str, sub: &Sub, class: StreamClass, spec: &SymbolSpec) -> Decision {
+fn decide(
+    srv: &Srv,
+    venue: Dialect,
+    channel: &str,
+    sub: &Sub,
+    class: StreamClass,
+    spec: &SymbolSpec,
+) -> Decision {
     let name = format!("{}:{channel}:{}", venue.as_str(), sub.symbol);
     srv.faults.decide(&name, class, &spec.symbol)
 }
 
 /// One tick of every feed of a connection.
-fn publish<V: Venue>(srv: &Srv, venue: &V, feeds: &mut [Feed], ctx: &mut Ctx, out: &mut Vec<String>) {
+fn publish<V: Venue>(
+    srv: &Srv,
+    venue: &V,
+    feeds: &mut [Feed],
+    ctx: &mut Ctx,
+    out: &mut Vec<String>,
+) {
     let dialect = venue.dialect();
     for f in feeds.iter_mut() {
         let m = &srv.ex.markets[f.market];
@@ -454,12 +483,16 @@ fn publish<V: Venue>(srv: &Srv, venue: &V, feeds: &mut [Feed], ctx: &mut Ctx, ou
             Channel::Candles => candle_tick(srv, venue, f, ctx, out),
             Channel::Ticker => {
                 let (view, _) = m.book_and_time(1);
-                let (Some(&bid), Some(&ask)) = (view.bids.first(), view.asks.first()) else { continue };
+                let (Some(&bid), Some(&ask)) = (view.bids.first(), view.asks.first()) else {
+                    continue;
+                };
                 if f.last_ticker == Some((bid, ask)) {
                     continue;
                 }
                 f.last_ticker = Some((bid, ask));
-                if let Decision::Send = decide(srv, dialect, "ticker", &f.sub, StreamClass::BookTicker, spec) {
+                if let Decision::Send =
+                    decide(srv, dialect, "ticker", &f.sub, StreamClass::BookTicker, spec)
+                {
                     out.push(venue.ticker(&symbol, spec, bid, ask, view.last_update_id, ctx));
                 }
             }
@@ -672,6 +705,10 @@ pub(crate) fn pair(spec: &SymbolSpec, sep: &str) -> String {
 }
 
 /// The book of `symbol`'s market under a venue's name.
-pub(crate) fn market_by<'a>(srv: &'a Srv, symbol: &str, name: impl Fn(&SymbolSpec) -> String) -> Option<&'a SimMarket> {
+pub(crate) fn market_by<'a>(
+    srv: &'a Srv,
+    symbol: &str,
+    name: impl Fn(&SymbolSpec) -> String,
+) -> Option<&'a SimMarket> {
     srv.ex.markets.iter().find(|m| name(&m.spec) == symbol)
 }

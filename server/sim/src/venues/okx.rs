@@ -75,7 +75,9 @@ impl Venue for Okx {
             Request::Unsubscribe { subs, .. } => ("unsubscribe", &subs[..]),
         };
         if let Err(msg) = outcome {
-            return Some(json!({"event": "error", "code": "60012", "msg": msg, "connId": "sim"}).to_string());
+            return Some(
+                json!({"event": "error", "code": "60012", "msg": msg, "connId": "sim"}).to_string(),
+            );
         }
         let arg = subs.first().map(|s| {
             let channel = match s.channel {
@@ -129,7 +131,14 @@ impl Venue for Okx {
         json!({"arg": {"channel": "trades", "instId": symbol}, "data": data}).to_string()
     }
 
-    fn candle(&self, symbol: &str, _spec: &SymbolSpec, c: &SimCandle, closed: bool, _ctx: &mut Ctx) -> String {
+    fn candle(
+        &self,
+        symbol: &str,
+        _spec: &SymbolSpec,
+        c: &SimCandle,
+        closed: bool,
+        _ctx: &mut Ctx,
+    ) -> String {
         let k = &c.candle;
         json!({
             "arg": {"channel": "candle1m", "instId": symbol},
@@ -142,7 +151,15 @@ impl Venue for Okx {
         .to_string()
     }
 
-    fn ticker(&self, symbol: &str, _spec: &SymbolSpec, bid: Level, ask: Level, _cs: u64, ctx: &mut Ctx) -> String {
+    fn ticker(
+        &self,
+        symbol: &str,
+        _spec: &SymbolSpec,
+        bid: Level,
+        ask: Level,
+        _cs: u64,
+        ctx: &mut Ctx,
+    ) -> String {
         json!({
             "arg": {"channel": "tickers", "instId": symbol},
             "data": [{

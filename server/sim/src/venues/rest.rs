@@ -45,7 +45,10 @@ fn refusal(status: StatusCode, body: Value) -> Response {
 /// The pending `rest_fail` fault of `path`, as the venue says "too many requests" (or fails).
 fn fault(srv: &Srv, path: &str, body: impl Fn(u16) -> Value) -> Option<Response> {
     let (status, retry) = srv.faults.rest_fault(path)?;
-    let mut r = refusal(StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS), body(status));
+    let mut r = refusal(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+        body(status),
+    );
     if let Some(s) = retry {
         if let Ok(v) = s.to_string().parse() {
             r.headers_mut().insert("retry-after", v);
@@ -54,7 +57,11 @@ fn fault(srv: &Srv, path: &str, body: impl Fn(u16) -> Value) -> Option<Response>
     Some(r)
 }
 
-fn market<'a>(srv: &'a Srv, symbol: Option<&String>, name: impl Fn(&crate::SymbolSpec) -> String) -> Option<&'a SimMarket> {
+fn market<'a>(
+    srv: &'a Srv,
+    symbol: Option<&String>,
+    name: impl Fn(&crate::SymbolSpec) -> String,
+) -> Option<&'a SimMarket> {
     super::market_by(srv, symbol?, name)
 }
 
@@ -87,7 +94,13 @@ fn okx_error(code: &str, msg: &str) -> Value {
 }
 
 fn okx_fault(srv: &Srv, path: &str) -> Option<Response> {
-    fault(srv, path, |s| if s == 429 { okx_error("50011", "Too Many Requests") } else { okx_error("50001", "Service temporarily unavailable") })
+    fault(srv, path, |s| {
+        if s == 429 {
+            okx_error("50011", "Too Many Requests")
+        } else {
+            okx_error("50001", "Service temporarily unavailable")
+        }
+    })
 }
 
 async fn okx_instruments(State(srv): State<Arc<Srv>>) -> Response {
@@ -112,12 +125,17 @@ async fn okx_books(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response {
         return r;
     }
     let Some(m) = market(&srv, p.get("instId"), |s| pair(s, "-")) else {
-        return refusal(StatusCode::BAD_REQUEST, okx_error("51001", "Instrument ID does not exist"));
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            okx_error("51001", "Instrument ID does not exist"),
+        );
     };
     let depth = p.get("sz").and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 400);
     let (view, now) = m.book_and_time(depth);
     let side = |ls: &[shared::Level]| -> Vec<[String; 4]> {
-        ls.iter().map(|l| [l.price.to_string(), l.qty.to_string(), "0".into(), "1".into()]).collect()
+        ls.iter()
+            .map(|l| [l.price.to_string(), l.qty.to_string(), "0".into(), "1".into()])
+            .collect()
     };
     Json(json!({"code": "0", "msg": "", "data": [{"asks": side(&view.asks), "bids": side(&view.bids), "ts": now.to_string()}]}))
         .into_response()
@@ -125,12 +143,19 @@ async fn okx_books(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response {
 
 /// `candles` / `history-candles`: `after` (older than), `before` (newer than), `limit` (≤ 300 /
 /// 100), newest first.
-async fn okx_candles(State(srv): State<Arc<Srv>>, uri: axum::http::Uri, Query(p): Params) -> Response {
+async fn okx_candles(
+    State(srv): State<Arc<Srv>>,
+    uri: axum::http::Uri,
+    Query(p): Params,
+) -> Response {
     if let Some(r) = okx_fault(&srv, uri.path()) {
         return r;
     }
     let Some(m) = market(&srv, p.get("instId"), |s| pair(s, "-")) else {
-        return refusal(StatusCode::BAD_REQUEST, okx_error("51001", "Instrument ID does not exist"));
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            okx_error("51001", "Instrument ID does not exist"),
+        );
     };
     if p.get("bar").is_some_and(|b| b != "1m") {
         return refusal(StatusCode::BAD_REQUEST, okx_error("51000", "Parameter bar error"));
@@ -138,7 +163,9 @@ async fn okx_candles(State(srv): State<Arc<Srv>>, uri: axum::http::Uri, Query(p)
     let max = if uri.path().ends_with("history-candles") { 100 } else { 300 };
     let (after, before, limit) = match (int(&p, "after"), int(&p, "before"), int(&p, "limit")) {
         (Ok(a), Ok(b), Ok(l)) => (a, b, l.unwrap_or(100).clamp(1, max) as usize),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return refusal(StatusCode::BAD_REQUEST, okx_error("51000", &e)),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return refusal(StatusCode::BAD_REQUEST, okx_error("51000", &e))
+        }
     };
     let hi = after.map_or(i64::MAX, |a| a - 1);
     let lo = before.map_or(m.spec.listed_ms, |b| b + 1);
@@ -147,8 +174,17 @@ async fn okx_candles(State(srv): State<Arc<Srv>>, uri: axum::http::Uri, Query(p)
         .map(|c| {
             let k = &c.candle;
             let closed = k.open_time < m.forming().candle.open_time;
-            json!([k.open_time.to_string(), k.open.to_string(), k.high.to_string(), k.low.to_string(), k.close.to_string(),
-                   k.volume.to_string(), c.quote_volume.to_string(), c.quote_volume.to_string(), if closed { "1" } else { "0" }])
+            json!([
+                k.open_time.to_string(),
+                k.open.to_string(),
+                k.high.to_string(),
+                k.low.to_string(),
+                k.close.to_string(),
+                k.volume.to_string(),
+                c.quote_volume.to_string(),
+                c.quote_volume.to_string(),
+                if closed { "1" } else { "0" }
+            ])
         })
         .collect();
     Json(json!({"code": "0", "msg": "", "data": rows})).into_response()
@@ -161,7 +197,13 @@ fn bybit_error(code: i64, msg: &str) -> Value {
 }
 
 fn bybit_fault(srv: &Srv, path: &str) -> Option<Response> {
-    fault(srv, path, |s| if s == 429 { bybit_error(10006, "Too many visits!") } else { bybit_error(10016, "Server error") })
+    fault(srv, path, |s| {
+        if s == 429 {
+            bybit_error(10006, "Too many visits!")
+        } else {
+            bybit_error(10016, "Server error")
+        }
+    })
 }
 
 async fn bybit_instruments(State(srv): State<Arc<Srv>>) -> Response {
@@ -179,7 +221,8 @@ async fn bybit_instruments(State(srv): State<Arc<Srv>>) -> Response {
                    "priceFilter": {"tickSize": s.tick.to_string()}})
         })
         .collect();
-    Json(json!({"retCode": 0, "retMsg": "OK", "result": {"category": "spot", "list": list}})).into_response()
+    Json(json!({"retCode": 0, "retMsg": "OK", "result": {"category": "spot", "list": list}}))
+        .into_response()
 }
 
 async fn bybit_kline(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response {
@@ -194,17 +237,27 @@ async fn bybit_kline(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response 
     }
     let (start, end, limit) = match (int(&p, "start"), int(&p, "end"), int(&p, "limit")) {
         (Ok(s), Ok(e), Ok(l)) => (s, e, l.unwrap_or(200).clamp(1, 1000) as usize),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Json(bybit_error(10001, &e)).into_response(),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return Json(bybit_error(10001, &e)).into_response()
+        }
     };
     let places_p = u32::from(places(m.spec.tick.raw()));
-    let list: Vec<Value> = candles_newest_first(m, start.unwrap_or(m.spec.listed_ms), end.unwrap_or(i64::MAX), limit)
-        .iter()
-        .map(|c| {
-            let k = &c.candle;
-            json!([k.open_time.to_string(), k.open.to_string_fixed(places_p), k.high.to_string_fixed(places_p),
-                   k.low.to_string_fixed(places_p), k.close.to_string_fixed(places_p), k.volume.to_string(), c.quote_volume.to_string()])
-        })
-        .collect();
+    let list: Vec<Value> =
+        candles_newest_first(m, start.unwrap_or(m.spec.listed_ms), end.unwrap_or(i64::MAX), limit)
+            .iter()
+            .map(|c| {
+                let k = &c.candle;
+                json!([
+                    k.open_time.to_string(),
+                    k.open.to_string_fixed(places_p),
+                    k.high.to_string_fixed(places_p),
+                    k.low.to_string_fixed(places_p),
+                    k.close.to_string_fixed(places_p),
+                    k.volume.to_string(),
+                    c.quote_volume.to_string()
+                ])
+            })
+            .collect();
     Json(json!({"retCode": 0, "retMsg": "OK", "result": {"category": "spot", "symbol": m.spec.symbol, "list": list}}))
         .into_response()
 }
@@ -234,7 +287,13 @@ fn coinbase_error(msg: &str) -> Value {
 }
 
 fn coinbase_fault(srv: &Srv, path: &str) -> Option<Response> {
-    fault(srv, path, |s| if s == 429 { json!({"error": "RATE_LIMIT_EXCEEDED", "message": "Too many requests"}) } else { json!({"error": "INTERNAL", "message": "internal error"}) })
+    fault(srv, path, |s| {
+        if s == 429 {
+            json!({"error": "RATE_LIMIT_EXCEEDED", "message": "Too many requests"})
+        } else {
+            json!({"error": "INTERNAL", "message": "internal error"})
+        }
+    })
 }
 
 async fn coinbase_products(State(srv): State<Arc<Srv>>) -> Response {
@@ -256,19 +315,29 @@ async fn coinbase_products(State(srv): State<Arc<Srv>>) -> Response {
 }
 
 /// `start` and `end` in unix seconds, `granularity=ONE_MINUTE`, at most 350 candles.
-async fn coinbase_candles(State(srv): State<Arc<Srv>>, Path(id): Path<String>, uri: axum::http::Uri, Query(p): Params) -> Response {
+async fn coinbase_candles(
+    State(srv): State<Arc<Srv>>,
+    Path(id): Path<String>,
+    uri: axum::http::Uri,
+    Query(p): Params,
+) -> Response {
     if let Some(r) = coinbase_fault(&srv, uri.path()) {
         return r;
     }
     let Some(m) = super::market_by(&srv, &id, |s| pair(s, "-")) else {
-        return refusal(StatusCode::NOT_FOUND, json!({"error": "NOT_FOUND", "message": "product not found"}));
+        return refusal(
+            StatusCode::NOT_FOUND,
+            json!({"error": "NOT_FOUND", "message": "product not found"}),
+        );
     };
     if p.get("granularity").is_some_and(|g| g != "ONE_MINUTE") {
         return refusal(StatusCode::BAD_REQUEST, coinbase_error("unsupported granularity"));
     }
     let (start, end, limit) = match (int(&p, "start"), int(&p, "end"), int(&p, "limit")) {
         (Ok(s), Ok(e), Ok(l)) => (s, e, l.unwrap_or(350)),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return refusal(StatusCode::BAD_REQUEST, coinbase_error(&e)),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return refusal(StatusCode::BAD_REQUEST, coinbase_error(&e))
+        }
     };
     if !(1..=350).contains(&limit) {
         return refusal(StatusCode::BAD_REQUEST, coinbase_error("limit must be between 1 and 350"));
@@ -292,12 +361,17 @@ async fn coinbase_book(State(srv): State<Arc<Srv>>, Query(p): Params) -> Respons
         return r;
     }
     let Some(m) = market(&srv, p.get("product_id"), |s| pair(s, "-")) else {
-        return refusal(StatusCode::NOT_FOUND, json!({"error": "NOT_FOUND", "message": "product not found"}));
+        return refusal(
+            StatusCode::NOT_FOUND,
+            json!({"error": "NOT_FOUND", "message": "product not found"}),
+        );
     };
     let depth = p.get("limit").and_then(|v| v.parse().ok()).unwrap_or(50).clamp(1, 1000);
     let (view, now) = m.book_and_time(depth);
     let side = |ls: &[shared::Level]| -> Vec<Value> {
-        ls.iter().map(|l| json!({"price": l.price.to_string(), "size": l.qty.to_string()})).collect()
+        ls.iter()
+            .map(|l| json!({"price": l.price.to_string(), "size": l.qty.to_string()}))
+            .collect()
     };
     let mut t = String::new();
     venues::write_rfc3339(&mut t, now);
@@ -308,7 +382,11 @@ async fn coinbase_book(State(srv): State<Arc<Srv>>, Query(p): Params) -> Respons
 // ---- Kraken -------------------------------------------------------------------------------
 
 fn kraken_fault(srv: &Srv, path: &str) -> Option<Response> {
-    fault(srv, path, |s| json!({"error": [if s == 429 { "EGeneral:Too many requests" } else { "EService:Unavailable" }]}))
+    fault(
+        srv,
+        path,
+        |s| json!({"error": [if s == 429 { "EGeneral:Too many requests" } else { "EService:Unavailable" }]}),
+    )
 }
 
 async fn kraken_pairs(State(srv): State<Arc<Srv>>) -> Response {
@@ -334,7 +412,9 @@ async fn kraken_ohlc(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response 
     if let Some(r) = kraken_fault(&srv, "/kraken/0/public/OHLC") {
         return r;
     }
-    let Some(m) = market(&srv, p.get("pair"), |s| pair(s, "/")).or_else(|| market(&srv, p.get("pair"), |s| s.symbol.clone())) else {
+    let Some(m) = market(&srv, p.get("pair"), |s| pair(s, "/"))
+        .or_else(|| market(&srv, p.get("pair"), |s| s.symbol.clone()))
+    else {
         return Json(json!({"error": ["EQuery:Unknown asset pair"]})).into_response();
     };
     if p.get("interval").is_some_and(|i| i != "1") {
@@ -353,8 +433,16 @@ async fn kraken_ohlc(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response 
         .iter()
         .map(|c| {
             let k = &c.candle;
-            json!([k.open_time / 1000, k.open.to_string_fixed(tp), k.high.to_string_fixed(tp), k.low.to_string_fixed(tp),
-                   k.close.to_string_fixed(tp), k.close.to_string_fixed(tp), k.volume.to_string(), k.trades])
+            json!([
+                k.open_time / 1000,
+                k.open.to_string_fixed(tp),
+                k.high.to_string_fixed(tp),
+                k.low.to_string_fixed(tp),
+                k.close.to_string_fixed(tp),
+                k.close.to_string_fixed(tp),
+                k.volume.to_string(),
+                k.trades
+            ])
         })
         .collect();
     let last = rows.last().map_or(0, |c| c.candle.open_time / 1000);
@@ -365,14 +453,18 @@ async fn kraken_depth(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response
     if let Some(r) = kraken_fault(&srv, "/kraken/0/public/Depth") {
         return r;
     }
-    let Some(m) = market(&srv, p.get("pair"), |s| pair(s, "/")).or_else(|| market(&srv, p.get("pair"), |s| s.symbol.clone())) else {
+    let Some(m) = market(&srv, p.get("pair"), |s| pair(s, "/"))
+        .or_else(|| market(&srv, p.get("pair"), |s| s.symbol.clone()))
+    else {
         return Json(json!({"error": ["EQuery:Unknown asset pair"]})).into_response();
     };
     let depth = p.get("count").and_then(|v| v.parse().ok()).unwrap_or(100).clamp(1, 500);
     let (view, now) = m.book_and_time(depth);
     let tp = u32::from(places(m.spec.tick.raw()));
     let side = |ls: &[shared::Level]| -> Vec<Value> {
-        ls.iter().map(|l| json!([l.price.to_string_fixed(tp), l.qty.to_string_fixed(8), now / 1000])).collect()
+        ls.iter()
+            .map(|l| json!([l.price.to_string_fixed(tp), l.qty.to_string_fixed(8), now / 1000]))
+            .collect()
     };
     Json(json!({"error": [], "result": {pair(&m.spec, "/"): {"asks": side(&view.asks), "bids": side(&view.bids)}}})).into_response()
 }

@@ -7,6 +7,7 @@ mod exchange;
 mod resume;
 mod tbt_feed;
 mod url_forms;
+mod venues;
 
 /// The control token the tests' simulators take (`POST /sim/faults`, `POST /tbt/control`).
 pub const CONTROL_TOKEN: &str = "sim-test-control-token";
