@@ -11,6 +11,7 @@
 //! The same types serve the simulator, which writes each dialect with [`write`], so the frames
 //! the service reads in tests are the ones a venue sends.
 
+pub mod kraken;
 pub mod okx;
 mod time;
 
@@ -152,7 +153,9 @@ pub enum WireError {
 pub fn parse(dialect: Dialect, frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
     match dialect {
         Dialect::Okx => okx::parse(frame, out),
-        Dialect::Kraken | Dialect::Bybit | Dialect::Coinbase | Dialect::Binance => {
+        // v2 objects and v1 arrays alike
+        Dialect::Kraken => kraken::parse(frame, out),
+        Dialect::Bybit | Dialect::Coinbase | Dialect::Binance => {
             Err(WireError::Unsupported(dialect))
         }
     }
