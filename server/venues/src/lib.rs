@@ -13,6 +13,7 @@
 
 pub mod bybit;
 pub mod coinbase;
+pub mod kraken;
 pub mod okx;
 mod time;
 
@@ -159,7 +160,9 @@ pub fn parse(dialect: Dialect, frame: &str, out: &mut Vec<Message>) -> Result<()
         Dialect::Okx => okx::parse(frame, out),
         Dialect::Bybit => bybit::parse(frame, out),
         Dialect::Coinbase => coinbase::parse(frame, out),
-        Dialect::Kraken | Dialect::Binance => Err(WireError::Unsupported(dialect)),
+        // v2 objects and v1 arrays alike
+        Dialect::Kraken => kraken::parse(frame, out),
+        Dialect::Binance => Err(WireError::Unsupported(dialect)),
     }
 }
 
