@@ -248,9 +248,15 @@ struct TradeState {
     folded: BTreeMap<i64, Candle>,
     /// The venue's own 1m candles, by open time, and whether the venue said they closed.
     venue: BTreeMap<i64, (Candle, bool)>,
-    /// When the capture first had this instrument's trades (receive time, ms).
-    first_trades_ms: Option<i64>,
-    /// The file its trades came on, for the connections that interrupt it.
+    /// The venue's time of the first trade the capture has of this instrument.
+    first_trade_ms: Option<i64>,
+    /// The venue's time of the last trade before each reconnection of its connection, and of
+    /// the first after it: trades in between may be missing.
+    interruptions: Vec<(i64, i64)>,
+    last_trade_ms: Option<i64>,
+    /// A reconnection happened since the last trade.
+    interrupted: bool,
+    /// The file its trades came on.
     file: Option<usize>,
 }
 
@@ -266,8 +272,6 @@ struct Replay {
     precisions: HashMap<String, (Option<u8>, Option<u8>)>,
     /// Each file's connection sequence (Coinbase).
     sequences: Vec<ConnectionSequence>,
-    /// Each file's connection (re)opens, receive time in ms.
-    connects: Vec<Vec<i64>>,
     messages: Vec<Message>,
     bad_frames: u64,
     first_bad_frame: Option<String>,
@@ -283,7 +287,6 @@ impl Replay {
             depths: HashMap::new(),
             precisions: HashMap::new(),
             sequences: vec![ConnectionSequence::default(); files],
-            connects: vec![Vec::new(); files],
             messages: Vec::new(),
             bad_frames: 0,
             first_bad_frame: None,
@@ -291,11 +294,12 @@ impl Replay {
     }
 
     fn on_line(&mut self, r: Recorded) -> anyhow::Result<()> {
-        let ms = (r.ts_ns / 1_000_000) as i64;
         match r.line {
             Line::Connected => {
-                self.connects[r.file].push(ms);
                 self.sequences[r.file].reset();
+                for t in self.trades.values_mut().filter(|t| t.file == Some(r.file)) {
+                    t.interrupted = true;
+                }
                 for b in self.books.values_mut().filter(|b| b.file == r.file) {
                     b.sync.handle_connection_lost();
                     b.drain();
@@ -318,7 +322,7 @@ impl Replay {
                         }
                         continue;
                     }
-                    self.on_message(r.file, ms, m);
+                    self.on_message(r.file, m);
                 }
                 self.messages = messages;
             }
@@ -339,7 +343,7 @@ impl Replay {
         }
     }
 
-    fn on_message(&mut self, file: usize, ms: i64, m: Message) {
+    fn on_message(&mut self, file: usize, m: Message) {
         match m {
             Message::Book(f) => self.on_book(file, f),
             Message::Ticker(t) => {
@@ -353,9 +357,14 @@ impl Replay {
             }
             Message::Trades { symbol, trades } => {
                 let s = self.trades.entry(symbol).or_default();
-                s.first_trades_ms.get_or_insert(ms);
                 s.file = Some(file);
                 for t in &trades {
+                    s.first_trade_ms.get_or_insert(t.time_ms);
+                    if std::mem::take(&mut s.interrupted) {
+                        let before = s.last_trade_ms.unwrap_or(t.time_ms);
+                        s.interruptions.push((before, t.time_ms));
+                    }
+                    s.last_trade_ms = Some(t.time_ms);
                     s.report.trades += 1;
                     if let Some(id) = t.id.seq() {
                         match s.ids.observe(id) {
@@ -467,7 +476,7 @@ impl Replay {
         }
         for (symbol, t) in self.trades {
             let r = symbols.entry(symbol.clone()).or_insert_with(|| report(&symbol));
-            r.trades = compare_candles(t, &self.connects);
+            r.trades = compare_candles(t);
         }
         let refusals: u64 = self.refusals.values().sum();
         for r in symbols.values_mut() {
@@ -482,15 +491,14 @@ impl Replay {
 }
 
 /// Folds the last trades and compares the venue's closed 1m candles with the ones its trades
-/// make, for each minute the capture covers whole: trades received since before the minute began
-/// and no reconnection of their connection from the minute's start to its end.
-fn compare_candles(mut t: TradeState, connects: &[Vec<i64>]) -> TradesReport {
+/// make, for each minute the capture covers whole (by the venue's clock): trades seen since
+/// before the minute began, and no reconnection between two trades around it.
+fn compare_candles(mut t: TradeState) -> TradesReport {
     if let Some(c) = t.fold.close_through(i64::MAX) {
         t.folded.insert(c.open_time, c);
     }
     // a venue that never says "closed" (Kraken) has closed every candle but its last
     let last_open = t.venue.keys().next_back().copied();
-    let interrupts = t.file.map(|f| connects[f].as_slice()).unwrap_or_default();
     let mut r = t.report;
     for (&open, &(venue, said_closed)) in &t.venue {
         let closed = said_closed || Some(open) != last_open;
@@ -498,8 +506,10 @@ fn compare_candles(mut t: TradeState, connects: &[Vec<i64>]) -> TradesReport {
             continue;
         }
         r.venue_candles += 1;
-        let covered = t.first_trades_ms.is_some_and(|first| first < open)
-            && !interrupts.iter().any(|&c| c >= open && c < open + 60_000);
+        let end = open + 60_000;
+        let covered = t.first_trade_ms.is_some_and(|first| first < open)
+            && t.last_trade_ms.is_some_and(|last| last >= end)
+            && !t.interruptions.iter().any(|&(a, b)| a < end && b >= open);
         if !covered {
             continue;
         }

@@ -117,6 +117,9 @@ pub struct VenueSync {
     last_seq: Option<u64>,
     update_id: u64,
     printed: PrintedLevels,
+    /// Whether any message since the snapshot said how its numbers were printed: a format is
+    /// learnt only from strings seen, never assumed.
+    learnable: bool,
     /// Whether the last message's checksum could not be checked (reported once per run of them).
     unchecked: bool,
     events: VecDeque<SyncEvent>,
@@ -133,6 +136,7 @@ impl VenueSync {
             last_seq: None,
             update_id: 0,
             printed: PrintedLevels::default(),
+            learnable: false,
             unchecked: false,
             events: VecDeque::new(),
             stats: SyncStats::default(),
@@ -285,6 +289,7 @@ impl VenueSync {
             self.book.asks.apply(l.price, l.qty);
         }
         self.printed = PrintedLevels::default();
+        self.learnable = false;
         self.unchecked = false;
         self.stats.snapshots_applied += 1;
         let was_synced = self.state == SyncState::Synced;
@@ -317,6 +322,7 @@ impl VenueSync {
             self.book.asks.truncate(depth);
         }
         if let Some(p) = m.printed {
+            self.learnable = true;
             self.printed.price.merge(p.price);
             self.printed.qty.merge(p.qty);
         }
@@ -366,7 +372,10 @@ impl VenueSync {
     }
 
     fn formats(&self) -> Option<(NumberFormat, NumberFormat)> {
-        let learnt = |given: Option<NumberFormat>, seen: Printed| given.or_else(|| seen.format());
+        let learnable = self.learnable;
+        let learnt = |given: Option<NumberFormat>, seen: Printed| {
+            given.or_else(|| learnable.then(|| seen.format()).flatten())
+        };
         Some((
             learnt(self.config.price_format, self.printed.price)?,
             learnt(self.config.qty_format, self.printed.qty)?,
@@ -584,6 +593,22 @@ mod tests {
         // a message without the checksum it should carry is unchecked too
         s.handle_message(okx_msg(false, 3, Some(2), &[], &[]));
         assert_eq!(s.stats().checksums_unchecked, 2);
+    }
+
+    #[test]
+    fn numbers_whose_printing_is_unknown_leave_the_checksum_unchecked() {
+        // Kraken v2 sends JSON numbers: without the pair's precisions nothing says how Kraken
+        // printed them for its checksum
+        let mut s = VenueSync::new(VenueSyncConfig::new(SequenceRule::None, ChecksumRule::Kraken));
+        let bids = [lv("45283.5", "0.1")];
+        s.handle_message(BookMessage {
+            snapshot: true,
+            bids: &bids,
+            checksum: Some(1),
+            ..Default::default()
+        });
+        assert!(s.is_synced());
+        assert_eq!((s.stats().checksums_unchecked, s.stats().checksum_mismatches), (1, 0));
     }
 
     #[test]

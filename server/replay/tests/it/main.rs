@@ -6,3 +6,4 @@ mod depth;
 mod klines;
 mod lobster;
 mod sse;
+mod venue;

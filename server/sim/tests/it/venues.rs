@@ -104,6 +104,9 @@ async fn session(
             while b.poll_event().is_some() {}
         }
         let mut first: Vec<String> = Vec::new();
+        if d.dialect == Dialect::Kraken {
+            first.push(venues::kraken::subscribe_v2("instrument", &[], None));
+        }
         for n in d.names {
             first.extend((d.subscribe_book)(n));
             first.extend((d.subscribe_rest)(n));
@@ -296,6 +299,34 @@ fn coinbase() -> Dialect2 {
     }
 }
 
+fn kraken_unsubscribe(channel: &str, symbol: &str, depth: Option<u32>) -> String {
+    let mut params = serde_json::json!({"channel": channel, "symbol": [symbol]});
+    if let Some(d) = depth {
+        params["depth"] = d.into();
+    }
+    serde_json::json!({"method": "unsubscribe", "params": params}).to_string()
+}
+
+fn kraken() -> Dialect2 {
+    Dialect2 {
+        dialect: Dialect::Kraken,
+        path: "/kraken/v2",
+        names: ["BTC/USDT", "ETH/USDT"],
+        subscribe_book: |s| vec![venues::kraken::subscribe_v2("book", &[s], Some(10))],
+        unsubscribe_book: |s| vec![kraken_unsubscribe("book", s, Some(10))],
+        subscribe_rest: |s| {
+            vec![
+                venues::kraken::subscribe_v2("trade", &[s], None),
+                serde_json::json!({"method": "subscribe", "params": {"channel": "ohlc", "symbol": [s], "interval": 1}})
+                    .to_string(),
+            ]
+        },
+        // the simulated pairs' tick is 0.01 and Kraken prints quantities with 8 places; the
+        // replay reads them from the `instrument` channel the session subscribes first
+        precisions: Some((2, 8)),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn okx_books_resync_alone_from_every_fault_and_the_recording_replays_the_same() {
     let sim = start().await;
@@ -365,5 +396,38 @@ async fn coinbase_books_resync_on_a_connection_gap_and_a_duplicate_is_dropped() 
     assert_eq!((btc.gaps, eth.gaps), (1, 1), "{btc:?} {eth:?}");
     assert!(btc.snapshots_applied >= 3, "the first, the resync's and the reset's: {btc:?}");
     replay_matches(&d, &live);
+    sim.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kraken_books_prove_themselves_by_checksum_alone_through_every_fault() {
+    let sim = start().await;
+    let d = kraken();
+    let s = "kraken:book:BTC/USDT";
+    let faults = vec![
+        book_fault("skip", s, 1),
+        book_fault("corrupt", s, 1),
+        book_fault("reset", s, 1),
+        book_fault("duplicate", s, 1),
+        FaultCommand::Drop { symbol: None },
+    ];
+    let live = session(&sim, &d, faults, Duration::from_secs(12)).await;
+    let btc = live.books["BTC/USDT"].stats().clone();
+    let eth = live.books["ETH/USDT"].stats().clone();
+    assert!(live.books.values().all(VenueSync::is_synced), "{live:?}");
+    assert!(btc.checksums_verified > 20 && eth.checksums_verified > 20, "{btc:?} {eth:?}");
+    // no sequence: the skipped update and the corrupted checksum both show as a mismatch
+    assert_eq!(btc.checksum_mismatches, 2, "{btc:?}");
+    assert_eq!(btc.checksums_unchecked, 0, "{btc:?}");
+    assert_eq!((eth.checksum_mismatches, eth.resyncs), (0, 1), "only the drop: {eth:?}");
+    assert!(live.trades > 0 && live.candles > 0, "{live:?}");
+    let reports = replay_matches(&d, &live);
+    for r in &reports {
+        assert_eq!(
+            r.books[0].checksums_unchecked, 0,
+            "the capture's instrument frame gave the precisions: {r:?}"
+        );
+        assert!(r.trades.candles_compared > 0 && r.trades.candle_mismatches == 0, "{r:?}");
+    }
     sim.shutdown();
 }
