@@ -300,9 +300,15 @@ impl App {
         // The simulators stop with the service, after everything that talks to them.
         let (endpoints, simulators) =
             start_simulators(&config, &store, &shutdown.token().child_token()).await?;
-        let sources =
-            Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
-                .await?;
+        let extra = simulated_venues(&config, &endpoints);
+        let sources = Sources::start_with(
+            &config.sources,
+            endpoints,
+            extra,
+            &config.ingest.derived,
+            &shutdown.child(),
+        )
+        .await?;
         let writer = CandleWriter::new(store.clone(), bus.clone());
         let books = BookRegistry::new(bus.clone());
         let plugs = match layer {
@@ -573,6 +579,39 @@ async fn start_simulators(
         endpoints.push(endpoint);
     }
     Ok((endpoints, simulators))
+}
+
+/// The other venues an embedded simulator serves (`venues = true`): a source per dialect,
+/// `{name}-okx` and so on, at the simulator's paths, unless a configured source has that name.
+fn simulated_venues(config: &Config, endpoints: &[Endpoint]) -> Vec<(SourceConfig, Endpoint)> {
+    let mut out = Vec::new();
+    for (sc, e) in config.sources.iter().zip(endpoints) {
+        if sc.kind != SourceKind::Sim
+            || !e.embedded
+            || !sc.venues
+            || sc.market != shared::protocol::Market::Spot
+        {
+            continue;
+        }
+        for dialect in crate::venue::SIM_DIALECTS {
+            let name = format!("{}-{}", sc.name, dialect.as_str());
+            if config.sources.iter().any(|s| s.name == name) {
+                continue;
+            }
+            let (rest_base, ws_base) = crate::venue::sim_urls(dialect, &e.rest_base, &e.ws_base);
+            let venue = SourceConfig {
+                name,
+                kind: shared::protocol::ops::SourceKind::of_dialect(dialect),
+                market: shared::protocol::Market::Spot,
+                rest_base: Some(rest_base.clone()),
+                ws_base: Some(ws_base.clone()),
+                venues: false,
+                ..sc.clone()
+            };
+            out.push((venue, Endpoint { rest_base, ws_base, embedded: true }));
+        }
+    }
+    out
 }
 
 /// Where an embedded simulator's clock starts: `None` (the wall clock) unless the store holds a

@@ -25,6 +25,7 @@ use crate::config::SourceConfig;
 use crate::jitter::Jitter;
 use crate::lock::{lock, read, write};
 use crate::shutdown::Shutdown;
+use crate::venue::VenueSource;
 
 /// Why an instrument or series cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +40,8 @@ pub enum ResolveError {
     UnknownSymbol { instrument: InstrumentId, name: String },
     #[error("{series}: timeframe {} is not offered (offered: {offered})", series.timeframe)]
     Timeframe { series: SeriesId, offered: String },
+    #[error("{instrument}: source {name} ({venue}) serves order books; its candles and trades are not served yet")]
+    BooksOnly { instrument: InstrumentId, name: String, venue: shared::venue::Dialect },
 }
 
 /// Where a source's exchange is: its REST and WebSocket base URLs, and whether millrace runs
@@ -54,6 +57,15 @@ impl Endpoint {
     /// The endpoint of a source reached over the network: its configured URLs, else the
     /// exchange's own for `product`.
     pub fn remote(sc: &SourceConfig, product: binance::Product) -> Endpoint {
+        let dialect = sc.kind.dialect();
+        if dialect != shared::venue::Dialect::Binance {
+            let (rest, ws) = crate::venue::default_urls(dialect);
+            return Endpoint {
+                rest_base: sc.rest_base.clone().unwrap_or_else(|| rest.to_string()),
+                ws_base: sc.ws_base.clone().unwrap_or_else(|| ws.to_string()),
+                embedded: false,
+            };
+        }
         Endpoint {
             rest_base: sc
                 .rest_base
@@ -263,6 +275,8 @@ pub fn remote_endpoints(
 /// All sources, by name.
 pub struct Sources {
     list: Vec<Arc<Source>>,
+    /// Sources of the other venues' kinds ([`crate::venue`]).
+    venues: Vec<Arc<VenueSource>>,
     timeframes: Vec<Timeframe>,
 }
 
@@ -276,8 +290,29 @@ impl Sources {
         derived: &[Timeframe],
         shutdown: &Shutdown,
     ) -> Result<Arc<Sources>, SourceError> {
+        Self::start_with(configs, endpoints, Vec::new(), derived, shutdown).await
+    }
+
+    /// [`Self::start`] with more venue sources than the configured ones (an embedded
+    /// simulator's four dialects).
+    pub async fn start_with(
+        configs: &[SourceConfig],
+        endpoints: Vec<Endpoint>,
+        extra: Vec<(SourceConfig, Endpoint)>,
+        derived: &[Timeframe],
+        shutdown: &Shutdown,
+    ) -> Result<Arc<Sources>, SourceError> {
         let mut list = Vec::new();
-        for (sc, endpoint) in configs.iter().zip(endpoints) {
+        let mut venues = Vec::new();
+        let all = configs.iter().cloned().zip(endpoints).chain(extra);
+        for (sc, endpoint) in all {
+            if sc.kind.dialect() != shared::venue::Dialect::Binance {
+                let v = Arc::new(VenueSource::new(sc, endpoint));
+                v.start(shutdown).await;
+                venues.push(v);
+                continue;
+            }
+            let sc = &sc;
             let product = Product::of_market(sc.market).ok_or_else(|| SourceError::NotBinance {
                 name: sc.name.clone(),
                 market: sc.market,
@@ -311,12 +346,22 @@ impl Sources {
         }
         let mut timeframes = vec![Timeframe::M1];
         timeframes.extend(derived.iter().copied());
-        Ok(Arc::new(Sources { list, timeframes }))
+        Ok(Arc::new(Sources { list, venues, timeframes }))
     }
 
     /// The source named `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<Source>> {
         self.list.iter().find(|s| s.config.name == name)
+    }
+
+    /// The venue source named `name` (OKX, Bybit, Coinbase, Kraken).
+    pub fn venue(&self, name: &str) -> Option<&Arc<VenueSource>> {
+        self.venues.iter().find(|s| s.config.name == name)
+    }
+
+    /// Every venue source.
+    pub fn venues(&self) -> &[Arc<VenueSource>] {
+        &self.venues
     }
 
     /// Every source.
@@ -329,6 +374,13 @@ impl Sources {
         &self,
         instrument: &InstrumentId,
     ) -> Result<(Arc<Source>, String), ResolveError> {
+        if let Some(v) = self.venue(&instrument.exchange) {
+            return Err(ResolveError::BooksOnly {
+                instrument: instrument.clone(),
+                name: v.config.name.clone(),
+                venue: v.dialect,
+            });
+        }
         let source = self.get(&instrument.exchange).ok_or_else(|| ResolveError::NoSource {
             instrument: instrument.clone(),
             name: instrument.exchange.clone(),
@@ -422,12 +474,16 @@ impl Sources {
                 });
             }
         }
+        for v in &self.venues {
+            out.extend(v.instruments());
+        }
         out
     }
 
     /// `GET /api/v1/ops/sources`. An embedded simulator's address is left out unless `reveal`
     /// (an admin asks): only its owner needs it.
     pub fn snapshot(&self, reveal: bool) -> Vec<SourceStatus> {
+        let venues = self.venues.iter().map(|v| v.status(reveal));
         self.list
             .iter()
             .map(|s| {
@@ -452,6 +508,7 @@ impl Sources {
                     rest_budget_refusals: s.rest.budget_refusals(),
                 }
             })
+            .chain(venues)
             .collect()
     }
 }

@@ -72,7 +72,7 @@ const STREAM_MS: u16 = 100;
 pub struct DepthJobStats(Mutex<DepthJobStatus>);
 
 impl DepthJobStats {
-    fn new(symbol: &str) -> Self {
+    pub(crate) fn new(symbol: &str) -> Self {
         DepthJobStats(Mutex::new(initial_status(symbol)))
     }
 
@@ -80,7 +80,7 @@ impl DepthJobStats {
         lock(&self.0).clone()
     }
 
-    fn set(&self, s: &DepthJobStatus) {
+    pub(crate) fn set(&self, s: &DepthJobStatus) {
         lock(&self.0).clone_from(s);
     }
 }
@@ -734,6 +734,9 @@ impl JobRunner for DepthRunner {
     }
 
     fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
+        if let Some(v) = self.sources.venue(&instrument.exchange) {
+            return v.listing(instrument).map(|_| ());
+        }
         self.sources.resolve(instrument).map(|_| ())
     }
 
@@ -744,6 +747,31 @@ impl JobRunner for DepthRunner {
         let ingest = self.config.ingest.clone();
         let stats = Arc::new(DepthJobStats::new(""));
         lock(&self.stats).insert(ctx.instrument.clone(), stats.clone());
+        if let Some(venue) = sources.venue(&ctx.instrument.exchange).cloned() {
+            // another venue's book: its own job, by its own rules
+            return Box::pin(async move {
+                let listing = loop {
+                    match venue.listing(&ctx.instrument) {
+                        Ok(l) => break l,
+                        Err(e) => {
+                            ctx.health.error(&e);
+                            if ctx.sleep(Duration::from_secs(2)).await {
+                                return;
+                            }
+                        }
+                    }
+                };
+                let deps = crate::venue::book_job::VenueBookDeps {
+                    source: venue,
+                    listing,
+                    books,
+                    stats,
+                    depth,
+                    ingest,
+                };
+                crate::venue::book_job::run(ctx, deps).await;
+            });
+        }
         let (depth_source, tap) = (self.source.clone(), self.tap.clone());
         Box::pin(async move {
             let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {

@@ -525,6 +525,9 @@ pub struct SourceConfig {
     pub seed: u64,
     /// `sim` only: listen address of the embedded simulator (port 0 = any free port).
     pub sim_addr: SocketAddr,
+    /// `sim` only: an embedded simulator also serves OKX, Bybit, Coinbase and Kraken, listed as
+    /// the sources `{name}-okx`, `{name}-bybit`, `{name}-coinbase` and `{name}-kraken`.
+    pub venues: bool,
     /// Most REST request weight sent to the source in a minute, whatever the clients do (gap
     /// fills, snapshots, job starts); calls past it wait for the next minute. Default: 80 % of
     /// Binance's limit (spot 4800 of 6000, futures 1920 of 2400).
@@ -542,6 +545,7 @@ impl Default for SourceConfig {
             speed: 1.0,
             seed: 42,
             sim_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            venues: true,
             rest_weight_budget_1m: None,
         }
     }
@@ -814,6 +818,12 @@ impl Config {
                 return Err(invalid(format!(
                     "configuration key `{key}.name`: source {:?} is defined twice",
                     s.name
+                )));
+            }
+            if s.kind.dialect() != shared::venue::Dialect::Binance && s.market != Market::Spot {
+                return Err(invalid(format!(
+                    "configuration key `{key}.market`: a {} source serves the spot market only",
+                    s.kind.dialect()
                 )));
             }
             if s.kind == SourceKind::Sim

@@ -44,4 +44,5 @@ mod store_pg;
 mod store_pg_flood;
 mod store_pg_tls;
 mod supervisor;
+mod venue_books;
 mod ws_liveness;

@@ -15,6 +15,7 @@ pub mod bybit;
 pub mod coinbase;
 pub mod kraken;
 pub mod okx;
+pub mod rest;
 mod time;
 
 pub use time::{parse_rfc3339_ms, write_rfc3339};

@@ -593,6 +593,40 @@ pub enum SourceKind {
     Sim,
     /// Binance (spot or USD-M futures).
     Binance,
+    /// OKX (API v5, spot).
+    Okx,
+    /// Bybit (API v5, spot).
+    Bybit,
+    /// Coinbase Advanced Trade.
+    Coinbase,
+    /// Kraken (WebSocket v2).
+    Kraken,
+}
+
+impl SourceKind {
+    /// The wire dialect a source of this kind speaks (the simulator's own is Binance's).
+    pub fn dialect(self) -> crate::venue::Dialect {
+        use crate::venue::Dialect;
+        match self {
+            SourceKind::Sim | SourceKind::Binance => Dialect::Binance,
+            SourceKind::Okx => Dialect::Okx,
+            SourceKind::Bybit => Dialect::Bybit,
+            SourceKind::Coinbase => Dialect::Coinbase,
+            SourceKind::Kraken => Dialect::Kraken,
+        }
+    }
+
+    /// The kind of the venue speaking `dialect` (Binance for Binance's).
+    pub fn of_dialect(dialect: crate::venue::Dialect) -> SourceKind {
+        use crate::venue::Dialect;
+        match dialect {
+            Dialect::Binance => SourceKind::Binance,
+            Dialect::Okx => SourceKind::Okx,
+            Dialect::Bybit => SourceKind::Bybit,
+            Dialect::Coinbase => SourceKind::Coinbase,
+            Dialect::Kraken => SourceKind::Kraken,
+        }
+    }
 }
 
 /// One `[[sources]]` entry.

@@ -1,0 +1,185 @@
+//! [`VenueSource`]: one venue source, its URLs and its instrument list.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use shared::backoff::Backoff;
+use shared::protocol::ops::{InstrumentInfo, SourceStatus};
+use shared::protocol::InstrumentId;
+use shared::venue::Dialect;
+use tracing::Instrument as _;
+use venues::rest::Instrument;
+
+use crate::clock::wall_clock_ms;
+use crate::config::SourceConfig;
+use crate::jitter::Jitter;
+use crate::lock::{lock, read, write};
+use crate::shutdown::Shutdown;
+use crate::sources::{Endpoint, ResolveError};
+
+/// The largest instrument list read (Kraken's and OKX's are a few hundred KiB).
+const MAX_BODY_BYTES: usize = 16 << 20;
+
+#[derive(Debug, Default, Clone)]
+struct Status {
+    ready: bool,
+    last_error: Option<String>,
+    loaded_at_ms: Option<i64>,
+}
+
+/// One source of a venue's kind.
+pub struct VenueSource {
+    pub config: SourceConfig,
+    pub dialect: Dialect,
+    pub endpoint: Endpoint,
+    http: reqwest::Client,
+    /// `BASE/QUOTE` → the venue's instrument.
+    listings: RwLock<BTreeMap<String, Instrument>>,
+    status: Mutex<Status>,
+}
+
+impl VenueSource {
+    pub fn new(config: SourceConfig, endpoint: Endpoint) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_default();
+        VenueSource {
+            dialect: config.kind.dialect(),
+            config,
+            endpoint,
+            http,
+            listings: RwLock::default(),
+            status: Mutex::default(),
+        }
+    }
+
+    /// The venue's instrument of `instrument`.
+    pub fn listing(&self, instrument: &InstrumentId) -> Result<Instrument, ResolveError> {
+        let listings = read(&self.listings);
+        if listings.is_empty() {
+            let last_error = lock(&self.status).last_error.clone();
+            return Err(ResolveError::NotReady { name: self.config.name.clone(), last_error });
+        }
+        if instrument.market != self.config.market {
+            return Err(ResolveError::WrongMarket {
+                instrument: instrument.clone(),
+                name: self.config.name.clone(),
+                market: self.config.market,
+            });
+        }
+        listings.get(&instrument.symbol).cloned().ok_or_else(|| ResolveError::UnknownSymbol {
+            instrument: instrument.clone(),
+            name: self.config.name.clone(),
+        })
+    }
+
+    /// Loads the instrument list from the venue's REST API.
+    pub async fn load(&self) -> Result<usize, String> {
+        let url =
+            format!("{}{}", self.endpoint.rest_base, venues::rest::instruments_path(self.dialect));
+        let mut resp = self.http.get(&url).send().await.map_err(|e| {
+            format!("{} instruments: {}", self.dialect, crate::redact::redact(&e.to_string()))
+        })?;
+        let status = resp.status();
+        let mut body = Vec::new();
+        while let Some(chunk) =
+            resp.chunk().await.map_err(|e| format!("{} instruments: {e}", self.dialect))?
+        {
+            if body.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(format!(
+                    "{} instruments: the answer is larger than {MAX_BODY_BYTES} bytes",
+                    self.dialect
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body);
+        let list = venues::rest::parse_instruments(self.dialect, &text)
+            .map_err(|e| format!("{} instruments (HTTP {status}): {e}", self.dialect))?;
+        let map: BTreeMap<String, Instrument> =
+            list.into_iter().map(|i| (format!("{}/{}", i.base, i.quote), i)).collect();
+        let n = map.len();
+        if n == 0 {
+            return Err(format!("{} instruments: the venue listed none", self.dialect));
+        }
+        *write(&self.listings) = map;
+        let mut st = lock(&self.status);
+        st.ready = true;
+        st.last_error = None;
+        st.loaded_at_ms = Some(wall_clock_ms());
+        Ok(n)
+    }
+
+    /// Loads the instruments now, and in the background with the back-off while that fails.
+    pub async fn start(self: &Arc<Self>, shutdown: &Shutdown) {
+        let span = tracing::info_span!("source", source = %self.config.name, venue = %self.dialect);
+        match self.load().instrument(span.clone()).await {
+            Ok(n) => tracing::info!(parent: &span, symbols = n, "venue source ready"),
+            Err(e) => {
+                tracing::warn!(parent: &span, "cannot load the instruments, retrying in the background: {e}");
+                lock(&self.status).last_error = Some(e);
+                let (me, stop) = (self.clone(), shutdown.clone());
+                shutdown.spawn(
+                    async move {
+                        let mut backoff =
+                            Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
+                        let mut jitter = Jitter::new(&me.config.name);
+                        loop {
+                            tokio::select! {
+                                () = tokio::time::sleep(backoff.next_delay(jitter.draw())) => {}
+                                () = stop.stopping() => return,
+                            }
+                            match me.load().await {
+                                Ok(n) => {
+                                    tracing::info!(symbols = n, "venue source ready");
+                                    return;
+                                }
+                                Err(e) => lock(&me.status).last_error = Some(e),
+                            }
+                        }
+                    }
+                    .instrument(span),
+                );
+            }
+        }
+    }
+
+    /// Its instruments, for `GET /api/v1/series`.
+    pub fn instruments(&self) -> Vec<InstrumentInfo> {
+        read(&self.listings)
+            .iter()
+            .map(|(name, i)| InstrumentInfo {
+                id: InstrumentId::new(self.config.name.clone(), self.config.market, name.clone()),
+                source: self.config.name.clone(),
+                symbol: i.symbol.clone(),
+                status: i.status.clone(),
+                tick_size: i.tick,
+                step_size: i.lot,
+            })
+            .collect()
+    }
+
+    /// `GET /api/v1/ops/sources`.
+    pub fn status(&self, reveal: bool) -> SourceStatus {
+        let st = lock(&self.status).clone();
+        SourceStatus {
+            name: self.config.name.clone(),
+            kind: self.config.kind,
+            market: self.config.market,
+            rest_base: (reveal || !self.endpoint.embedded).then(|| self.endpoint.rest_base.clone()),
+            ws_base: (reveal || !self.endpoint.embedded).then(|| self.endpoint.ws_base.clone()),
+            embedded_simulator: self.endpoint.embedded,
+            speed: None,
+            ready: st.ready,
+            symbols: read(&self.listings).len(),
+            last_error: st.last_error,
+            loaded_at_ms: st.loaded_at_ms,
+            rest_used_weight_1m: None,
+            rest_weight_budget_1m: None,
+            rest_budget_refusals: 0,
+        }
+    }
+}

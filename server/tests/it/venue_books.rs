@@ -1,0 +1,184 @@
+//! OKX, Bybit, Coinbase and Kraken books in the service (issue 29): a real server syncs each
+//! venue's books from the simulator's dialect over real sockets, publishes them like Binance's,
+//! and each fault the venue can show (a lost message, a wrong checksum, the venue's reset, a
+//! duplicate, a dropped connection) resyncs the faulty book alone; the other book of the same
+//! venue never notices. Every published delta chains and no crossed book is published.
+
+use std::time::Duration;
+
+use server::config::{Config, SourceConfig, SourceKind};
+use shared::protocol::ops::DepthJobStatus;
+use shared::protocol::BookHealth;
+use shared::sync::SyncStats;
+use shared::venue::Dialect;
+use sim::{FaultCommand, SimHandle, StreamTarget};
+use testkit::*;
+
+use crate::depth_faults::{status, watch_bus};
+
+const VENUES: [Dialect; 4] = [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase, Dialect::Kraken];
+
+/// The venue's name of the simulated BTC market (what the simulator's fault targets use).
+fn btc_name(d: Dialect) -> &'static str {
+    match d {
+        Dialect::Bybit => "BTCUSDT",
+        Dialect::Kraken => "BTC/USDT",
+        _ => "BTC-USDT",
+    }
+}
+
+fn config(sim: &SimHandle) -> Config {
+    let mut sources = vec![external_sim_source(sim)];
+    for d in VENUES {
+        let (rest, ws) = server::venue::sim_urls(d, &sim.rest_base(), &sim.ws_base());
+        sources.push(SourceConfig {
+            name: d.as_str().into(),
+            kind: SourceKind::of_dialect(d),
+            rest_base: Some(rest),
+            ws_base: Some(ws),
+            ..SourceConfig::default()
+        });
+    }
+    let mut c = test_config(sources);
+    c.depth.pinned =
+        VENUES.iter().flat_map(|d| ["BTC", "ETH"].map(|b| format!("{d}:spot:{b}/USDT"))).collect();
+    c.ingest.reconnect_base_ms = 100;
+    c.ingest.reconnect_cap_ms = 500;
+    c
+}
+
+fn stats(server: &TestServer, d: Dialect, base: &str) -> (DepthJobStatus, SyncStats) {
+    let (s, _) = status(server, &format!("{d}:spot:{base}/USDT"));
+    let sync = s.sync.clone();
+    (s, sync)
+}
+
+/// Waits until `ok` holds for the venue's BTC book while it is synced.
+async fn btc_until(server: &TestServer, d: Dialect, what: &str, ok: impl Fn(&SyncStats) -> bool) {
+    eventually(&format!("{d} BTC: {what}"), || async {
+        let (s, sync) = stats(server, d, "BTC");
+        (s.health == BookHealth::Synced && ok(&sync)).then_some(())
+    })
+    .await;
+}
+
+fn fault(action: &str, d: Dialect) -> FaultCommand {
+    let target = StreamTarget::stream(&format!("{d}:book:{}", btc_name(d)));
+    match action {
+        "skip" => FaultCommand::Skip { target, count: 1 },
+        "corrupt" => FaultCommand::Corrupt { target, count: 1 },
+        "reset" => FaultCommand::Reset { target, count: 1 },
+        _ => FaultCommand::Duplicate { target, count: 1 },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_venue_book_resyncs_alone_from_each_of_its_faults() {
+    let sim = start_sim(5.0, 29).await;
+    let server = TestServer::start(config(&sim)).await;
+    let watches: Vec<_> = VENUES
+        .iter()
+        .flat_map(|d| {
+            ["BTC", "ETH"]
+                .map(|b| (format!("{d} {b}"), watch_bus(&server, &format!("{d}:spot:{b}/USDT"))))
+        })
+        .collect();
+    for d in VENUES {
+        for base in ["BTC", "ETH"] {
+            eventually(&format!("{d} {base} synced"), || async {
+                (stats(&server, d, base).0.health == BookHealth::Synced).then_some(())
+            })
+            .await;
+        }
+    }
+    // the series catalogue lists every venue's markets
+    let series = server.get_json("/api/v1/series").await;
+    for d in VENUES {
+        let id = format!("{d}:spot:BTC/USDT");
+        assert!(
+            series["instruments"].as_array().unwrap().iter().any(|i| i["id"] == id.as_str()),
+            "{id} listed"
+        );
+    }
+
+    // a lost message: a sequence gap (OKX, Bybit, Coinbase), a checksum that disagrees (Kraken)
+    let before: Vec<SyncStats> = VENUES.iter().map(|&d| stats(&server, d, "BTC").1).collect();
+    for d in VENUES {
+        sim.faults().apply(fault("skip", d));
+    }
+    for (d, b) in VENUES.into_iter().zip(&before) {
+        btc_until(&server, d, "the lost message found and resynced", |s| match d {
+            Dialect::Kraken => {
+                s.checksum_mismatches > b.checksum_mismatches && s.resyncs > b.resyncs
+            }
+            _ => s.gaps > b.gaps && s.resyncs > b.resyncs,
+        })
+        .await;
+    }
+    // a wrong checksum (the venues that send one)
+    for d in [Dialect::Okx, Dialect::Kraken] {
+        let b = stats(&server, d, "BTC").1;
+        sim.faults().apply(fault("corrupt", d));
+        btc_until(&server, d, "the wrong checksum found and resynced", |s| {
+            s.checksum_mismatches > b.checksum_mismatches && s.resyncs > b.resyncs
+        })
+        .await;
+    }
+    // the venue's reset: continued from (OKX), the book taken whole (Bybit u = 1, Coinbase and
+    // Kraken snapshots)
+    let before: Vec<SyncStats> = VENUES.iter().map(|&d| stats(&server, d, "BTC").1).collect();
+    for d in VENUES {
+        sim.faults().apply(fault("reset", d));
+    }
+    for (d, b) in VENUES.into_iter().zip(&before) {
+        btc_until(&server, d, "the reset taken", |s| match d {
+            Dialect::Okx | Dialect::Bybit => {
+                s.sequence_resets > b.sequence_resets && s.gaps == b.gaps
+            }
+            _ => s.snapshots_applied > b.snapshots_applied,
+        })
+        .await;
+    }
+    // a duplicate is dropped (the venues with a per-book sequence)
+    for d in [Dialect::Okx, Dialect::Bybit] {
+        let b = stats(&server, d, "BTC").1;
+        sim.faults().apply(fault("duplicate", d));
+        btc_until(&server, d, "the duplicate dropped", |s| {
+            s.stale_dropped > b.stale_dropped && s.gaps == b.gaps
+        })
+        .await;
+    }
+    // a dropped connection: every BTC book reconnects and resyncs
+    let before: Vec<SyncStats> = VENUES.iter().map(|&d| stats(&server, d, "BTC").1).collect();
+    sim.faults().apply(FaultCommand::Drop { symbol: Some("BTCUSDT".into()) });
+    for (d, b) in VENUES.into_iter().zip(&before) {
+        btc_until(&server, d, "reconnected and resynced", |s| {
+            s.snapshots_applied > b.snapshots_applied
+        })
+        .await;
+    }
+
+    // the ETH books had their own connections: none of it reached them
+    for d in VENUES {
+        let (s, sync) = stats(&server, d, "ETH");
+        assert_eq!(s.health, BookHealth::Synced, "{d} ETH: {s:?}");
+        assert_eq!(
+            (sync.gaps, sync.checksum_mismatches, sync.resyncs),
+            (0, 0, 0),
+            "{d} ETH: {sync:?}"
+        );
+        if matches!(d, Dialect::Okx | Dialect::Kraken) {
+            assert!(
+                sync.checksums_verified > 10 && sync.checksums_unchecked == 0,
+                "{d} ETH: {sync:?}"
+            );
+        }
+    }
+    for (what, w) in &watches {
+        w.assert_clean(what);
+        w.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    server.stop().await;
+    sim.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}

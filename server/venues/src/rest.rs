@@ -1,0 +1,222 @@
+//! The venues' public REST answers millrace reads: each venue's instrument list (and where it is),
+//! read exactly, bounded, with the venue's own refusal recognised.
+//!
+//! | venue | instruments | fields read |
+//! | --- | --- | --- |
+//! | OKX | `/api/v5/public/instruments?instType=SPOT` | `instId`, `baseCcy`, `quoteCcy`, `tickSz`, `lotSz`, `state` |
+//! | Bybit | `/v5/market/instruments-info?category=spot` | `symbol`, `baseCoin`, `quoteCoin`, `priceFilter.tickSize`, `lotSizeFilter.basePrecision`, `status` |
+//! | Coinbase | `/api/v3/brokerage/market/products` | `product_id`, `base_currency_id`, `quote_currency_id`, `price_increment`, `base_increment`, `status` |
+//! | Kraken | `/0/public/AssetPairs` | `wsname`, `base`, `quote`, `pair_decimals`, `lot_decimals`, `tick_size`, `status` |
+
+use serde_json::Value;
+use shared::venue::Dialect;
+use shared::{Price, Qty};
+
+use crate::{clip, WireError};
+
+/// Instruments one answer may list.
+pub const MAX_INSTRUMENTS: usize = 20_000;
+
+/// One instrument of a venue's list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instrument {
+    /// The venue's name (`BTC-USDT`, `BTCUSDT`, `BTC/USD`).
+    pub symbol: String,
+    pub base: String,
+    pub quote: String,
+    pub tick: Option<Price>,
+    pub lot: Option<Qty>,
+    /// Places of prices and quantities, where the venue says (Kraken), else those of the tick
+    /// and lot.
+    pub price_decimals: Option<u8>,
+    pub qty_decimals: Option<u8>,
+    /// The venue's trading status (`live`, `Trading`, `online`).
+    pub status: String,
+}
+
+/// Where the instrument list is, under the venue's REST base.
+pub fn instruments_path(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Okx => "/api/v5/public/instruments?instType=SPOT",
+        Dialect::Bybit => "/v5/market/instruments-info?category=spot",
+        Dialect::Coinbase => "/api/v3/brokerage/market/products",
+        Dialect::Kraken => "/0/public/AssetPairs",
+        Dialect::Binance => "/api/v3/exchangeInfo",
+    }
+}
+
+fn invalid(dialect: Dialect, detail: impl Into<String>) -> WireError {
+    WireError::Invalid { dialect, detail: detail.into() }
+}
+
+/// Places of a tick or lot (`0.01` → 2).
+fn places(v: i64) -> u8 {
+    let mut d = 8u8;
+    let mut r = v;
+    while d > 0 && r % 10 == 0 {
+        r /= 10;
+        d -= 1;
+    }
+    d
+}
+
+/// Reads a venue's instrument list. A refusal in the venue's own form (OKX `code`, Bybit
+/// `retCode`, Kraken `error`, Coinbase `error`) is an error quoting it. Instruments whose tick or
+/// lot millrace cannot hold (more than 8 places) are listed without them.
+pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>, WireError> {
+    let v: Value = serde_json::from_str(body)
+        .map_err(|e| WireError::Json { dialect, detail: e.to_string() })?;
+    let s = |v: &Value| v.as_str().map(str::to_string).unwrap_or_default();
+    let tick = |v: &Value| v.as_str().and_then(|t| Price::parse(t).ok()).filter(|p| p.raw() > 0);
+    let lot = |v: &Value| v.as_str().and_then(|t| Qty::parse(t).ok()).filter(|q| q.raw() > 0);
+    let list = |v: Option<&Vec<Value>>| -> Result<Vec<Value>, WireError> {
+        let l = v.ok_or_else(|| invalid(dialect, "no instrument list in the answer"))?;
+        crate::bounded(dialect, "instruments", l.len(), MAX_INSTRUMENTS)?;
+        Ok(l.clone())
+    };
+    let mut out = Vec::new();
+    match dialect {
+        Dialect::Okx => {
+            if v["code"].as_str().is_some_and(|c| c != "0") {
+                return Err(invalid(
+                    dialect,
+                    format!("refused: {} {}", clip(&s(&v["code"])), clip(&s(&v["msg"]))),
+                ));
+            }
+            for i in list(v["data"].as_array())? {
+                out.push(Instrument {
+                    symbol: s(&i["instId"]),
+                    base: s(&i["baseCcy"]),
+                    quote: s(&i["quoteCcy"]),
+                    tick: tick(&i["tickSz"]),
+                    lot: lot(&i["lotSz"]),
+                    price_decimals: None,
+                    qty_decimals: None,
+                    status: s(&i["state"]),
+                });
+            }
+        }
+        Dialect::Bybit => {
+            if v["retCode"].as_i64().is_some_and(|c| c != 0) {
+                return Err(invalid(
+                    dialect,
+                    format!("refused: {} {}", v["retCode"], clip(&s(&v["retMsg"]))),
+                ));
+            }
+            for i in list(v["result"]["list"].as_array())? {
+                out.push(Instrument {
+                    symbol: s(&i["symbol"]),
+                    base: s(&i["baseCoin"]),
+                    quote: s(&i["quoteCoin"]),
+                    tick: tick(&i["priceFilter"]["tickSize"]),
+                    lot: lot(&i["lotSizeFilter"]["basePrecision"]),
+                    price_decimals: None,
+                    qty_decimals: None,
+                    status: s(&i["status"]),
+                });
+            }
+        }
+        Dialect::Coinbase => {
+            if let Some(e) = v["error"].as_str() {
+                return Err(invalid(
+                    dialect,
+                    format!("refused: {} {}", clip(e), clip(&s(&v["message"]))),
+                ));
+            }
+            for i in list(v["products"].as_array())? {
+                out.push(Instrument {
+                    symbol: s(&i["product_id"]),
+                    base: s(&i["base_currency_id"]),
+                    quote: s(&i["quote_currency_id"]),
+                    tick: tick(&i["price_increment"]),
+                    lot: lot(&i["base_increment"]),
+                    price_decimals: None,
+                    qty_decimals: None,
+                    status: s(&i["status"]),
+                });
+            }
+        }
+        Dialect::Kraken => {
+            if let Some(e) = v["error"].as_array().and_then(|e| e.first()) {
+                return Err(invalid(dialect, format!("refused: {}", clip(&s(e)))));
+            }
+            let pairs = v["result"]
+                .as_object()
+                .ok_or_else(|| invalid(dialect, "no result in the answer"))?;
+            crate::bounded(dialect, "instruments", pairs.len(), MAX_INSTRUMENTS)?;
+            for (_, i) in pairs {
+                let wsname = s(&i["wsname"]);
+                let (base, quote) = wsname.split_once('/').unwrap_or_default();
+                let dec =
+                    |v: &Value| v.as_u64().and_then(|d| u8::try_from(d).ok()).filter(|&d| d <= 8);
+                out.push(Instrument {
+                    symbol: wsname.clone(),
+                    base: base.to_string(),
+                    quote: quote.to_string(),
+                    tick: tick(&i["tick_size"]),
+                    lot: None,
+                    price_decimals: dec(&i["pair_decimals"]),
+                    qty_decimals: dec(&i["lot_decimals"]),
+                    status: s(&i["status"]),
+                });
+            }
+        }
+        Dialect::Binance => return Err(WireError::Unsupported(dialect)),
+    }
+    out.retain(|i| !i.symbol.is_empty() && !i.base.is_empty() && !i.quote.is_empty());
+    for i in &mut out {
+        i.price_decimals = i.price_decimals.or(i.tick.map(|t| places(t.raw())));
+        i.qty_decimals = i.qty_decimals.or(i.lot.map(|l| places(l.raw())));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_venue_lists_its_instruments() {
+        let okx = r#"{"code":"0","msg":"","data":[{"instId":"BTC-USDT","instType":"SPOT","baseCcy":"BTC","quoteCcy":"USDT","tickSz":"0.1","lotSz":"0.00000001","state":"live"}]}"#;
+        let i = &parse_instruments(Dialect::Okx, okx).unwrap()[0];
+        assert_eq!(
+            (i.symbol.as_str(), i.base.as_str(), i.price_decimals, i.qty_decimals),
+            ("BTC-USDT", "BTC", Some(1), Some(8))
+        );
+        let bybit = r#"{"retCode":0,"retMsg":"OK","result":{"category":"spot","list":[{"symbol":"BTCUSDT","baseCoin":"BTC","quoteCoin":"USDT","status":"Trading","lotSizeFilter":{"basePrecision":"0.000001"},"priceFilter":{"tickSize":"0.01"}}]}}"#;
+        assert_eq!(parse_instruments(Dialect::Bybit, bybit).unwrap()[0].qty_decimals, Some(6));
+        let cb = r#"{"products":[{"product_id":"BTC-USD","base_currency_id":"BTC","quote_currency_id":"USD","base_increment":"0.00000001","price_increment":"0.01","status":"online"}]}"#;
+        assert_eq!(
+            parse_instruments(Dialect::Coinbase, cb).unwrap()[0].tick,
+            Price::parse("0.01").ok()
+        );
+        let kraken = r#"{"error":[],"result":{"XXBTZUSD":{"altname":"XBTUSD","wsname":"XBT/USD","base":"XXBT","quote":"ZUSD","pair_decimals":1,"lot_decimals":8,"tick_size":"0.1","status":"online"}}}"#;
+        let k = &parse_instruments(Dialect::Kraken, kraken).unwrap()[0];
+        assert_eq!(
+            (k.symbol.as_str(), k.base.as_str(), k.quote.as_str(), k.price_decimals),
+            ("XBT/USD", "XBT", "USD", Some(1))
+        );
+    }
+
+    #[test]
+    fn refusals_are_errors_quoting_the_venue() {
+        for (d, body, says) in [
+            (Dialect::Okx, r#"{"code":"50011","msg":"Too Many Requests","data":[]}"#, "50011"),
+            (
+                Dialect::Bybit,
+                r#"{"retCode":10006,"retMsg":"Too many visits!","result":{}}"#,
+                "10006",
+            ),
+            (Dialect::Kraken, r#"{"error":["EGeneral:Too many requests"]}"#, "Too many"),
+            (
+                Dialect::Coinbase,
+                r#"{"error":"RATE_LIMIT_EXCEEDED","message":"Too many requests"}"#,
+                "RATE_LIMIT",
+            ),
+            (Dialect::Okx, "<html>", "JSON"),
+        ] {
+            let e = parse_instruments(d, body).unwrap_err().to_string();
+            assert!(e.contains(says), "{d}: {e}");
+        }
+    }
+}
