@@ -17,6 +17,7 @@
 
 pub mod api;
 pub mod chart;
+pub mod compare;
 pub mod depth;
 pub mod feed;
 pub mod market;

@@ -1,6 +1,8 @@
-//! The market view: the instrument picker, the open charts and the open order books.
+//! The market view: the instrument picker (grouped by venue), the open charts, the open order
+//! books and the compare cards (one `BASE/QUOTE` across every venue that lists it).
 //!
-//! What is open lives in the page's URL (`?charts=sim:spot:BTC/USDT:1m,…&books=sim:stock:600000,…`),
+//! What is open lives in the page's URL
+//! (`?charts=sim:spot:BTC/USDT:1m,…&books=sim:stock:600000,…&compare=BTC/USDT`),
 //! so a reload or a shared link opens the same view; without a query the view opens the
 //! simulator's BTC/USDT chart (1m) and book. Charts and books have stable keys: opening or closing
 //! one never remounts (or resubscribes) the others.
@@ -12,6 +14,7 @@ use shared::protocol::{InstrumentId, SeriesId};
 
 use crate::api::{self, FetchError};
 use crate::chart::ChartPanel;
+use crate::compare::CompareCard;
 use crate::depth::BookCard;
 
 /// One entry of the picker.
@@ -42,7 +45,7 @@ async fn load_entries() -> Result<(Vec<PickerEntry>, Vec<Timeframe>), FetchError
     let mut entries: Vec<PickerEntry> = catalog
         .instruments
         .into_iter()
-        .map(|i| PickerEntry { id: i.id, chart: true, note: i.symbol })
+        .map(|i| PickerEntry { id: i.id, chart: i.candles, note: i.symbol })
         .collect();
     // the tick-by-tick books (book only); a failure here still leaves the sources' instruments
     if let Ok(shards) = api::get_json::<ShardsReport>("/api/v1/ops/shards").await {
@@ -64,6 +67,8 @@ async fn load_entries() -> Result<(Vec<PickerEntry>, Vec<Timeframe>), FetchError
 pub struct OpenSet {
     pub charts: Vec<SeriesId>,
     pub books: Vec<InstrumentId>,
+    /// `BASE/QUOTE` symbols compared across venues.
+    pub compare: Vec<String>,
 }
 
 impl OpenSet {
@@ -76,26 +81,49 @@ impl OpenSet {
                 String::from(js_sys::decode_uri_component(&v).unwrap_or_else(|_| v.as_str().into()))
             })
         };
-        let (charts, books) = (value("charts="), value("books="));
-        if charts.is_none() && books.is_none() {
+        let (charts, books, compare) = (value("charts="), value("books="), value("compare="));
+        if charts.is_none() && books.is_none() && compare.is_none() {
             let btc: InstrumentId = "sim:spot:BTC/USDT".parse().expect("a valid id");
             return OpenSet {
                 charts: vec![SeriesId { instrument: btc.clone(), timeframe: Timeframe::M1 }],
                 books: vec![btc],
+                compare: Vec::new(),
             };
         }
-        OpenSet { charts: parse_list(charts.as_deref()), books: parse_list(books.as_deref()) }
+        let compare = compare
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| is_pair(s))
+            .map(str::to_string)
+            .collect();
+        OpenSet {
+            charts: parse_list(charts.as_deref()),
+            books: parse_list(books.as_deref()),
+            compare,
+        }
     }
 
     /// The query that reopens this set.
     pub fn to_query(&self) -> String {
         let join = |names: Vec<String>| names.join(",");
-        format!(
+        let mut q = format!(
             "?charts={}&books={}",
             join(self.charts.iter().map(|s| s.to_string()).collect()),
             join(self.books.iter().map(|b| b.to_string()).collect())
-        )
+        );
+        if !self.compare.is_empty() {
+            q.push_str(&format!("&compare={}", self.compare.join(",")));
+        }
+        q
     }
+}
+
+/// `BASE/QUOTE`: two non-empty alphanumeric names.
+fn is_pair(s: &str) -> bool {
+    let ok =
+        |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_alphanumeric());
+    s.split_once('/').is_some_and(|(b, q)| ok(b) && ok(q))
 }
 
 fn parse_list<T: std::str::FromStr>(list: Option<&str>) -> Vec<T>
@@ -135,11 +163,15 @@ pub fn MarketView() -> impl IntoView {
         RwSignal::new(keyed(start.charts.len()).into_iter().zip(start.charts).collect::<Vec<_>>());
     let books =
         RwSignal::new(keyed(start.books.len()).into_iter().zip(start.books).collect::<Vec<_>>());
+    let compares = RwSignal::new(
+        keyed(start.compare.len()).into_iter().zip(start.compare).collect::<Vec<_>>(),
+    );
     // keep the URL in step, so a reload reopens the same view
     Effect::new(move |_| {
         let set = OpenSet {
             charts: charts.with(|c| c.iter().map(|(_, s)| s.clone()).collect()),
             books: books.with(|b| b.iter().map(|(_, i)| i.clone()).collect()),
+            compare: compares.with(|c| c.iter().map(|(_, s)| s.clone()).collect()),
         };
         if let Some(history) = web_sys::window().and_then(|w| w.history().ok()) {
             let hash = web_sys::window().and_then(|w| w.location().hash().ok()).unwrap_or_default();
@@ -172,10 +204,32 @@ pub fn MarketView() -> impl IntoView {
         let k = keyed(1)[0];
         books.update(|b| b.push((k, id)));
     };
+    let open_compare = move |id: InstrumentId| {
+        let k = keyed(1)[0];
+        compares.update(|c| c.push((k, id.symbol)));
+    };
 
     view! {
         <div class="market">
-            <InstrumentPicker entries=entries error=load_error on_chart=Callback::new(open_chart) on_book=Callback::new(open_book) />
+            <InstrumentPicker entries=entries error=load_error on_chart=Callback::new(open_chart) on_book=Callback::new(open_book)
+                on_compare=Callback::new(open_compare) />
+            <section class="compares">
+                <For each=move || compares.get() key=|(k, _)| *k let:item>
+                    {
+                        let (k, symbol) = item;
+                        // every venue's spot instrument of this symbol, once the catalogue is in
+                        move || {
+                            let ids: Vec<InstrumentId> = entries.with(|e| {
+                                e.iter().filter(|e| e.id.symbol == symbol && e.id.market == shared::protocol::Market::Spot).map(|e| e.id.clone()).collect()
+                            });
+                            (!ids.is_empty()).then(|| view! {
+                                <CompareCard symbol=symbol.clone() instruments=ids
+                                    on_close=Callback::new(move |_| compares.update(|c| c.retain(|(x, _)| *x != k))) />
+                            })
+                        }
+                    }
+                </For>
+            </section>
             <section class="charts">
                 <For each=move || charts.get() key=|(k, _)| *k let:item>
                     {
@@ -206,6 +260,7 @@ pub fn InstrumentPicker(
     #[prop(into)] error: Signal<Option<String>>,
     on_chart: Callback<InstrumentId>,
     on_book: Callback<InstrumentId>,
+    on_compare: Callback<InstrumentId>,
 ) -> impl IntoView {
     let query = RwSignal::new(String::new());
     let open = RwSignal::new(false);
@@ -226,17 +281,30 @@ pub fn InstrumentPicker(
                 {move || if open.get() { "hide list" } else { "show list" }}
             </button>
             <ul class="picker-list" class:open=open>
-                {move || matches().into_iter().map(|e| {
-                    let (for_chart, for_book) = (e.id.clone(), e.id.clone());
-                    view! {
-                        <li class="picker-item" data-instrument=e.id.to_string()>
-                            <span class="mono">{e.id.to_string()}</span>
-                            <span class="muted">{e.note.clone()}</span>
-                            <button class="open-chart" disabled=!e.chart title="open a chart" on:click=move |_| on_chart.run(for_chart.clone())>"chart"</button>
-                            <button class="open-book" title="open the order book" on:click=move |_| on_book.run(for_book.clone())>"book"</button>
-                        </li>
-                    }
-                }).collect_view()}
+                {move || {
+                    // grouped by venue (the source), each group headed by its name
+                    let mut list = matches();
+                    list.sort_by(|a, b| a.id.exchange.cmp(&b.id.exchange));
+                    let mut last: Option<String> = None;
+                    list.into_iter().map(|e| {
+                        let head = (last.as_deref() != Some(e.id.exchange.as_str())).then(|| {
+                            last = Some(e.id.exchange.clone());
+                            view! { <li class="picker-group" data-venue=e.id.exchange.clone()>{e.id.exchange.clone()}</li> }
+                        });
+                        let (for_chart, for_book, for_compare) = (e.id.clone(), e.id.clone(), e.id.clone());
+                        let pair = e.id.symbol.contains('/');
+                        view! {
+                            {head}
+                            <li class="picker-item" data-instrument=e.id.to_string()>
+                                <span class="mono">{e.id.to_string()}</span>
+                                <span class="muted">{e.note.clone()}</span>
+                                <button class="open-chart" disabled=!e.chart title="open a chart" on:click=move |_| on_chart.run(for_chart.clone())>"chart"</button>
+                                <button class="open-book" title="open the order book" on:click=move |_| on_book.run(for_book.clone())>"book"</button>
+                                <button class="open-compare" disabled=!pair title="compare this pair across venues" on:click=move |_| on_compare.run(for_compare.clone())>"compare"</button>
+                            </li>
+                        }
+                    }).collect_view()
+                }}
             </ul>
         </div>
     }

@@ -471,6 +471,7 @@ impl Sources {
                     status: info.status.clone(),
                     tick_size: info.tick_size(),
                     step_size: info.step_size(),
+                    candles: true,
                 });
             }
         }

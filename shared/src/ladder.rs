@@ -84,24 +84,30 @@ impl DepthLadder {
     /// The mid as the shortest exact decimal (`2682.785`, or one digit past the raw units,
     /// `0.000000015`, when it falls on half a unit).
     pub fn mid_string(&self) -> Option<String> {
-        let x2 = self.mid_x2()?;
-        let mut s = String::new();
-        if x2 % 2 == 0 {
-            crate::fixed::write_raw(&mut s, x2 / 2).expect("writing to a String");
-        } else {
-            // half a raw unit: ten times the value has one more decimal
-            let tenfold = x2 * 5; // (x2 / 2) * 10
-            let negative = tenfold < 0;
-            let abs = tenfold.unsigned_abs();
-            let scale = crate::fixed::SCALE as u128 * 10;
-            let (int, frac) = (abs / scale, abs % scale);
-            let width = crate::fixed::DECIMALS as usize + 1;
-            let frac = format!("{frac:0width$}");
-            write!(s, "{}{int}.{}", if negative { "-" } else { "" }, frac.trim_end_matches('0'))
-                .expect("writing to a String");
-        }
-        Some(s)
+        Some(mid_string(self.bids.first()?.price, self.asks.first()?.price))
     }
+}
+
+/// The mid of `bid` and `ask` as the shortest exact decimal (`2682.785`, or one digit past the
+/// raw units, `0.000000015`, when it falls on half a unit).
+pub fn mid_string(bid: crate::fixed::Price, ask: crate::fixed::Price) -> String {
+    let x2 = bid.raw() as i128 + ask.raw() as i128;
+    let mut s = String::new();
+    if x2 % 2 == 0 {
+        crate::fixed::write_raw(&mut s, x2 / 2).expect("writing to a String");
+    } else {
+        // half a raw unit: ten times the value has one more decimal
+        let tenfold = x2 * 5; // (x2 / 2) * 10
+        let negative = tenfold < 0;
+        let abs = tenfold.unsigned_abs();
+        let scale = crate::fixed::SCALE as u128 * 10;
+        let (int, frac) = (abs / scale, abs % scale);
+        let width = crate::fixed::DECIMALS as usize + 1;
+        let frac = format!("{frac:0width$}");
+        write!(s, "{}{int}.{}", if negative { "-" } else { "" }, frac.trim_end_matches('0'))
+            .expect("writing to a String");
+    }
+    s
 }
 
 #[cfg(test)]

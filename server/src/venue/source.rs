@@ -158,6 +158,7 @@ impl VenueSource {
                 status: i.status.clone(),
                 tick_size: i.tick,
                 step_size: i.lot,
+                candles: false,
             })
             .collect()
     }

@@ -26,8 +26,9 @@ use shared::trade::Trade;
 use shared::venue::{Dialect, PrintedLevels};
 use shared::{Price, Qty};
 
-/// Levels one book frame may carry (each venue's deepest snapshot is 1,000 a side).
-pub const MAX_LEVELS: usize = 5_000;
+/// Levels one book frame may carry: Coinbase's `level2` snapshot is the whole book (tens of
+/// thousands of levels on its busiest products); 100,000 levels are 1.6 MB of fixed point.
+pub const MAX_LEVELS: usize = 100_000;
 /// Trades or candles one frame may carry.
 pub const MAX_ITEMS: usize = 5_000;
 

@@ -77,6 +77,8 @@ pub struct InstrumentInfo {
     pub status: String,
     pub tick_size: Option<Price>,
     pub step_size: Option<Qty>,
+    /// Whether its candles are served (a venue source serves its order books only, for now).
+    pub candles: bool,
 }
 
 /// A series with stored closed candles.
