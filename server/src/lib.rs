@@ -26,6 +26,7 @@ pub mod shutdown;
 pub mod sources;
 pub mod store;
 pub mod telemetry;
+pub mod trades;
 pub mod venue;
 
 /// The version string shown by `millrace --version`, `/api/v1/version` and the dashboard.

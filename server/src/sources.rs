@@ -42,6 +42,8 @@ pub enum ResolveError {
     Timeframe { series: SeriesId, offered: String },
     #[error("{instrument}: source {name} ({venue}) serves order books; its candles and trades are not served yet")]
     BooksOnly { instrument: InstrumentId, name: String, venue: shared::venue::Dialect },
+    #[error("{instrument}: trades of tick-by-tick books are not published")]
+    NoTrades { instrument: InstrumentId },
 }
 
 /// Where a source's exchange is: its REST and WebSocket base URLs, and whether millrace runs

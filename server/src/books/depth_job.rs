@@ -789,7 +789,24 @@ impl JobRunner for DepthRunner {
                 source: depth_source,
                 tap,
             };
-            run(ctx, deps).await;
+            // the market's trades come with its book (not through a cluster's depth source:
+            // its gateway has no exchange connection)
+            let trades = deps.source.is_none().then(|| {
+                crate::trades::binance_agg_trades(
+                    deps.books.trades().clone(),
+                    ctx.instrument.clone(),
+                    deps.ws_base.clone(),
+                    deps.symbol.clone(),
+                    deps.ingest.clone(),
+                    ctx.shutdown.clone(),
+                )
+            });
+            match trades {
+                Some(trades) => {
+                    tokio::join!(run(ctx, deps), trades);
+                }
+                None => run(ctx, deps).await,
+            }
         })
     }
 }

@@ -127,16 +127,24 @@ pub struct BookRegistry {
     /// The running depth jobs' synced books at the exchange's ids, on request (a plug point:
     /// see [`upstream`]).
     source_books: upstream::SourceBooks,
+    /// The instruments' recent trades: a book's job reports its market's trades too.
+    trades: Arc<crate::trades::TradeRegistry>,
 }
 
 impl BookRegistry {
     pub fn new(bus: Arc<dyn Bus>) -> Arc<Self> {
         Arc::new(Self {
+            trades: crate::trades::TradeRegistry::new(bus.clone()),
             bus,
             cells: RwLock::new(BTreeMap::new()),
             always_on: RwLock::default(),
             source_books: upstream::SourceBooks::default(),
         })
+    }
+
+    /// Every instrument's recent trades ([`crate::trades`]).
+    pub fn trades(&self) -> &Arc<crate::trades::TradeRegistry> {
+        &self.trades
     }
 
     /// The running depth jobs' synced books (see [`upstream::SourceBooks`]).

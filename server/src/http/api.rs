@@ -74,6 +74,7 @@ use crate::store::blocking;
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/v1/klines", get(klines))
+        .route("/api/v1/trades", get(trades))
         .route("/api/v1/series", get(series))
         .route("/api/v1/ops/jobs", get(ops_jobs))
         .route("/api/v1/ops/backfill", get(ops_backfill))
@@ -105,6 +106,50 @@ pub struct KlinesQuery {
     #[serde(rename = "endTime")]
     end_time: Option<String>,
     limit: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TradesQuery {
+    instrument: Option<String>,
+    limit: Option<String>,
+}
+
+/// `GET /api/v1/trades?instrument=…&limit=…`: the newest trades held in memory (at most
+/// [`crate::trades::RECENT_TRADES`], newest first) and what their ids went through.
+async fn trades(
+    State(state): State<AppState>,
+    query: Result<Query<TradesQuery>, QueryRejection>,
+) -> Result<Json<shared::protocol::ops::TradesReport>, ApiError> {
+    let app = &state.app;
+    let bad = |e: ApiError| state.bad_request(e);
+    let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
+    let text = q.instrument.ok_or_else(|| {
+        bad(ApiError::bad(
+            Code::Malformed,
+            "instrument is required, e.g. instrument=sim-okx:spot:BTC/USDT",
+        ))
+    })?;
+    let instrument: shared::protocol::InstrumentId = text
+        .parse()
+        .map_err(|e| bad(ApiError::bad(Code::BadStream, format!("instrument {text:?}: {e}"))))?;
+    let max = crate::trades::RECENT_TRADES as i64;
+    let limit = int_param("limit", q.limit.as_deref()).map_err(bad)?.unwrap_or(100);
+    if !(1..=max).contains(&limit) {
+        return Err(bad(ApiError::bad(
+            Code::Malformed,
+            format!("limit must be between 1 and {max}, got {limit}"),
+        )));
+    }
+    let (trades, stats) =
+        app.books().trades().recent(&instrument, limit as usize).unwrap_or_default();
+    Ok(Json(shared::protocol::ops::TradesReport {
+        instrument,
+        trades,
+        received: stats.received,
+        duplicates: stats.duplicates,
+        id_gaps: stats.gaps,
+        missing_ids: stats.missing,
+    }))
 }
 
 fn int_param(name: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {

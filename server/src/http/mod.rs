@@ -129,7 +129,10 @@ fn starts_job(app: &Arc<App>) -> StartsJob {
     Arc::new(move |stream: &Stream| match stream {
         Stream::Heartbeat => false,
         Stream::Kline(series) => app.supervisor().health(&series.instrument).is_none(),
-        Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
+        // an instrument's trades come with its book's job
+        Stream::Depth { instrument, .. }
+        | Stream::DepthUpdate(instrument)
+        | Stream::Trade(instrument) => {
             !(app.books().is_always_on(instrument)
                 || app.l3().remote().is_some_and(|r| r.serves(instrument)))
                 && app.depth().health(instrument).is_none()

@@ -37,6 +37,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{SinkExt as _, StreamExt as _};
 use shared::protocol::{ClientRequest, ErrorCode, Method, Reply, Stream};
+
+use crate::sources::ResolveError;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
@@ -365,6 +367,18 @@ impl Session {
                             self.sessions.supervisor.subscribe_as(series, self.ip).map(Some)
                         }
                         Stream::Depth { instrument, .. } | Stream::DepthUpdate(instrument) => {
+                            (self.sessions.depth_leases)(instrument, self.ip)
+                        }
+                        // trades come with the book's job (a venue's, or Binance's aggTrade
+                        // beside its depth); tick-by-tick books publish none
+                        Stream::Trade(instrument)
+                            if instrument.market == shared::protocol::Market::Stock =>
+                        {
+                            Err(SubscribeError::Unknown(ResolveError::NoTrades {
+                                instrument: instrument.clone(),
+                            }))
+                        }
+                        Stream::Trade(instrument) => {
                             (self.sessions.depth_leases)(instrument, self.ip)
                         }
                     };

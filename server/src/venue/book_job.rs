@@ -2,9 +2,11 @@
 //! venue's own rules and published like every book millrace serves.
 //!
 //! - **Its own connection.** Each book has a WebSocket of its own, subscribed to its book channel
-//!   only (OKX `books`, Bybit `orderbook.200`, Coinbase `level2` with `heartbeats`, Kraken `book`
-//!   depth 100): a hot book cannot hold back another, and Coinbase's per-connection
-//!   `sequence_num` then numbers this book's messages alone.
+//!   and its market's trades (OKX `books` and `trades`, Bybit `orderbook.200` and `publicTrade`,
+//!   Coinbase `level2`, `market_trades` and `heartbeats`, Kraken `book` depth 100 and `trade`): a
+//!   hot book cannot hold back another, and Coinbase's per-connection `sequence_num` numbers this
+//!   market's messages alone. Trades go to the [`crate::trades::TradeRegistry`]
+//!   (`trade@{instrument}`, `GET /api/v1/trades`).
 //! - **Sync.** Frames are read by `venues::parse` and fed to `shared::venue::VenueSync`. A gap,
 //!   a checksum mismatch or a reset the machine cannot continue from makes it ask for a
 //!   snapshot: the job unsubscribes and subscribes that channel again, and the venue sends the
@@ -85,7 +87,10 @@ impl Channel {
     pub fn of(dialect: Dialect, symbol: &str) -> Channel {
         match dialect {
             Dialect::Okx => Channel {
-                subscribe: vec![venues::okx::subscribe("books", symbol)],
+                subscribe: vec![
+                    venues::okx::subscribe("books", symbol),
+                    venues::okx::subscribe("trades", symbol),
+                ],
                 unsubscribe: vec![venues::okx::unsubscribe("books", symbol)],
                 name: format!("books:{symbol}"),
                 ping: Some("ping".into()),
@@ -93,7 +98,10 @@ impl Channel {
             Dialect::Bybit => {
                 let topic = format!("orderbook.{BYBIT_DEPTH}.{symbol}");
                 Channel {
-                    subscribe: vec![venues::bybit::subscribe(&[&topic])],
+                    subscribe: vec![
+                        venues::bybit::subscribe(&[&topic]),
+                        venues::bybit::subscribe(&[&format!("publicTrade.{symbol}")]),
+                    ],
                     unsubscribe: vec![venues::bybit::unsubscribe(&[&topic])],
                     name: topic,
                     ping: Some(venues::bybit::ping()),
@@ -103,6 +111,7 @@ impl Channel {
                 subscribe: vec![
                     venues::coinbase::subscribe("level2", &[symbol]),
                     venues::coinbase::subscribe("heartbeats", &[]),
+                    venues::coinbase::subscribe("market_trades", &[symbol]),
                 ],
                 unsubscribe: vec![venues::coinbase::unsubscribe("level2", &[symbol])],
                 name: format!("level2:{symbol}"),
@@ -112,11 +121,10 @@ impl Channel {
                 let unsub = serde_json::json!({"method": "unsubscribe",
                     "params": {"channel": "book", "symbol": [symbol], "depth": KRAKEN_DEPTH}});
                 Channel {
-                    subscribe: vec![venues::kraken::subscribe_v2(
-                        "book",
-                        &[symbol],
-                        Some(KRAKEN_DEPTH as u32),
-                    )],
+                    subscribe: vec![
+                        venues::kraken::subscribe_v2("book", &[symbol], Some(KRAKEN_DEPTH as u32)),
+                        venues::kraken::subscribe_v2("trade", &[symbol], None),
+                    ],
                     unsubscribe: vec![unsub.to_string()],
                     name: format!("book:{symbol}:{KRAKEN_DEPTH}"),
                     ping: Some(venues::kraken::ping_v2()),
@@ -131,9 +139,9 @@ impl Channel {
         }
     }
 
-    /// Resubscribing: the venue sends the book whole again.
+    /// Resubscribing: the venue sends the book whole again (the book channel is the first
+    /// subscription; trades and heartbeats stay subscribed).
     fn resubscribe(&self) -> impl Iterator<Item = &String> {
-        // Coinbase's heartbeats stay subscribed
         self.unsubscribe.iter().chain(self.subscribe.iter().take(1))
     }
 }
@@ -300,6 +308,9 @@ impl Job {
                 },
                 Message::Book(f) if f.symbol == self.deps.listing.symbol => {
                     self.sync.handle_message(f.message());
+                }
+                Message::Trades { symbol, trades } if symbol == self.deps.listing.symbol => {
+                    self.deps.books.trades().push(&ctx.instrument, trades);
                 }
                 Message::Refused { code, message, rate_limited } => {
                     self.refusals += 1;

@@ -182,3 +182,72 @@ async fn each_venue_book_resyncs_alone_from_each_of_its_faults() {
     sim.shutdown();
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
+
+/// Trades on `trade@{instrument}`, for Binance (aggTrade beside the depth job) and a venue
+/// (its trades channel beside its book): the trades of every minute the subscription saw whole
+/// fold (`shared::trade::TradeFold`) into the exchange's own 1m candle; a trade message the venue
+/// lost shows as an id gap in `GET /api/v1/trades`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trades_fold_into_the_exchanges_candles_and_a_lost_one_is_counted() {
+    use shared::protocol::{PushData, ServerFrame};
+    use shared::trade::TradeFold;
+
+    let sim = start_sim(60.0, 31).await;
+    let mut c = config(&sim);
+    c.depth.pinned.clear();
+    let server = TestServer::start(c).await;
+    let ids = ["sim:spot:BTC/USDT", "okx:spot:BTC/USDT", "kraken:spot:BTC/USDT"];
+    let mut ws = server.ws().await;
+    let streams: Vec<String> = ids.iter().map(|i| format!("trade@{i}")).collect();
+    let names: Vec<&str> = streams.iter().map(String::as_str).collect();
+    let reply = request(&mut ws, "SUBSCRIBE", &names, 1).await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    let mut folds: Vec<(TradeFold, Vec<shared::candle::Candle>, Option<i64>)> =
+        ids.iter().map(|_| (TradeFold::new(), Vec::new(), None)).collect();
+    // a little over four simulated minutes
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < until {
+        let ServerFrame::Push(p) = next_frame(&mut ws).await else { continue };
+        let PushData::Trades(ev) = p.data else { continue };
+        let i = ids.iter().position(|i| *i == ev.s.to_string()).expect("a subscribed instrument");
+        let (fold, closed, first) = &mut folds[i];
+        for t in &ev.trades {
+            first.get_or_insert(t.time_ms);
+            closed.extend(fold.push(t));
+        }
+    }
+    for (id, (_, closed, first)) in ids.iter().zip(&folds) {
+        let first = first.expect("trades arrived");
+        // the minutes seen whole: after the first trade's minute
+        let whole: Vec<_> = closed.iter().filter(|c| c.open_time > first).collect();
+        assert!(whole.len() >= 2, "{id}: {} whole minutes", whole.len());
+        for c in whole {
+            let truth = sim.closed_klines("BTCUSDT", c.open_time, c.open_time);
+            let t = truth.first().expect("the exchange's candle");
+            assert_eq!(
+                (c.open, c.high, c.low, c.close, c.volume),
+                (t.open, t.high, t.low, t.close, t.volume),
+                "{id}: minute {} from trades against the exchange's",
+                c.open_time
+            );
+        }
+    }
+    // OKX loses a trades message: the ids skip, and the report says how many are missing
+    sim.faults().apply(FaultCommand::Skip {
+        target: StreamTarget::stream("okx:trades:BTC-USDT"),
+        count: 1,
+    });
+    let report = eventually("an OKX trade id gap", || async {
+        let r = server.get_json("/api/v1/trades?instrument=okx:spot:BTC/USDT&limit=5").await;
+        (r["id_gaps"].as_u64() >= Some(1)).then_some(r)
+    })
+    .await;
+    assert!(report["missing_ids"].as_u64() >= Some(1), "{report}");
+    assert_eq!(report["trades"].as_array().unwrap().len(), 5, "{report}");
+    let (status, body) = server.get("/api/v1/trades?instrument=sim:stock:600000").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server.get("/api/v1/trades?limit=0&instrument=sim:spot:BTC/USDT").await;
+    assert_eq!(status, 400, "{body}");
+    server.stop().await;
+    sim.shutdown();
+}

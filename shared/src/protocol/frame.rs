@@ -16,6 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{
     DepthSnapshotEvent, DepthUpdateEvent, ErrorBody, Heartbeat, KlineEvent, Push, Reply, Stream,
+    TradesEvent,
 };
 
 /// The `data` of a push, as its stream says.
@@ -28,6 +29,8 @@ pub enum PushData {
     Depth(DepthSnapshotEvent),
     /// On `depth_update@{instrument}`.
     DepthUpdate(DepthUpdateEvent),
+    /// On `trade@{instrument}`.
+    Trades(TradesEvent),
     /// On `heartbeat`.
     Heartbeat(Heartbeat),
 }
@@ -39,6 +42,7 @@ impl PushData {
             PushData::Kline(_) => "kline",
             PushData::Depth(_) => "depth",
             PushData::DepthUpdate(_) => "depth_update",
+            PushData::Trades(_) => "trade",
             PushData::Heartbeat(_) => "heartbeat",
         }
     }
@@ -54,6 +58,7 @@ impl PushData {
             Stream::DepthUpdate(_) => {
                 PushData::DepthUpdate(DepthUpdateEvent::deserialize(data).map_err(named)?)
             }
+            Stream::Trade(_) => PushData::Trades(TradesEvent::deserialize(data).map_err(named)?),
             Stream::Heartbeat => PushData::Heartbeat(Heartbeat::deserialize(data).map_err(named)?),
         })
     }

@@ -42,7 +42,7 @@ pub enum NameError {
     Series(String),
     #[error("unknown timeframe {0:?} in series")]
     Timeframe(String),
-    #[error("stream {0:?} must be kline@SERIES, depth@INSTRUMENT,LEVELS, depth_update@INSTRUMENT or heartbeat")]
+    #[error("stream {0:?} must be kline@SERIES, depth@INSTRUMENT,LEVELS, depth_update@INSTRUMENT, trade@INSTRUMENT or heartbeat")]
     Stream(String),
     #[error("depth levels in {0:?} must be one of 5, 10, 20, 50, 100, 500, 1000")]
     Levels(String),
@@ -184,6 +184,8 @@ pub enum Stream {
     Depth { instrument: InstrumentId, levels: u16 },
     /// `depth_update@{instrument}`: throttled deltas with `U`/`u` and a checksum.
     DepthUpdate(InstrumentId),
+    /// `trade@{instrument}`: the venue's trades, in batches as they arrive ([`TradesEvent`]).
+    Trade(InstrumentId),
     /// `heartbeat`: server liveness.
     Heartbeat,
 }
@@ -194,6 +196,7 @@ impl fmt::Display for Stream {
             Stream::Kline(s) => write!(f, "kline@{s}"),
             Stream::Depth { instrument, levels } => write!(f, "depth@{instrument},{levels}"),
             Stream::DepthUpdate(i) => write!(f, "depth_update@{i}"),
+            Stream::Trade(i) => write!(f, "trade@{i}"),
             Stream::Heartbeat => f.write_str("heartbeat"),
         }
     }
@@ -209,6 +212,7 @@ impl FromStr for Stream {
         match kind {
             "kline" => Ok(Stream::Kline(rest.parse()?)),
             "depth_update" => Ok(Stream::DepthUpdate(rest.parse()?)),
+            "trade" => Ok(Stream::Trade(rest.parse()?)),
             "depth" => {
                 let (inst, levels) =
                     rest.split_once(',').ok_or_else(|| NameError::Levels(s.to_string()))?;
@@ -427,6 +431,14 @@ pub struct DepthUpdateEvent {
     /// this event
     /// (see [`OrderBook::checksum`](crate::book::OrderBook::checksum)).
     pub cs: u32,
+}
+
+/// Trades on `trade@{instrument}`, oldest first: what the venue reported since the last push
+/// (ids as the venue numbers them; `taker` the side that took liquidity, where the venue says).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TradesEvent {
+    pub s: InstrumentId,
+    pub trades: Vec<crate::trade::Trade>,
 }
 
 /// Snapshot on `depth@{instrument},{levels}`.

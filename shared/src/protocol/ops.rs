@@ -81,6 +81,21 @@ pub struct InstrumentInfo {
     pub candles: bool,
 }
 
+/// `GET /api/v1/trades`: an instrument's newest trades, newest first, held in memory while its
+/// book's job runs, and what their ids went through since the server started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TradesReport {
+    pub instrument: InstrumentId,
+    pub trades: Vec<crate::trade::Trade>,
+    /// Trades received, duplicates included.
+    pub received: u64,
+    /// Trades whose id was seen already: dropped.
+    pub duplicates: u64,
+    /// Times the venue's sequential trade ids skipped, and the ids missing in all.
+    pub id_gaps: u64,
+    pub missing_ids: u64,
+}
+
 /// A series with stored closed candles.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,0 +1,202 @@
+//! Every instrument's recent trades, in memory: what its producer (a venue book job, a Binance
+//! depth job's aggTrade stream) reported, published on `trade@{instrument}` and kept for
+//! `GET /api/v1/trades`.
+//!
+//! Where the venue numbers trades one after another (Binance aggTrade ids, Kraken and Coinbase
+//! trade ids, simulated OKX ids), a duplicate is dropped and a gap is counted with the ids it
+//! misses (`GET /api/v1/trades` reports them), so a hole after a reconnect is visible, never
+//! silent. Ids that are not numbers (Bybit's) are kept as they come.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use serde::Serialize;
+use shared::protocol::{InstrumentId, Push, Stream, TradesEvent};
+use shared::trade::{IdVerdict, RecentTrades, Trade, TradeIds};
+
+use crate::bus::Bus;
+use crate::lock::{lock, read, write};
+
+/// Trades kept per instrument.
+pub const RECENT_TRADES: usize = 1_000;
+
+/// What an instrument's trades went through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TradeStats {
+    /// Trades received (duplicates included).
+    pub received: u64,
+    /// Trades with an id already seen: dropped.
+    pub duplicates: u64,
+    /// Times the ids skipped, and the ids missing in all.
+    pub gaps: u64,
+    pub missing: u64,
+}
+
+struct Cell {
+    recent: RecentTrades,
+    ids: TradeIds,
+    stats: TradeStats,
+    topic: String,
+}
+
+/// Every instrument's trades.
+pub struct TradeRegistry {
+    bus: Arc<dyn Bus>,
+    cells: RwLock<HashMap<InstrumentId, Arc<Mutex<Cell>>>>,
+}
+
+impl TradeRegistry {
+    pub fn new(bus: Arc<dyn Bus>) -> Arc<Self> {
+        Arc::new(TradeRegistry { bus, cells: RwLock::default() })
+    }
+
+    fn cell(&self, instrument: &InstrumentId) -> Arc<Mutex<Cell>> {
+        if let Some(c) = read(&self.cells).get(instrument) {
+            return c.clone();
+        }
+        write(&self.cells)
+            .entry(instrument.clone())
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Cell {
+                    recent: RecentTrades::new(RECENT_TRADES),
+                    ids: TradeIds::new(),
+                    stats: TradeStats::default(),
+                    topic: Stream::Trade(instrument.clone()).to_string(),
+                }))
+            })
+            .clone()
+    }
+
+    /// Trades of `instrument`, oldest first: duplicates dropped, gaps counted, the rest kept
+    /// and published.
+    pub fn push(&self, instrument: &InstrumentId, trades: Vec<Trade>) {
+        if trades.is_empty() {
+            return;
+        }
+        let cell = self.cell(instrument);
+        let mut c = lock(&cell);
+        let mut fresh = Vec::with_capacity(trades.len());
+        for t in trades {
+            c.stats.received += 1;
+            if let Some(id) = t.id.seq() {
+                match c.ids.observe(id) {
+                    IdVerdict::Duplicate => {
+                        c.stats.duplicates += 1;
+                        continue;
+                    }
+                    IdVerdict::Gap { from, to } => {
+                        c.stats.gaps += 1;
+                        c.stats.missing += to - from + 1;
+                    }
+                    IdVerdict::First | IdVerdict::Next => {}
+                }
+            }
+            c.recent.push(t.clone());
+            fresh.push(t);
+        }
+        if fresh.is_empty() || !self.bus.has_subscribers(&c.topic) {
+            return;
+        }
+        let push = Push {
+            stream: Stream::Trade(instrument.clone()),
+            data: TradesEvent { s: instrument.clone(), trades: fresh },
+        };
+        let payload = Bytes::from(serde_json::to_vec(&push).expect("trades always serialize"));
+        self.bus.publish(&c.topic, payload);
+    }
+
+    /// The newest `limit` trades of `instrument`, newest first, and its counters; `None` when
+    /// none was ever received.
+    pub fn recent(
+        &self,
+        instrument: &InstrumentId,
+        limit: usize,
+    ) -> Option<(Vec<Trade>, TradeStats)> {
+        let cell = read(&self.cells).get(instrument)?.clone();
+        let c = lock(&cell);
+        Some((c.recent.newest_first(limit).cloned().collect(), c.stats))
+    }
+}
+
+/// A Binance market's trades, beside its depth job: `<sym>@aggTrade` (aggregate trades, whose ids
+/// follow one another, so a hole after a reconnect is counted) into `registry`, reconnecting with
+/// the ingest back-off, until `shutdown`.
+pub async fn binance_agg_trades(
+    registry: Arc<TradeRegistry>,
+    instrument: InstrumentId,
+    ws_base: String,
+    symbol: String,
+    ingest: crate::config::IngestConfig,
+    shutdown: crate::shutdown::Shutdown,
+) {
+    use binance::stream::{connect_with, StreamConfig};
+    use binance::wire::WsAggTrade;
+    use shared::trade::{TakerSide, TradeId};
+    use std::time::Duration;
+
+    let stream = format!("{}@aggTrade", symbol.to_ascii_lowercase());
+    let config = StreamConfig {
+        stall_timeout: Duration::from_millis(ingest.stall_timeout_ms),
+        planned_reconnect_after: Duration::from_secs(ingest.planned_reconnect_after_s),
+        ..StreamConfig::default()
+    };
+    let mut backoff = shared::backoff::Backoff::new(
+        Duration::from_millis(ingest.reconnect_base_ms),
+        Duration::from_millis(ingest.reconnect_cap_ms),
+    );
+    backoff.healthy_after = Duration::from_millis(ingest.reconnect_reset_after_ms);
+    let mut jitter = crate::jitter::Jitter::new(&stream);
+    let mut malformed: u64 = 0;
+    let streams = [stream.as_str()];
+    while !shutdown.is_stopping() {
+        let conn = tokio::select! {
+            c = connect_with(&ws_base, &streams, config.clone()) => c,
+            () = shutdown.stopping() => return,
+        };
+        match conn {
+            Ok(mut conn) => loop {
+                let text = tokio::select! {
+                    t = conn.next_text() => t,
+                    () = shutdown.stopping() => return,
+                };
+                let Some(Ok(text)) = text else { break };
+                // a raw event, or the combined stream's `{"stream":…,"data":{…}}`
+                #[derive(serde::Deserialize)]
+                struct Combined {
+                    data: WsAggTrade,
+                }
+                let event = serde_json::from_str::<WsAggTrade>(&text)
+                    .or_else(|_| serde_json::from_str::<Combined>(&text).map(|c| c.data));
+                match event {
+                    Ok(a) => registry.push(
+                        &instrument,
+                        vec![Trade {
+                            id: TradeId::Seq(a.agg_trade_id),
+                            time_ms: a.trade_time,
+                            price: a.price,
+                            qty: a.qty,
+                            taker: Some(if a.buyer_is_maker {
+                                TakerSide::Sell
+                            } else {
+                                TakerSide::Buy
+                            }),
+                        }],
+                    ),
+                    // a subscription answer or a broken frame: counted, logged once
+                    Err(e) => {
+                        malformed += 1;
+                        if malformed == 1 && !text.contains("\"result\"") {
+                            tracing::warn!(%stream, "an aggTrade frame could not be read: {e}");
+                        }
+                    }
+                }
+            },
+            Err(e) => tracing::info!(%stream, "cannot connect the trade stream: {e}"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff.next_delay(jitter.draw())) => {}
+            () = shutdown.stopping() => return,
+        }
+    }
+}
