@@ -76,18 +76,7 @@ fn kraken_side(side: &Ladder, price: NumberFormat, qty: NumberFormat, out: &mut 
 
 /// Appends `raw` printed in `format`, without its `.` and its leading zeros.
 fn kraken_digits(out: &mut String, format: NumberFormat, raw: i64) -> bool {
-    let start = out.len();
-    if !format.write(out, raw) {
-        return false;
-    }
-    // at most 20 integer digits, a point and 8 places: copied out so nothing is allocated
-    let mut printed = [0u8; 32];
-    let len = out.len() - start;
-    printed[..len].copy_from_slice(&out.as_bytes()[start..]);
-    out.truncate(start);
-    let digits = printed[..len].iter().filter(|&&b| b != b'.').skip_while(|&&b| b == b'0');
-    out.extend(digits.map(|&b| char::from(b)));
-    true
+    format.write_digits(out, raw)
 }
 
 /// Kraken's checksum of `book`: the CRC-32 of [`kraken_string`], unsigned as Kraken sends it.

@@ -23,7 +23,7 @@ pub use sync::{BookMessage, ConnectionSequence, SeqVerdict, VenueSync, VenueSync
 
 use core::fmt;
 
-use crate::fixed::{write_raw, write_raw_fixed, DECIMALS};
+use crate::fixed::DECIMALS;
 
 /// The wire dialects millrace speaks, upstream and in its simulator.
 #[derive(
@@ -143,22 +143,102 @@ pub enum NumberFormat {
 impl NumberFormat {
     /// Writes `raw` (10^-8 units) the venue's way; `false` (and nothing written) when the value
     /// has more places than a fixed format prints, so the venue's string cannot be this value.
+    /// Digits are written by hand (a checksum writes 20 to 100 numbers per message).
     pub fn write(self, out: &mut String, raw: i64) -> bool {
-        match self {
-            NumberFormat::Shortest => {
-                write_raw(out, raw as i128).expect("writing to a String");
-                true
-            }
-            NumberFormat::Fixed(d) => {
-                let d = u32::from(d);
-                if d > DECIMALS || raw % 10i64.pow(DECIMALS - d) != 0 {
-                    return false;
-                }
-                write_raw_fixed(out, raw as i128, d).expect("writing to a String");
-                true
+        let places = match self {
+            NumberFormat::Shortest => None,
+            NumberFormat::Fixed(d) if u32::from(d) <= DECIMALS => Some(u32::from(d)),
+            NumberFormat::Fixed(_) => return false,
+        };
+        let abs = raw.unsigned_abs();
+        let scale = 10u64.pow(DECIMALS);
+        let (int, frac) = (abs / scale, abs % scale);
+        if let Some(d) = places {
+            if frac % 10u64.pow(DECIMALS - d) != 0 {
+                return false;
             }
         }
+        if raw < 0 {
+            out.push('-');
+        }
+        push_digits(out, int);
+        match places {
+            None if frac == 0 => {}
+            None => {
+                let mut frac = frac;
+                let mut width = DECIMALS;
+                while frac % 10 == 0 {
+                    frac /= 10;
+                    width -= 1;
+                }
+                out.push('.');
+                push_padded(out, frac, width);
+            }
+            Some(0) => {}
+            Some(d) => {
+                out.push('.');
+                push_padded(out, frac / 10u64.pow(DECIMALS - d), d);
+            }
+        }
+        true
     }
+
+    /// Kraken's digits of `raw` in this format: the printed number without its `.` and its
+    /// leading zeros, which for a fixed format is the value in units of its last place
+    /// (`0.00100000` → `100000`, `45285.2` → `452852`, zero → nothing).
+    pub(crate) fn write_digits(self, out: &mut String, raw: i64) -> bool {
+        let NumberFormat::Fixed(d) = self else {
+            let start = out.len();
+            if !self.write(out, raw) {
+                return false;
+            }
+            let printed: String = out.split_off(start);
+            out.extend(printed.chars().filter(|&c| c != '.').skip_while(|&c| c == '0'));
+            return true;
+        };
+        let d = u32::from(d);
+        if d > DECIMALS || raw < 0 {
+            return false;
+        }
+        let unit = 10u64.pow(DECIMALS - d);
+        let abs = raw.unsigned_abs();
+        if abs % unit != 0 {
+            return false;
+        }
+        if abs != 0 {
+            push_digits(out, abs / unit);
+        }
+        true
+    }
+}
+
+/// The decimal digits of `v`.
+fn push_digits(out: &mut String, v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend(buf[i..].iter().map(|&b| char::from(b)));
+}
+
+/// `v` in exactly `width` digits, zeros first.
+fn push_padded(out: &mut String, v: u64, width: u32) {
+    let mut buf = [b'0'; 20];
+    let mut i = buf.len();
+    let mut v = v;
+    for _ in 0..width {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    out.extend(buf[i..].iter().map(|&b| char::from(b)));
 }
 
 /// What a run of a venue's decimal strings says about how it prints them: whether any was
@@ -269,6 +349,36 @@ mod tests {
         // 0.123 cannot be printed with two places: the venue's string was something else
         assert!(!NumberFormat::Fixed(2).write(&mut s, 12_300_000));
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn numbers_are_written_as_the_fixed_point_display_writes_them() {
+        use crate::fixed::{write_raw, write_raw_fixed};
+        let mut rng = crate::testkit::Rng::new(7);
+        for _ in 0..20_000 {
+            let raw = (rng.next_u64() % 10u64.pow(rng.below(17) as u32 + 1)) as i64;
+            let raw = if rng.chance(1, 10) { -raw } else { raw };
+            let (mut a, mut b) = (String::new(), String::new());
+            assert!(NumberFormat::Shortest.write(&mut a, raw));
+            write_raw(&mut b, raw as i128).unwrap();
+            assert_eq!(a, b, "{raw}");
+            let d = rng.below(9) as u8;
+            let (mut a, mut b) = (String::new(), String::new());
+            let exact = raw % 10i64.pow(8 - u32::from(d)) == 0;
+            assert_eq!(NumberFormat::Fixed(d).write(&mut a, raw), exact, "{raw} with {d} places");
+            if exact {
+                write_raw_fixed(&mut b, raw as i128, u32::from(d)).unwrap();
+                assert_eq!(a, b, "{raw} with {d} places");
+                // Kraken's digits: the printed number without '.' and leading zeros
+                if raw >= 0 {
+                    let mut k = String::new();
+                    assert!(NumberFormat::Fixed(d).write_digits(&mut k, raw));
+                    let want: String =
+                        b.chars().filter(|&c| c != '.').skip_while(|&c| c == '0').collect();
+                    assert_eq!(k, want, "{raw} with {d} places");
+                }
+            }
+        }
     }
 
     #[test]
