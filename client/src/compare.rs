@@ -4,7 +4,7 @@
 //! 200 ms; the subscription also keeps the book's job running), and its upstream sync health
 //! (`GET /api/v1/ops/books`, every two seconds): synced or resyncing, with the venue's gaps,
 //! resyncs, checksum mismatches and verified checksums. A row shows best bid and ask, the exact
-//! mid and spread, and how old its data is.
+//! mid and spread, the venue's last trade (`trade@{instrument}`), and how old its book data is.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,6 +25,8 @@ struct Row {
     /// When the last push arrived (ms, the browser's clock).
     seen_ms: f64,
     status: Option<BookStatus>,
+    /// The venue's last trade.
+    last: Option<shared::trade::Trade>,
 }
 
 /// The card of `symbol` (`BTC/USDT`) over `instruments` (every venue's id of it).
@@ -51,6 +53,24 @@ pub fn CompareCard(
                             row.seen_ms = js_sys::Date::now();
                         }
                     });
+                }
+            }),
+        );
+    }
+    // and each venue's last trade
+    for id in &instruments {
+        let key = id.clone();
+        feed.subscribe(
+            Stream::Trade(id.clone()),
+            Handlers::pushes(move |data| {
+                if let PushData::Trades(ev) = data {
+                    if let Some(t) = ev.trades.last() {
+                        rows.update(|r| {
+                            if let Some(row) = r.get_mut(&key) {
+                                row.last = Some(t.clone());
+                            }
+                        });
+                    }
                 }
             }),
         );
@@ -96,7 +116,7 @@ pub fn CompareCard(
             </div>
             <table class="compare">
                 <thead><tr>
-                    <th>"venue"</th><th>"bid"</th><th>"ask"</th><th>"mid"</th><th>"spread"</th><th>"age"</th><th>"sync"</th>
+                    <th>"venue"</th><th>"bid"</th><th>"ask"</th><th>"mid"</th><th>"spread"</th><th>"last trade"</th><th>"age"</th><th>"sync"</th>
                 </tr></thead>
                 <tbody>
                     {move || rows.with(|r| r.iter().map(|(id, row)| view_row(id, row, now.get())).collect_view())}
@@ -118,6 +138,18 @@ fn view_row(id: &InstrumentId, row: &Row, now: f64) -> impl IntoView + use<> {
         ),
         _ => ("—".into(), "—".into()),
     };
+    let last = row
+        .last
+        .as_ref()
+        .map(|t| {
+            let side = match t.taker {
+                Some(shared::trade::TakerSide::Buy) => " buy",
+                Some(shared::trade::TakerSide::Sell) => " sell",
+                None => "",
+            };
+            format!("{} × {}{side}", t.price, t.qty)
+        })
+        .unwrap_or_else(|| "—".into());
     let age = if row.seen_ms > 0.0 {
         format!("{:.1} s", (now - row.seen_ms).max(0.0) / 1000.0)
     } else {
@@ -145,6 +177,7 @@ fn view_row(id: &InstrumentId, row: &Row, now: f64) -> impl IntoView + use<> {
             <td class="mono ask">{level(row.ask)}</td>
             <td class="mono mid">{mid}</td>
             <td class="mono spread">{spread}</td>
+            <td class="mono last">{last}</td>
             <td class="mono age">{age}</td>
             <td><span class=class title=detail>{badge}</span></td>
         </tr>

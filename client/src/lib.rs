@@ -23,6 +23,7 @@ pub mod feed;
 pub mod market;
 pub mod ops;
 pub mod paint;
+pub mod tape;
 
 use std::time::Duration;
 

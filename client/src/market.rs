@@ -16,6 +16,7 @@ use crate::api::{self, FetchError};
 use crate::chart::ChartPanel;
 use crate::compare::CompareCard;
 use crate::depth::BookCard;
+use crate::tape::TradesTape;
 
 /// One entry of the picker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +70,8 @@ pub struct OpenSet {
     pub books: Vec<InstrumentId>,
     /// `BASE/QUOTE` symbols compared across venues.
     pub compare: Vec<String>,
+    /// Instruments whose trades tape is open.
+    pub tapes: Vec<InstrumentId>,
 }
 
 impl OpenSet {
@@ -82,12 +85,14 @@ impl OpenSet {
             })
         };
         let (charts, books, compare) = (value("charts="), value("books="), value("compare="));
-        if charts.is_none() && books.is_none() && compare.is_none() {
+        let tapes = value("tapes=");
+        if charts.is_none() && books.is_none() && compare.is_none() && tapes.is_none() {
             let btc: InstrumentId = "sim:spot:BTC/USDT".parse().expect("a valid id");
             return OpenSet {
                 charts: vec![SeriesId { instrument: btc.clone(), timeframe: Timeframe::M1 }],
                 books: vec![btc],
                 compare: Vec::new(),
+                tapes: Vec::new(),
             };
         }
         let compare = compare
@@ -101,6 +106,7 @@ impl OpenSet {
             charts: parse_list(charts.as_deref()),
             books: parse_list(books.as_deref()),
             compare,
+            tapes: parse_list(tapes.as_deref()),
         }
     }
 
@@ -114,6 +120,12 @@ impl OpenSet {
         );
         if !self.compare.is_empty() {
             q.push_str(&format!("&compare={}", self.compare.join(",")));
+        }
+        if !self.tapes.is_empty() {
+            q.push_str(&format!(
+                "&tapes={}",
+                join(self.tapes.iter().map(|t| t.to_string()).collect())
+            ));
         }
         q
     }
@@ -166,12 +178,15 @@ pub fn MarketView() -> impl IntoView {
     let compares = RwSignal::new(
         keyed(start.compare.len()).into_iter().zip(start.compare).collect::<Vec<_>>(),
     );
+    let tapes =
+        RwSignal::new(keyed(start.tapes.len()).into_iter().zip(start.tapes).collect::<Vec<_>>());
     // keep the URL in step, so a reload reopens the same view
     Effect::new(move |_| {
         let set = OpenSet {
             charts: charts.with(|c| c.iter().map(|(_, s)| s.clone()).collect()),
             books: books.with(|b| b.iter().map(|(_, i)| i.clone()).collect()),
             compare: compares.with(|c| c.iter().map(|(_, s)| s.clone()).collect()),
+            tapes: tapes.with(|t| t.iter().map(|(_, i)| i.clone()).collect()),
         };
         if let Some(history) = web_sys::window().and_then(|w| w.history().ok()) {
             let hash = web_sys::window().and_then(|w| w.location().hash().ok()).unwrap_or_default();
@@ -204,6 +219,10 @@ pub fn MarketView() -> impl IntoView {
         let k = keyed(1)[0];
         books.update(|b| b.push((k, id)));
     };
+    let open_tape = move |id: InstrumentId| {
+        let k = keyed(1)[0];
+        tapes.update(|t| t.push((k, id)));
+    };
     let open_compare = move |id: InstrumentId| {
         let k = keyed(1)[0];
         compares.update(|c| c.push((k, id.symbol)));
@@ -212,7 +231,7 @@ pub fn MarketView() -> impl IntoView {
     view! {
         <div class="market">
             <InstrumentPicker entries=entries error=load_error on_chart=Callback::new(open_chart) on_book=Callback::new(open_book)
-                on_compare=Callback::new(open_compare) />
+                on_compare=Callback::new(open_compare) on_tape=Callback::new(open_tape) />
             <section class="compares">
                 <For each=move || compares.get() key=|(k, _)| *k let:item>
                     {
@@ -241,6 +260,14 @@ pub fn MarketView() -> impl IntoView {
                     }
                 </For>
             </section>
+            <section class="tapes">
+                <For each=move || tapes.get() key=|(k, _)| *k let:item>
+                    {
+                        let (k, i) = item;
+                        view! { <TradesTape instrument=i on_close=Callback::new(move |_| tapes.update(|t| t.retain(|(x, _)| *x != k))) /> }
+                    }
+                </For>
+            </section>
             <section class="books">
                 <For each=move || books.get() key=|(k, _)| *k let:item>
                     {
@@ -261,6 +288,7 @@ pub fn InstrumentPicker(
     on_chart: Callback<InstrumentId>,
     on_book: Callback<InstrumentId>,
     on_compare: Callback<InstrumentId>,
+    on_tape: Callback<InstrumentId>,
 ) -> impl IntoView {
     let query = RwSignal::new(String::new());
     let open = RwSignal::new(false);
@@ -292,6 +320,9 @@ pub fn InstrumentPicker(
                             view! { <li class="picker-group" data-venue=e.id.exchange.clone()>{e.id.exchange.clone()}</li> }
                         });
                         let (for_chart, for_book, for_compare) = (e.id.clone(), e.id.clone(), e.id.clone());
+                        let for_tape = e.id.clone();
+                        // trades come with a source's book (not the tick-by-tick books')
+                        let trades = e.id.market != shared::protocol::Market::Stock;
                         let pair = e.id.symbol.contains('/');
                         view! {
                             {head}
@@ -301,6 +332,7 @@ pub fn InstrumentPicker(
                                 <button class="open-chart" disabled=!e.chart title="open a chart" on:click=move |_| on_chart.run(for_chart.clone())>"chart"</button>
                                 <button class="open-book" title="open the order book" on:click=move |_| on_book.run(for_book.clone())>"book"</button>
                                 <button class="open-compare" disabled=!pair title="compare this pair across venues" on:click=move |_| on_compare.run(for_compare.clone())>"compare"</button>
+                                <button class="open-tape" disabled=!trades title="open the trades tape" on:click=move |_| on_tape.run(for_tape.clone())>"trades"</button>
                             </li>
                         }
                     }).collect_view()

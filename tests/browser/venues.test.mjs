@@ -4,7 +4,8 @@
 // - the compare card of BTC/USDT shows every venue's book live (bid below ask, an exact mid, a
 //   young age) with its upstream sync badge `synced`, and the venue books it started are synced
 //   in the server (`/api/v1/ops/books`, checksums verified where the venue sends them);
-// - a venue's book card syncs in the browser like any other.
+// - a venue's book card syncs in the browser like any other;
+// - the compare card shows each venue's last trade, and trades tapes (a venue's, Binance's) fill.
 //
 // Run alone: MILLRACE_BIN=target/debug/millrace node --test tests/browser/venues.test.mjs
 import { test } from 'node:test';
@@ -19,7 +20,7 @@ test('the picker groups venues and the compare card shows every venue synced', {
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  await page.goto(`${base}/?charts=&books=sim-kraken:spot:ETH/USDT&compare=BTC/USDT`);
+  await page.goto(`${base}/?charts=&books=sim-kraken:spot:ETH/USDT&compare=BTC/USDT&tapes=sim-okx:spot:BTC/USDT,sim:spot:BTC/USDT`);
 
   // every venue's BTC/USDT row, live and synced upstream
   await page.waitForFunction((venues) => {
@@ -53,6 +54,17 @@ test('the picker groups venues and the compare card shows every venue synced', {
 
   // the Kraken book card syncs in the browser
   await page.waitForSelector('.book-card[data-state="synced"]', { timeout: 30_000 });
+
+  // every venue's last trade in the card, and the trades tapes fill (OKX's trades channel, Binance's aggTrade)
+  await page.waitForFunction(() => [...document.querySelectorAll('.compare-card .compare-row .last')].every((c) => c.textContent !== '—'),
+    null, { timeout: 30_000 });
+  for (const id of ['sim-okx:spot:BTC/USDT', 'sim:spot:BTC/USDT']) {
+    await page.waitForFunction((id) => document.querySelectorAll(`.tape-card[data-instrument="${id}"] .tape-row`).length >= 3, id, { timeout: 30_000 });
+    const prices = await page.$$eval(`.tape-card[data-instrument="${id}"] .tape-row .price`, (ps) => ps.map((p) => Number(p.textContent)));
+    assert.ok(prices.every((p) => p > 0), `${id}: tape prices ${prices}`);
+  }
+  const trades = await (await fetch(`${base}/api/v1/trades?instrument=${encodeURIComponent('sim-okx:spot:BTC/USDT')}&limit=3`)).json();
+  assert.equal(trades.trades.length, 3, JSON.stringify(trades));
 
   // the picker: a heading per venue, and a venue's instrument has no chart
   await page.click('.picker-toggle');
