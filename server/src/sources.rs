@@ -40,7 +40,7 @@ pub enum ResolveError {
     UnknownSymbol { instrument: InstrumentId, name: String },
     #[error("{series}: timeframe {} is not offered (offered: {offered})", series.timeframe)]
     Timeframe { series: SeriesId, offered: String },
-    #[error("{instrument}: source {name} ({venue}) serves order books; its candles and trades are not served yet")]
+    #[error("{instrument}: source {name} ({venue}) serves books, trades and live candles; its REST history (backfill) is not read yet")]
     BooksOnly { instrument: InstrumentId, name: String, venue: shared::venue::Dialect },
     #[error("{instrument}: trades of tick-by-tick books are not published")]
     NoTrades { instrument: InstrumentId },
@@ -403,6 +403,9 @@ impl Sources {
         if !self.timeframes.contains(&series.timeframe) {
             let offered = self.timeframes.iter().map(|t| t.name()).collect::<Vec<_>>().join(" ");
             return Err(ResolveError::Timeframe { series: series.clone(), offered });
+        }
+        if let Some(v) = self.venue(&series.instrument.exchange) {
+            return v.listing(&series.instrument).map(|_| ());
         }
         self.resolve(&series.instrument).map(|_| ())
     }

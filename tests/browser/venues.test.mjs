@@ -1,6 +1,6 @@
 // The other venues in the dashboard against a real `millrace serve` (its embedded simulator also
 // speaks OKX, Bybit, Coinbase and Kraken) in Debian's Chromium:
-// - the picker groups instruments by venue; a venue's instrument offers its book, not a chart;
+// - the picker groups instruments by venue, each venue's instrument offering its chart, book, compare and trades;
 // - the compare card of BTC/USDT shows every venue's book live (bid below ask, an exact mid, a
 //   young age) with its upstream sync badge `synced`, and the venue books it started are synced
 //   in the server (`/api/v1/ops/books`, checksums verified where the venue sends them);
@@ -72,7 +72,7 @@ test('the picker groups venues and the compare card shows every venue synced', {
   const groups = await page.$$eval('.picker-group', (gs) => gs.map((g) => g.dataset.venue));
   assert.deepEqual(groups, [...VENUES].sort());
   const okx = page.locator('.picker-item[data-instrument="sim-okx:spot:BTC/USDT"]');
-  assert.equal(await okx.locator('button.open-chart').isDisabled(), true, 'no candles from a venue yet');
+  assert.equal(await okx.locator('button.open-chart').isDisabled(), false, 'a venue\'s candles are charted');
   assert.equal(await okx.locator('button.open-book').isDisabled(), false);
   await page.screenshot({ path: join(outDir, 'venues-compare.png') });
   assert.deepEqual(errors, [], 'no page errors');

@@ -89,6 +89,9 @@ impl JobRunner for KlineRunner {
     }
 
     fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
+        if let Some(v) = self.sources.venue(&instrument.exchange) {
+            return v.listing(instrument).map(|_| ());
+        }
         self.sources.resolve(instrument).map(|_| ())
     }
 
@@ -97,6 +100,25 @@ impl JobRunner for KlineRunner {
         let config = self.config.clone();
         let out = self.out.clone();
         let gap_fill_max_age_ms = self.gap_fill_max_age_ms;
+        if let Some(venue) = sources.venue(&ctx.instrument.exchange).cloned() {
+            // another venue's candles: its own job, into the same pipeline
+            return Box::pin(async move {
+                let listing = loop {
+                    match venue.listing(&ctx.instrument) {
+                        Ok(l) => break l,
+                        Err(e) => {
+                            ctx.health.error(&e);
+                            if ctx.sleep(Duration::from_secs(2)).await {
+                                return;
+                            }
+                        }
+                    }
+                };
+                let deps =
+                    crate::venue::kline_job::VenueKlineDeps { source: venue, listing, out, config };
+                crate::venue::kline_job::run(ctx, deps).await;
+            });
+        }
         Box::pin(async move {
             let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
                 return;

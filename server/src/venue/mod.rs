@@ -15,6 +15,7 @@
 //! its subscription frames ([`book_job::Channel`]).
 
 pub mod book_job;
+pub mod kline_job;
 mod source;
 
 pub use source::VenueSource;

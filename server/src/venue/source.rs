@@ -76,29 +76,41 @@ impl VenueSource {
         })
     }
 
-    /// Loads the instrument list from the venue's REST API.
-    pub async fn load(&self) -> Result<usize, String> {
-        let url =
-            format!("{}{}", self.endpoint.rest_base, venues::rest::instruments_path(self.dialect));
+    /// `GET {rest_base}{path}`: the answer's text, at most [`MAX_BODY_BYTES`], whatever its
+    /// status (the venue's own error body says why; the readers recognise it), except a rate
+    /// limit (429, 418), which is an error saying so.
+    pub async fn get_text(&self, path: &str) -> Result<String, String> {
+        let url = format!("{}{path}", self.endpoint.rest_base);
+        let what = path.split('?').next().unwrap_or(path);
         let mut resp = self.http.get(&url).send().await.map_err(|e| {
-            format!("{} instruments: {}", self.dialect, crate::redact::redact(&e.to_string()))
+            format!("{} {what}: {}", self.dialect, crate::redact::redact(&e.to_string()))
         })?;
         let status = resp.status();
         let mut body = Vec::new();
         while let Some(chunk) =
-            resp.chunk().await.map_err(|e| format!("{} instruments: {e}", self.dialect))?
+            resp.chunk().await.map_err(|e| format!("{} {what}: {e}", self.dialect))?
         {
             if body.len() + chunk.len() > MAX_BODY_BYTES {
                 return Err(format!(
-                    "{} instruments: the answer is larger than {MAX_BODY_BYTES} bytes",
+                    "{} {what}: the answer is larger than {MAX_BODY_BYTES} bytes",
                     self.dialect
                 ));
             }
             body.extend_from_slice(&chunk);
         }
-        let text = String::from_utf8_lossy(&body);
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if matches!(status.as_u16(), 418 | 429) {
+            let quote: String = text.chars().take(200).collect();
+            return Err(format!("{} {what}: HTTP {status} (rate limited): {quote}", self.dialect));
+        }
+        Ok(text)
+    }
+
+    /// Loads the instrument list from the venue's REST API.
+    pub async fn load(&self) -> Result<usize, String> {
+        let text = self.get_text(venues::rest::instruments_path(self.dialect)).await?;
         let list = venues::rest::parse_instruments(self.dialect, &text)
-            .map_err(|e| format!("{} instruments (HTTP {status}): {e}", self.dialect))?;
+            .map_err(|e| format!("{} instruments: {e}", self.dialect))?;
         let map: BTreeMap<String, Instrument> =
             list.into_iter().map(|i| (format!("{}/{}", i.base, i.quote), i)).collect();
         let n = map.len();
@@ -158,7 +170,7 @@ impl VenueSource {
                 status: i.status.clone(),
                 tick_size: i.tick,
                 step_size: i.lot,
-                candles: false,
+                candles: true,
             })
             .collect()
     }

@@ -251,3 +251,59 @@ async fn trades_fold_into_the_exchanges_candles_and_a_lost_one_is_counted() {
     server.stop().await;
     sim.shutdown();
 }
+
+/// Each venue's 1m candles (OKX `candle1m`, Bybit `kline.1`, Kraken `ohlc`, Coinbase folded from
+/// its trades) stored once each, equal to the exchange's own, through lost candle messages and a
+/// dropped connection: the REST fill leaves no hole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_venue_stores_its_minutes_once_through_lost_messages_and_drops() {
+    let sim = start_sim(60.0, 37).await;
+    let mut c = config(&sim);
+    c.depth.pinned.clear();
+    c.ingest.pinned = VENUES.iter().map(|d| format!("{d}:spot:BTC/USDT")).collect();
+    let server = TestServer::start(c).await;
+    let stored = |d: Dialect| {
+        let db = server.db_path();
+        move || testkit::stored(&db, &format!("{d}:spot:BTC/USDT:1m"))
+    };
+    for d in VENUES {
+        let f = stored(d);
+        eventually(&format!("{d}: three minutes stored"), || async {
+            (f().len() >= 3).then_some(())
+        })
+        .await;
+    }
+    // lose candle messages (and, on Coinbase, trades) and then the connections
+    for d in VENUES {
+        let channel = if d == Dialect::Coinbase { "trades" } else { "candles" };
+        sim.faults().apply(FaultCommand::Skip {
+            target: StreamTarget::stream(&format!("{d}:{channel}:{}", btc_name(d))),
+            count: 3,
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sim.faults().apply(FaultCommand::Drop { symbol: Some("BTCUSDT".into()) });
+    for d in VENUES {
+        let f = stored(d);
+        let first = f()[0].open_time;
+        let want = first + 6 * 60_000;
+        eventually(&format!("{d}: minutes stored past the faults"), || async {
+            f().last().is_some_and(|c| c.open_time >= want).then_some(())
+        })
+        .await;
+        let got = f();
+        for w in got.windows(2) {
+            assert_eq!(w[1].open_time - w[0].open_time, 60_000, "{d}: no hole, no duplicate");
+        }
+        let truth = sim.closed_klines("BTCUSDT", got[0].open_time, got.last().unwrap().open_time);
+        for (g, t) in got.iter().zip(&truth) {
+            assert_eq!(
+                (g.open_time, g.open, g.high, g.low, g.close, g.volume),
+                (t.open_time, t.open, t.high, t.low, t.close, t.volume),
+                "{d}: a stored minute differs from the exchange's"
+            );
+        }
+    }
+    server.stop().await;
+    sim.shutdown();
+}

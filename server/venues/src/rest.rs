@@ -220,3 +220,205 @@ mod tests {
         }
     }
 }
+
+/// One row of a venue's REST candles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandleRow {
+    pub candle: shared::candle::Candle,
+    /// Whether the venue says the candle is closed (OKX's `confirm`); `None` when it does not
+    /// say (the newest row may be the forming one).
+    pub closed: Option<bool>,
+}
+
+/// Rows one candle answer may hold.
+pub const MAX_CANDLES: usize = 2_000;
+
+/// The path and query of a page of `symbol`'s 1m candles whose open time is at least `from_ms`
+/// and below `below_ms` (when given): the newest such page, newest first, except Kraken's, which
+/// is its newest 720 from `since` on.
+pub fn candles_page(dialect: Dialect, symbol: &str, from_ms: i64, below_ms: Option<i64>) -> String {
+    let enc = |s: &str| s.replace('/', "%2F");
+    match dialect {
+        Dialect::Okx => {
+            let mut q = format!(
+                "/api/v5/market/history-candles?instId={}&bar=1m&limit=100&before={}",
+                enc(symbol),
+                from_ms - 1
+            );
+            if let Some(b) = below_ms {
+                q.push_str(&format!("&after={b}"));
+            }
+            q
+        }
+        Dialect::Bybit => format!(
+            "/v5/market/kline?category=spot&symbol={symbol}&interval=1&limit=1000&start={from_ms}&end={}",
+            below_ms.map_or(i64::MAX / 2, |b| b - 1)
+        ),
+        Dialect::Coinbase => format!(
+            "/api/v3/brokerage/market/products/{symbol}/candles?granularity=ONE_MINUTE&limit=350&start={}&end={}",
+            from_ms.div_euclid(1000),
+            below_ms.map_or(i64::MAX / 2000, |b| (b - 1).div_euclid(1000))
+        ),
+        Dialect::Kraken => format!("/0/public/OHLC?pair={}&interval=1&since={}", enc(symbol), from_ms.div_euclid(1000) - 1),
+        Dialect::Binance => String::new(),
+    }
+}
+
+/// Reads a page of a venue's REST 1m candles (any order; the caller sorts). A refusal in the
+/// venue's own form is an error quoting it.
+pub fn parse_candles(dialect: Dialect, body: &str) -> Result<Vec<CandleRow>, WireError> {
+    let v: Value = serde_json::from_str(body)
+        .map_err(|e| WireError::Json { dialect, detail: e.to_string() })?;
+    let s = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let row =
+        |open_time: i64, ohlc: [String; 4], volume: String, trades: u64, closed: Option<bool>| {
+            let [o, h, l, c] = &ohlc;
+            crate::candle(dialect, open_time, 1, [o, h, l, c], &volume, trades)
+                .map(|candle| CandleRow { candle, closed })
+        };
+    let int = |v: &Value| -> Result<i64, WireError> {
+        match v {
+            Value::Number(n) => n.as_i64(),
+            Value::String(t) => t.parse().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| invalid(dialect, format!("candle time {:?}", clip(&v.to_string()))))
+    };
+    let rows = |a: Option<&Vec<Value>>| -> Result<Vec<Value>, WireError> {
+        let a = a.ok_or_else(|| invalid(dialect, "no candle list in the answer"))?;
+        crate::bounded(dialect, "candles", a.len(), MAX_CANDLES)?;
+        Ok(a.clone())
+    };
+    let mut out = Vec::new();
+    match dialect {
+        Dialect::Okx => {
+            if v["code"].as_str().is_some_and(|c| c != "0") {
+                return Err(invalid(
+                    dialect,
+                    format!("refused: {} {}", clip(&s(&v["code"])), clip(&s(&v["msg"]))),
+                ));
+            }
+            for r in rows(v["data"].as_array())? {
+                let closed = match r[8].as_str() {
+                    Some("1") => Some(true),
+                    Some("0") => Some(false),
+                    _ => None,
+                };
+                out.push(row(
+                    int(&r[0])?,
+                    [s(&r[1]), s(&r[2]), s(&r[3]), s(&r[4])],
+                    s(&r[5]),
+                    0,
+                    closed,
+                )?);
+            }
+        }
+        Dialect::Bybit => {
+            if v["retCode"].as_i64().is_some_and(|c| c != 0) {
+                return Err(invalid(
+                    dialect,
+                    format!("refused: {} {}", v["retCode"], clip(&s(&v["retMsg"]))),
+                ));
+            }
+            for r in rows(v["result"]["list"].as_array())? {
+                out.push(row(
+                    int(&r[0])?,
+                    [s(&r[1]), s(&r[2]), s(&r[3]), s(&r[4])],
+                    s(&r[5]),
+                    0,
+                    None,
+                )?);
+            }
+        }
+        Dialect::Coinbase => {
+            if let Some(e) = v["error"].as_str() {
+                return Err(invalid(
+                    dialect,
+                    format!("refused: {} {}", clip(e), clip(&s(&v["message"]))),
+                ));
+            }
+            for r in rows(v["candles"].as_array())? {
+                let t = int(&r["start"])?
+                    .checked_mul(1000)
+                    .ok_or_else(|| invalid(dialect, "candle start out of range"))?;
+                out.push(row(
+                    t,
+                    [s(&r["open"]), s(&r["high"]), s(&r["low"]), s(&r["close"])],
+                    s(&r["volume"]),
+                    0,
+                    None,
+                )?);
+            }
+        }
+        Dialect::Kraken => {
+            if let Some(e) = v["error"].as_array().and_then(|e| e.first()) {
+                return Err(invalid(dialect, format!("refused: {}", clip(&s(e)))));
+            }
+            let result = v["result"]
+                .as_object()
+                .ok_or_else(|| invalid(dialect, "no result in the answer"))?;
+            for (k, list) in result {
+                if k == "last" {
+                    continue;
+                }
+                for r in rows(list.as_array())? {
+                    let t = int(&r[0])?
+                        .checked_mul(1000)
+                        .ok_or_else(|| invalid(dialect, "candle time out of range"))?;
+                    let trades = r[7].as_u64().unwrap_or(0);
+                    out.push(row(
+                        t,
+                        [s(&r[1]), s(&r[2]), s(&r[3]), s(&r[4])],
+                        s(&r[6]),
+                        trades,
+                        None,
+                    )?);
+                }
+            }
+        }
+        Dialect::Binance => return Err(WireError::Unsupported(dialect)),
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod candle_tests {
+    use super::*;
+
+    #[test]
+    fn each_venue_pages_its_candles() {
+        let okx = r#"{"code":"0","msg":"","data":[["1597026383085","8533.02","8553.74","8527.17","8548.26","45247","529.5858061","529.5858061","1"]]}"#;
+        let r = &parse_candles(Dialect::Okx, okx).unwrap()[0];
+        assert_eq!((r.candle.open_time, r.closed), (1_597_026_383_085, Some(true)));
+        let bybit = r#"{"retCode":0,"retMsg":"OK","result":{"list":[["1670608800000","17071","17073","17027","17055.5","268611","4582247.5"]]}}"#;
+        assert_eq!(
+            parse_candles(Dialect::Bybit, bybit).unwrap()[0].candle.open_time,
+            1_670_608_800_000
+        );
+        let cb = r#"{"candles":[{"start":"1639508050","low":"140.21","high":"140.21","open":"140.21","close":"140.21","volume":"56437345"}]}"#;
+        assert_eq!(
+            parse_candles(Dialect::Coinbase, cb).unwrap()[0].candle.open_time,
+            1_639_508_050_000
+        );
+        let kraken = r#"{"error":[],"result":{"XBT/USD":[[1688671200,"30306.1","30306.2","30305.7","30305.7","30306.1","3.39243896",23]],"last":1688672160}}"#;
+        let k = &parse_candles(Dialect::Kraken, kraken).unwrap()[0];
+        assert_eq!((k.candle.open_time, k.candle.trades), (1_688_671_200_000, 23));
+        assert!(parse_candles(
+            Dialect::Okx,
+            r#"{"code":"50011","msg":"Too Many Requests","data":[]}"#
+        )
+        .is_err());
+        assert!(parse_candles(
+            Dialect::Bybit,
+            r#"{"retCode":0,"result":{"list":[["1","2","1","3","2","1","1"]]}}"#
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("candle"));
+        assert!(candles_page(Dialect::Okx, "BTC-USDT", 60_000, Some(600_000))
+            .contains("before=59999&after=600000"));
+    }
+}

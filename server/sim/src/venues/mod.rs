@@ -467,7 +467,13 @@ fn publish<V: Venue>(
                 let Some(last) = trades.last() else { continue };
                 f.last_trade = Some(last.id);
                 match decide(srv, dialect, "trades", &f.sub, StreamClass::Trade, spec) {
-                    Decision::Withhold | Decision::Fault(MessageFault::Skip) => {}
+                    Decision::Withhold => {}
+                    // lost: on Coinbase the connection's sequence moved on
+                    Decision::Fault(MessageFault::Skip) => {
+                        if dialect == Dialect::Coinbase {
+                            ctx.next_seq();
+                        }
+                    }
                     Decision::Fault(MessageFault::Duplicate) => {
                         let t = venue.trades(&symbol, spec, &trades, ctx);
                         out.push(t.clone());
@@ -666,6 +672,7 @@ fn candle_tick<V: Venue>(srv: &Srv, venue: &V, f: &mut Feed, ctx: &mut Ctx, out:
     }
     for text in frames {
         match decide(srv, venue.dialect(), "candles", &f.sub, StreamClass::Kline, spec) {
+            // lost (a Coinbase frame took its sequence number when it was written)
             Decision::Withhold | Decision::Fault(MessageFault::Skip) => {}
             Decision::Fault(MessageFault::Duplicate) => {
                 out.push(text.clone());
