@@ -40,7 +40,7 @@ pub enum ResolveError {
     UnknownSymbol { instrument: InstrumentId, name: String },
     #[error("{series}: timeframe {} is not offered (offered: {offered})", series.timeframe)]
     Timeframe { series: SeriesId, offered: String },
-    #[error("{instrument}: source {name} ({venue}) serves books, trades and live candles; its REST history (backfill) is not read yet")]
+    #[error("{instrument}: source {name} is a {venue} source, not Binance's")]
     BooksOnly { instrument: InstrumentId, name: String, venue: shared::venue::Dialect },
     #[error("{instrument}: trades of tick-by-tick books are not published")]
     NoTrades { instrument: InstrumentId },

@@ -59,6 +59,95 @@ const DAY_MS: i64 = 86_400_000;
 /// Consecutive failed requests before a run gives up (progress is kept).
 const MAX_FAILURES: u32 = 8;
 
+/// Where a task's history comes from: Binance's REST klines, or another venue's REST candles
+/// (`venues::rest::candles_page`, each venue's page size; Kraken keeps only its newest 720
+/// minutes, so its pages older than that come back empty and a first run ends there).
+enum History {
+    Binance(Arc<crate::sources::Source>, String),
+    Venue(Arc<crate::venue::VenueSource>, venues::rest::Instrument),
+}
+
+/// A failed history request: why, and what the venue asked for.
+struct HistoryError {
+    message: String,
+    rate_limit: bool,
+    retry_after: Option<Duration>,
+}
+
+impl std::fmt::Display for HistoryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl HistoryError {
+    fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    fn is_rate_limit(&self) -> bool {
+        self.rate_limit
+    }
+
+    fn of_rest(e: binance::rest::RestError) -> Self {
+        HistoryError {
+            message: e.to_string(),
+            rate_limit: e.is_rate_limit(),
+            retry_after: e.retry_after(),
+        }
+    }
+
+    fn of_venue(message: String) -> Self {
+        HistoryError { rate_limit: message.contains("rate limit"), retry_after: None, message }
+    }
+}
+
+impl History {
+    /// The exchange's time: Binance's `/time`; a venue's is taken as the local clock.
+    async fn now(&self) -> Result<i64, HistoryError> {
+        match self {
+            History::Binance(s, _) => s.rest.server_time().await.map_err(HistoryError::of_rest),
+            History::Venue(..) => Ok(crate::clock::wall_clock_ms()),
+        }
+    }
+
+    /// Rows a page may ask for: the configured batch, at most what the venue answers at once.
+    fn page_limit(&self, batch: u16) -> u16 {
+        match self {
+            History::Binance(..) => batch,
+            History::Venue(v, _) => batch.min(venues::rest::candles_page_size(v.dialect)),
+        }
+    }
+
+    /// The 1m candles with open times in `[lo, hi]`, with their close times.
+    async fn page(&self, lo: i64, hi: i64, limit: u16) -> Result<Vec<(Candle, i64)>, HistoryError> {
+        match self {
+            History::Binance(s, symbol) => s
+                .rest
+                .klines(symbol, Timeframe::M1, Some(lo), Some(hi + MINUTE_MS - 1), limit)
+                .await
+                .map(|rows| rows.into_iter().map(|r| (r.candle, r.close_time)).collect())
+                .map_err(HistoryError::of_rest),
+            History::Venue(v, listing) => {
+                let path = venues::rest::candles_page(
+                    v.dialect,
+                    &listing.symbol,
+                    lo,
+                    Some(hi + MINUTE_MS),
+                );
+                let body = v.get_text(&path).await.map_err(HistoryError::of_venue)?;
+                let rows = venues::rest::parse_candles(v.dialect, &body)
+                    .map_err(|e| HistoryError::of_venue(e.to_string()))?;
+                Ok(rows
+                    .into_iter()
+                    .filter(|r| r.closed != Some(false))
+                    .map(|r| (r.candle, r.candle.open_time + MINUTE_MS - 1))
+                    .collect())
+            }
+        }
+    }
+}
+
 /// Why an admin request on a backfill task was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackfillError {
@@ -400,8 +489,15 @@ impl Run {
     }
 
     async fn crawl(&self) -> Ended {
-        let (source, symbol) = loop {
-            match self.inner.sources.resolve(&self.series.instrument) {
+        let history = loop {
+            let instrument = &self.series.instrument;
+            let found = match self.inner.sources.venue(&instrument.exchange) {
+                Some(v) => v.listing(instrument).map(|l| History::Venue(v.clone(), l)),
+                None => {
+                    self.inner.sources.resolve(instrument).map(|(s, sym)| History::Binance(s, sym))
+                }
+            };
+            match found {
                 Ok(r) => break r,
                 Err(e) => {
                     self.update(|p| p.last_error = Some(e.to_string()));
@@ -416,7 +512,7 @@ impl Run {
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
         let mut jitter = Jitter::new(&self.series.to_string());
         let now = loop {
-            match source.rest.server_time().await {
+            match history.now().await {
                 Ok(t) => break t,
                 Err(e) => {
                     failures += 1;
@@ -440,7 +536,7 @@ impl Run {
         if todo.is_empty() {
             return Ended::Done("window already covered".into());
         }
-        let limit = self.config.batch_limit.max(1);
+        let limit = history.page_limit(self.config.batch_limit.max(1));
         // The seed's "consecutive expired batches" stop applies to a task's first run only.
         let first_run = covered.is_empty();
         let mut empty_pages = 0u32;
@@ -455,17 +551,7 @@ impl Run {
                     return Ended::Stopped;
                 }
                 let page_lo = (cursor_hi - (limit as i64 - 1) * MINUTE_MS).max(lo);
-                let rows = match source
-                    .rest
-                    .klines(
-                        &symbol,
-                        Timeframe::M1,
-                        Some(page_lo),
-                        Some(cursor_hi + MINUTE_MS - 1),
-                        limit,
-                    )
-                    .await
-                {
+                let rows = match history.page(page_lo, cursor_hi, limit).await {
                     Ok(rows) => {
                         failures = 0;
                         backoff.reset();
@@ -488,12 +574,10 @@ impl Run {
                 };
                 let mut page: Vec<Candle> = rows
                     .iter()
-                    .filter(|r| {
-                        r.candle.open_time >= page_lo
-                            && r.candle.open_time <= cursor_hi
-                            && r.close_time < now
+                    .filter(|(c, close_time)| {
+                        c.open_time >= page_lo && c.open_time <= cursor_hi && *close_time < now
                     })
-                    .map(|r| Candle { minutes: 1, ..r.candle })
+                    .map(|(c, _)| Candle { minutes: 1, ..*c })
                     .filter(|c| c.check().is_ok())
                     .collect();
                 page.sort_by_key(|c| c.open_time);

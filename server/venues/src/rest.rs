@@ -233,6 +233,18 @@ pub struct CandleRow {
 /// Rows one candle answer may hold.
 pub const MAX_CANDLES: usize = 2_000;
 
+/// The most 1m candles a venue answers at once (OKX `history-candles` 100, Bybit 1,000,
+/// Coinbase 350, Kraken its newest 720).
+pub fn candles_page_size(dialect: Dialect) -> u16 {
+    match dialect {
+        Dialect::Okx => 100,
+        Dialect::Bybit => 1_000,
+        Dialect::Coinbase => 350,
+        Dialect::Kraken => 720,
+        Dialect::Binance => 1_000,
+    }
+}
+
 /// The path and query of a page of `symbol`'s 1m candles whose open time is at least `from_ms`
 /// and below `below_ms` (when given): the newest such page, newest first, except Kraken's, which
 /// is its newest 720 from `since` on.

@@ -73,7 +73,9 @@ fn int(p: &HashMap<String, String>, k: &str) -> Result<Option<i64>, String> {
 /// one included when it is in range.
 fn candles_newest_first(m: &SimMarket, lo: i64, hi: i64, limit: usize) -> Vec<SimCandle> {
     let forming = m.forming();
+    // open times are whole minutes: the newest one at or below `hi`
     let hi = hi.min(forming.candle.open_time);
+    let hi = hi - hi.rem_euclid(MINUTE_MS);
     if hi < lo || limit == 0 {
         return Vec::new();
     }
