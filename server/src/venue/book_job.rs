@@ -223,6 +223,10 @@ impl Job {
         let mut config = WebSocketConfig::default();
         config.max_message_size = Some(MAX_FRAME_BYTES);
         config.max_frame_size = Some(MAX_FRAME_BYTES);
+        tokio::select! {
+            () = self.deps.source.connect_pace.turn() => {}
+            () = ctx.stopped() => return End::Stopped,
+        }
         let connect =
             tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), false);
         let ws = tokio::select! {

@@ -144,6 +144,10 @@ async fn connection(
     ping: Option<&str>,
 ) -> Option<String> {
     let dialect = deps.source.dialect;
+    tokio::select! {
+        () = deps.source.connect_pace.turn() => {}
+        () = ctx.stopped() => return None,
+    }
     let connect = tokio_tungstenite::connect_async(url);
     let ws = tokio::select! {
         r = tokio::time::timeout(Duration::from_secs(10), connect) => r,

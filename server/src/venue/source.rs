@@ -28,8 +28,72 @@ struct Status {
     loaded_at_ms: Option<i64>,
 }
 
+/// The pace a venue allows: at most one request (or one new WebSocket) per `every`, whoever
+/// asks; the others wait their turn. Counted: how many were made and how many had to wait.
+pub struct Pace {
+    every: Duration,
+    next: tokio::sync::Mutex<tokio::time::Instant>,
+    made: std::sync::atomic::AtomicU64,
+    waited: std::sync::atomic::AtomicU64,
+}
+
+impl Pace {
+    fn new(every: Duration) -> Self {
+        Pace {
+            every,
+            next: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+            made: Default::default(),
+            waited: Default::default(),
+        }
+    }
+
+    /// Waits for this request's turn.
+    pub async fn turn(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut next = self.next.lock().await;
+        let now = tokio::time::Instant::now();
+        if *next > now {
+            self.waited.fetch_add(1, Relaxed);
+            tokio::time::sleep_until(*next).await;
+        }
+        *next = (*next).max(now) + self.every;
+        self.made.fetch_add(1, Relaxed);
+    }
+
+    /// Requests allowed per minute at this pace.
+    pub fn per_minute(&self) -> u32 {
+        u32::try_from(60_000 / self.every.as_millis().max(1)).unwrap_or(u32::MAX)
+    }
+
+    pub fn made(&self) -> u64 {
+        self.made.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn waited(&self) -> u64 {
+        self.waited.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A venue's public limits, kept with a margin: REST requests (OKX 20 per 2 s per endpoint,
+/// Bybit 600 per 5 s per IP, Coinbase 10 per second, Kraken about 1 per second) and new
+/// WebSocket connections (OKX 3 per second, Bybit 500 per 5 minutes, Kraken about 150 per 10
+/// minutes with bursts).
+fn limits(dialect: Dialect) -> (Duration, Duration) {
+    let ms = Duration::from_millis;
+    match dialect {
+        Dialect::Okx => (ms(120), ms(350)),
+        Dialect::Bybit => (ms(50), ms(100)),
+        Dialect::Coinbase => (ms(120), ms(100)),
+        Dialect::Kraken => (ms(1_000), ms(500)),
+        Dialect::Binance => (ms(50), ms(100)),
+    }
+}
+
 /// One source of a venue's kind.
 pub struct VenueSource {
+    /// Its REST requests' pace, and its new connections'.
+    pub rest_pace: Pace,
+    pub connect_pace: Pace,
     pub config: SourceConfig,
     pub dialect: Dialect,
     pub endpoint: Endpoint,
@@ -46,7 +110,10 @@ impl VenueSource {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .unwrap_or_default();
+        let (rest, connect) = limits(config.kind.dialect());
         VenueSource {
+            rest_pace: Pace::new(rest),
+            connect_pace: Pace::new(connect),
             dialect: config.kind.dialect(),
             config,
             endpoint,
@@ -82,6 +149,7 @@ impl VenueSource {
     pub async fn get_text(&self, path: &str) -> Result<String, String> {
         let url = format!("{}{path}", self.endpoint.rest_base);
         let what = path.split('?').next().unwrap_or(path);
+        self.rest_pace.turn().await;
         let mut resp = self.http.get(&url).send().await.map_err(|e| {
             format!("{} {what}: {}", self.dialect, crate::redact::redact(&e.to_string()))
         })?;
@@ -190,9 +258,10 @@ impl VenueSource {
             symbols: read(&self.listings).len(),
             last_error: st.last_error,
             loaded_at_ms: st.loaded_at_ms,
-            rest_used_weight_1m: None,
-            rest_weight_budget_1m: None,
-            rest_budget_refusals: 0,
+            // requests made, the pace's allowance a minute, and requests that waited their turn
+            rest_used_weight_1m: Some(u32::try_from(self.rest_pace.made()).unwrap_or(u32::MAX)),
+            rest_weight_budget_1m: Some(self.rest_pace.per_minute()),
+            rest_budget_refusals: self.rest_pace.waited() + self.connect_pace.waited(),
         }
     }
 }

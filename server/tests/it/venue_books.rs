@@ -335,6 +335,12 @@ async fn each_venue_backfills_its_rest_history_newest_first() {
         (tasks.len() == 4 && tasks.iter().all(|t| t["state"] == "done")).then_some(tasks)
     })
     .await;
+    // the requests went at the venue's pace, and are counted
+    let sources = server.get_json("/api/v1/ops/sources").await;
+    let okx =
+        sources["sources"].as_array().unwrap().iter().find(|s| s["name"] == "okx").unwrap().clone();
+    assert!(okx["rest_used_weight_1m"].as_u64() >= Some(15), "a day of 100-minute pages: {okx}");
+    assert_eq!(okx["rest_weight_budget_1m"], 500, "{okx}");
     for d in VENUES {
         let series = format!("{d}:spot:ETH/USDT:1m");
         let t = tasks.iter().find(|t| t["series"] == series.as_str()).unwrap();
