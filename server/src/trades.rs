@@ -31,6 +31,8 @@ pub struct TradeStats {
     /// Times the ids skipped, and the ids missing in all.
     pub gaps: u64,
     pub missing: u64,
+    /// Trades a REST fill recovered for a hole the stream left.
+    pub filled: u64,
 }
 
 struct Cell {
@@ -106,6 +108,11 @@ impl TradeRegistry {
         self.bus.publish(&c.topic, payload);
     }
 
+    /// Counts trades a REST fill recovered.
+    pub fn note_filled(&self, instrument: &InstrumentId, n: u64) {
+        lock(&self.cell(instrument)).stats.filled += n;
+    }
+
     /// The newest `limit` trades of `instrument`, newest first, and its counters; `None` when
     /// none was ever received.
     pub fn recent(
@@ -119,13 +126,17 @@ impl TradeRegistry {
     }
 }
 
-/// A Binance market's trades, beside its depth job: `<sym>@aggTrade` (aggregate trades, whose ids
-/// follow one another, so a hole after a reconnect is counted) into `registry`, reconnecting with
-/// the ingest back-off, until `shutdown`.
+/// A Binance market's trades, beside its depth job: `<sym>@aggTrade` into `registry`,
+/// reconnecting with the ingest back-off, until `shutdown`. Aggregate trade ids follow one
+/// another, so a hole (a reconnect, a lost frame) is seen at the next trade and filled first from
+/// `GET /aggTrades?fromId=` (at most [`FILL_PAGES`] pages of 1,000); what REST cannot give stays
+/// a counted gap.
+#[allow(clippy::too_many_arguments)]
 pub async fn binance_agg_trades(
     registry: Arc<TradeRegistry>,
     instrument: InstrumentId,
     ws_base: String,
+    rest: Arc<binance::rest::RestClient>,
     symbol: String,
     ingest: crate::config::IngestConfig,
     shutdown: crate::shutdown::Shutdown,
@@ -148,6 +159,7 @@ pub async fn binance_agg_trades(
     backoff.healthy_after = Duration::from_millis(ingest.reconnect_reset_after_ms);
     let mut jitter = crate::jitter::Jitter::new(&stream);
     let mut malformed: u64 = 0;
+    let mut last: Option<u64> = None;
     let streams = [stream.as_str()];
     while !shutdown.is_stopping() {
         let conn = tokio::select! {
@@ -169,20 +181,24 @@ pub async fn binance_agg_trades(
                 let event = serde_json::from_str::<WsAggTrade>(&text)
                     .or_else(|_| serde_json::from_str::<Combined>(&text).map(|c| c.data));
                 match event {
-                    Ok(a) => registry.push(
-                        &instrument,
-                        vec![Trade {
+                    Ok(a) => {
+                        if let Some(l) = last.filter(|&l| a.agg_trade_id > l + 1) {
+                            let filled =
+                                fill_agg_trades(&rest, &symbol, l + 1, a.agg_trade_id).await;
+                            registry.note_filled(&instrument, filled.len() as u64);
+                            registry.push(&instrument, filled);
+                        }
+                        last = Some(last.map_or(a.agg_trade_id, |l| l.max(a.agg_trade_id)));
+                        let taker = if a.buyer_is_maker { TakerSide::Sell } else { TakerSide::Buy };
+                        let t = Trade {
                             id: TradeId::Seq(a.agg_trade_id),
                             time_ms: a.trade_time,
                             price: a.price,
                             qty: a.qty,
-                            taker: Some(if a.buyer_is_maker {
-                                TakerSide::Sell
-                            } else {
-                                TakerSide::Buy
-                            }),
-                        }],
-                    ),
+                            taker: Some(taker),
+                        };
+                        registry.push(&instrument, vec![t]);
+                    }
                     // a subscription answer or a broken frame: counted, logged once
                     Err(e) => {
                         malformed += 1;
@@ -199,4 +215,46 @@ pub async fn binance_agg_trades(
             () = shutdown.stopping() => return,
         }
     }
+}
+
+/// Pages of a REST fill at most.
+pub const FILL_PAGES: usize = 10;
+
+/// The aggregate trades with ids in `[from, below)` from REST, oldest first (as many as REST
+/// gives; a failure is logged and ends the fill).
+async fn fill_agg_trades(
+    rest: &binance::rest::RestClient,
+    symbol: &str,
+    from: u64,
+    below: u64,
+) -> Vec<Trade> {
+    use shared::trade::{TakerSide, TradeId};
+    let mut out = Vec::new();
+    let mut next = from;
+    for _ in 0..FILL_PAGES {
+        if next >= below {
+            break;
+        }
+        let want = u16::try_from((below - next).min(1000)).unwrap_or(1000);
+        match rest.agg_trades(symbol, next, want).await {
+            Ok(rows) => {
+                let Some(end) = rows.last().map(|r| r.agg_trade_id) else { break };
+                let wanted =
+                    rows.into_iter().filter(|r| r.agg_trade_id >= next && r.agg_trade_id < below);
+                out.extend(wanted.map(|r| Trade {
+                    id: TradeId::Seq(r.agg_trade_id),
+                    time_ms: r.trade_time,
+                    price: r.price,
+                    qty: r.qty,
+                    taker: Some(if r.buyer_is_maker { TakerSide::Sell } else { TakerSide::Buy }),
+                }));
+                next = end + 1;
+            }
+            Err(e) => {
+                tracing::warn!(%symbol, "aggTrades gap fill {next}..{below}: {e}");
+                break;
+            }
+        }
+    }
+    out
 }

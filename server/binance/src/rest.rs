@@ -136,6 +136,8 @@ pub fn request_weight(product: Product, endpoint: &str, limit: u16) -> u32 {
             _ => 20,
         },
         (Product::Spot, "exchangeInfo") => 20,
+        (Product::Spot, "aggTrades") => 4,
+        (Product::Futures, "aggTrades") => 20,
         _ => 1,
     }
 }
@@ -420,6 +422,21 @@ impl RestClient {
     /// Symbols, their status and filters, and the rate limits: `GET {prefix}/exchangeInfo`.
     pub async fn exchange_info(&self) -> Result<ExchangeInfo, RestError> {
         self.get("exchangeInfo", "", 0).await
+    }
+
+    /// Aggregate trades from id `from_id` on, at most `limit` (1 – 1000), oldest first:
+    /// `GET {prefix}/aggTrades?fromId=`.
+    pub async fn agg_trades(
+        &self,
+        symbol: &str,
+        from_id: u64,
+        limit: u16,
+    ) -> Result<Vec<crate::wire::RestAggTrade>, RestError> {
+        check_symbol(symbol)?;
+        let limit = limit.clamp(1, 1000);
+        let query =
+            format!("symbol={}&fromId={from_id}&limit={limit}", symbol.to_ascii_uppercase());
+        self.get("aggTrades", &query, limit).await
     }
 
     /// The server's clock, ms since the epoch: `GET {prefix}/time`.

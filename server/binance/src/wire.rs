@@ -609,6 +609,28 @@ pub struct WsTrade {
     pub ignore: bool,
 }
 
+/// One row of `GET /api/v3/aggTrades`: `{"a":26129,"p":"0.01633102","q":"4.70443515","f":27781,
+/// "l":27781,"T":1498793709153,"m":true,"M":true}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestAggTrade {
+    #[serde(rename = "a")]
+    pub agg_trade_id: u64,
+    #[serde(rename = "p")]
+    pub price: Price,
+    #[serde(rename = "q")]
+    pub qty: Qty,
+    #[serde(rename = "f")]
+    pub first_trade_id: u64,
+    #[serde(rename = "l")]
+    pub last_trade_id: u64,
+    #[serde(rename = "T")]
+    pub trade_time: i64,
+    #[serde(rename = "m")]
+    pub buyer_is_maker: bool,
+    #[serde(rename = "M", default)]
+    pub best_match: bool,
+}
+
 /// `<symbol>@aggTrade` event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WsAggTrade {

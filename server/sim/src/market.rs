@@ -171,6 +171,10 @@ struct State {
     /// The newest trades, oldest first, at most [`RECENT_TRADES`]: what the other venues'
     /// sessions and REST answers read.
     recent: std::collections::VecDeque<Trade>,
+    /// The aggregate trades published on `<sym>@aggTrade`, oldest first, at most
+    /// [`RECENT_TRADES`]: what `GET /api/v3/aggTrades` answers (ids are given as they are
+    /// published, so only published ones exist).
+    aggs: std::collections::VecDeque<WsAggTrade>,
 }
 
 /// Trades each market keeps for the other venues' dialects ([`SimMarket::trades_after`]).
@@ -245,6 +249,7 @@ impl SimMarket {
             trades: Vec::new(),
             touched: Vec::new(),
             recent: std::collections::VecDeque::new(),
+            aggs: std::collections::VecDeque::new(),
         };
         state.advance(start_ms, &mut Vec::new());
         state.trades.clear();
@@ -346,6 +351,13 @@ impl SimMarket {
             Some(id) => s.recent.partition_point(|t| t.id <= id),
         };
         (s.recent.range(start..).take(max).copied().collect(), newest)
+    }
+
+    /// Up to `limit` published aggregate trades from id `from_id` on, oldest first.
+    pub fn agg_trades(&self, from_id: u64, limit: usize) -> Vec<WsAggTrade> {
+        let s = self.lock();
+        let start = s.aggs.partition_point(|a| a.agg_trade_id < from_id);
+        s.aggs.range(start..).take(limit).cloned().collect()
     }
 
     /// The forming 1m candle.
@@ -749,21 +761,23 @@ fn produce(m: &SimMarket, now: i64, tick: u64, wants: &[Want]) -> Vec<(usize, Pa
                         k += 1;
                     }
                     st.next_agg_id += 1;
-                    out.push((
-                        i,
-                        Payload::Agg(WsAggTrade {
-                            event_type: "aggTrade".into(),
-                            event_time: first.time_ms,
-                            symbol: symbol.into(),
-                            agg_trade_id: st.next_agg_id,
-                            price: first.price,
-                            qty: shared::Qty::from_raw(qty),
-                            first_trade_id: first.id,
-                            last_trade_id: last.id,
-                            trade_time: first.time_ms,
-                            buyer_is_maker: first.buyer_is_maker,
-                        }),
-                    ));
+                    let agg = WsAggTrade {
+                        event_type: "aggTrade".into(),
+                        event_time: first.time_ms,
+                        symbol: symbol.into(),
+                        agg_trade_id: st.next_agg_id,
+                        price: first.price,
+                        qty: shared::Qty::from_raw(qty),
+                        first_trade_id: first.id,
+                        last_trade_id: last.id,
+                        trade_time: first.time_ms,
+                        buyer_is_maker: first.buyer_is_maker,
+                    };
+                    if st.aggs.len() == RECENT_TRADES {
+                        st.aggs.pop_front();
+                    }
+                    st.aggs.push_back(agg.clone());
+                    out.push((i, Payload::Agg(agg)));
                 }
             }
             StreamKind::BookTicker => {

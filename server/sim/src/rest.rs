@@ -388,6 +388,36 @@ pub(crate) async fn depth(State(srv): State<Arc<Srv>>, req: Request) -> Result<R
     Ok(Json(body).into_response())
 }
 
+/// `GET /api/v3/aggTrades?symbol=&fromId=&limit=` (and `/fapi/v1/aggTrades`): the published
+/// aggregate trades from `fromId` on (limit default 500, at most 1000), oldest first.
+pub(crate) async fn agg_trades(
+    State(srv): State<Arc<Srv>>,
+    req: Request,
+) -> Result<Response, Fail> {
+    let p = Params::parse(req.uri().query())?;
+    let m = symbol_param(&srv, &p)?;
+    let limit = p.number("limit")?.unwrap_or(500);
+    if limit == 0 || limit > 1000 {
+        return Err(Fail::invalid("limit"));
+    }
+    let from = p.number("fromId")?.unwrap_or(0);
+    let rows: Vec<binance::wire::RestAggTrade> = m
+        .agg_trades(from as u64, limit as usize)
+        .into_iter()
+        .map(|a| binance::wire::RestAggTrade {
+            agg_trade_id: a.agg_trade_id,
+            price: a.price,
+            qty: a.qty,
+            first_trade_id: a.first_trade_id,
+            last_trade_id: a.last_trade_id,
+            trade_time: a.trade_time,
+            buyer_is_maker: a.buyer_is_maker,
+            best_match: true,
+        })
+        .collect();
+    Ok(Json(rows).into_response())
+}
+
 /// Anything else under `/api` or `/fapi`: 404 with an empty body, like Binance.
 pub(crate) async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, Body::empty()).into_response()

@@ -124,6 +124,7 @@ fn router(srv: Arc<Srv>) -> Router {
             .route(&p("exchangeInfo"), get(rest::exchange_info))
             .route(&p("klines"), get(rest::klines))
             .route(&p("depth"), get(rest::depth))
+            .route(&p("aggTrades"), get(rest::agg_trades))
     };
     let rest_routes = api("/fapi/v1", api("/api/v3", Router::new()))
         .route("/api/v3/uiKlines", get(rest::klines))

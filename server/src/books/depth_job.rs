@@ -796,6 +796,7 @@ impl JobRunner for DepthRunner {
                     deps.books.trades().clone(),
                     ctx.instrument.clone(),
                     deps.ws_base.clone(),
+                    deps.rest.clone(),
                     deps.symbol.clone(),
                     deps.ingest.clone(),
                     ctx.shutdown.clone(),

@@ -149,6 +149,7 @@ async fn trades(
         duplicates: stats.duplicates,
         id_gaps: stats.gaps,
         missing_ids: stats.missing,
+        filled: stats.filled,
     }))
 }
 

@@ -244,6 +244,34 @@ async fn trades_fold_into_the_exchanges_candles_and_a_lost_one_is_counted() {
     .await;
     assert!(report["missing_ids"].as_u64() >= Some(1), "{report}");
     assert_eq!(report["trades"].as_array().unwrap().len(), 5, "{report}");
+    // Binance loses aggTrade frames: the ids' hole is filled from REST aggTrades before the
+    // next trade, so no gap remains
+    sim.faults()
+        .apply(FaultCommand::Skip { target: StreamTarget::stream("btcusdt@aggTrade"), count: 3 });
+    let before = server.get_json("/api/v1/trades?instrument=sim:spot:BTC/USDT&limit=1").await;
+    let skipped_before = sim.faults().counters().skipped;
+    eventually("the skipped aggTrades gone by", || async {
+        (sim.faults().counters().skipped >= skipped_before + 3).then_some(())
+    })
+    .await;
+    let report = eventually("aggTrades after the hole", || async {
+        let r = server.get_json("/api/v1/trades?instrument=sim:spot:BTC/USDT&limit=200").await;
+        (r["received"].as_u64()? > before["received"].as_u64()? + 20).then_some(r)
+    })
+    .await;
+    assert_eq!(report["id_gaps"], 0, "the hole was filled from REST: {}", report["id_gaps"]);
+    assert!(
+        report["filled"].as_u64() >= Some(3),
+        "three frames' trades recovered: {}",
+        report["filled"]
+    );
+    let ids: Vec<u64> = report["trades"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] == w[1] + 1), "the newest ids follow one another: {ids:?}");
     let (status, body) = server.get("/api/v1/trades?instrument=sim:stock:600000").await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = server.get("/api/v1/trades?limit=0&instrument=sim:spot:BTC/USDT").await;

@@ -94,6 +94,8 @@ pub struct TradesReport {
     /// Times the venue's sequential trade ids skipped, and the ids missing in all.
     pub id_gaps: u64,
     pub missing_ids: u64,
+    /// Trades recovered from REST for holes the stream left (Binance aggTrades).
+    pub filled: u64,
 }
 
 /// A series with stored closed candles.
