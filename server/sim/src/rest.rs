@@ -402,7 +402,7 @@ pub(crate) async fn agg_trades(
     }
     let from = p.number("fromId")?.unwrap_or(0);
     let rows: Vec<binance::wire::RestAggTrade> = m
-        .agg_trades(from as u64, limit as usize)
+        .agg_trades(from, limit as usize)
         .into_iter()
         .map(|a| binance::wire::RestAggTrade {
             agg_trade_id: a.agg_trade_id,
