@@ -17,38 +17,140 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use shared::book::Level;
 use shared::trade::{TakerSide, Trade, TradeId};
 use shared::venue::Dialect;
 
 use crate::{
-    candle, clip, invalid, json_error, parse_price, parse_qty, BookFrame, CandleFrame, Capped,
-    IntText, Message, StrLevels, TickerFrame, WireError, MAX_ITEMS,
+    candle, clip, invalid, json_error, parse_price, parse_qty, set_once, BookFrame, CandleFrame,
+    Capped, IntText, Message, Payload, StrLevels, TickerFrame, WireError, MAX_ITEMS,
 };
 
 const D: Dialect = Dialect::Bybit;
 
-#[derive(Deserialize)]
 struct Push<'a> {
-    #[serde(borrow, default)]
     topic: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "type")]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     ts: Option<IntText<'a>>,
-    #[serde(borrow, default)]
     cs: Option<IntText<'a>>,
-    #[serde(borrow, default)]
-    data: Option<&'a RawValue>,
-    #[serde(default)]
+    /// A book topic's data is read with the envelope (`topic` comes first in Bybit's pushes).
+    data: Option<Payload<'a, BookData<'a>>>,
     success: Option<bool>,
-    #[serde(borrow, default)]
     ret_msg: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "retCode")]
     ret_code: Option<IntText<'a>>,
-    #[serde(borrow, default)]
     op: Option<Cow<'a, str>>,
+}
+
+impl<'de> Deserialize<'de> for Push<'de> {
+    fn deserialize<De: serde::Deserializer<'de>>(d: De) -> Result<Self, De::Error> {
+        #[derive(Deserialize)]
+        #[serde(field_identifier)]
+        enum Field {
+            #[serde(rename = "topic")]
+            Topic,
+            #[serde(rename = "type")]
+            Kind,
+            #[serde(rename = "ts")]
+            Ts,
+            #[serde(rename = "cs")]
+            Cs,
+            #[serde(rename = "data")]
+            Data,
+            #[serde(rename = "success")]
+            Success,
+            #[serde(rename = "ret_msg")]
+            RetMsg,
+            #[serde(rename = "retCode")]
+            RetCode,
+            #[serde(rename = "op")]
+            Op,
+            #[serde(other)]
+            Other,
+        }
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Push<'de>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a Bybit push or answer")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Push<'de>, A::Error> {
+                let mut p = Push {
+                    topic: None,
+                    kind: None,
+                    ts: None,
+                    cs: None,
+                    data: None,
+                    success: None,
+                    ret_msg: None,
+                    ret_code: None,
+                    op: None,
+                };
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Topic => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.topic, v, "topic")?
+                            }
+                        }
+                        Field::Kind => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.kind, v, "type")?
+                            }
+                        }
+                        Field::Ts => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.ts, v, "ts")?
+                            }
+                        }
+                        Field::Cs => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.cs, v, "cs")?
+                            }
+                        }
+                        Field::Data => {
+                            let book = p.topic.as_deref().is_some_and(is_book_topic);
+                            if let Some(v) = Payload::next_value(&mut map, book)? {
+                                set_once(&mut p.data, v, "data")?
+                            }
+                        }
+                        Field::Success => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.success, v, "success")?
+                            }
+                        }
+                        Field::RetMsg => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.ret_msg, v, "ret_msg")?
+                            }
+                        }
+                        Field::RetCode => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.ret_code, v, "retCode")?
+                            }
+                        }
+                        Field::Op => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.op, v, "op")?
+                            }
+                        }
+                        Field::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(p)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Whether a topic is a book's (`orderbook.{depth}.{symbol}`).
+fn is_book_topic(topic: &str) -> bool {
+    topic.starts_with("orderbook.")
 }
 
 #[derive(Deserialize)]
@@ -151,12 +253,12 @@ fn read(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
                 }
                 None => return Err(invalid(D, "a book push needs `type`")),
             };
-            let b: BookData<'_> = serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+            let b = data.read(D)?;
             out.push(Message::Book(book(symbol, depth, snapshot, time_ms, b)?));
         }
         "publicTrade" => {
             let rows: Capped<TradeData<'_>, MAX_ITEMS> =
-                serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+                serde_json::from_str(data.raw(D)?.get()).map_err(|e| json_error(D, e))?;
             let mut by_symbol: Vec<(String, Vec<Trade>)> = Vec::new();
             for row in rows.0 {
                 let symbol = clip(&row.s).to_string();
@@ -180,7 +282,7 @@ fn read(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
                 return Ok(());
             };
             let rows: Capped<KlineData<'_>, MAX_ITEMS> =
-                serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+                serde_json::from_str(data.raw(D)?.get()).map_err(|e| json_error(D, e))?;
             for k in rows.0 {
                 let c = candle(
                     D,
@@ -200,7 +302,7 @@ fn read(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
         }
         "tickers" => {
             let t: TickerData<'_> =
-                serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+                serde_json::from_str(data.raw(D)?.get()).map_err(|e| json_error(D, e))?;
             out.push(Message::Ticker(TickerFrame {
                 symbol: clip(t.symbol.as_deref().unwrap_or(rest)).to_string(),
                 bid: level(t.bid_px, t.bid_sz)?,

@@ -28,14 +28,13 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use shared::book::Level;
 use shared::trade::{TakerSide, Trade, TradeId};
 use shared::venue::{Dialect, PrintedLevels};
 
 use crate::{
-    bounded, candle, clip, invalid, json_error, parse_price, parse_qty, parse_rfc3339_ms,
-    BookFrame, CandleFrame, Capped, IntText, Message, TickerFrame, WireError, MAX_ITEMS,
+    bounded, candle, clip, invalid, json_error, parse_price, parse_qty, parse_rfc3339_ms, set_once,
+    BookFrame, CandleFrame, Capped, IntText, Message, Payload, TickerFrame, WireError, MAX_ITEMS,
     MAX_LEVELS,
 };
 
@@ -44,20 +43,97 @@ const D: Dialect = Dialect::Coinbase;
 /// The only interval the `candles` channel pushes.
 const CANDLE_MINUTES: u32 = 5;
 
-#[derive(Deserialize)]
 struct Frame<'a> {
-    #[serde(borrow, default)]
     channel: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "type")]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     message: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     timestamp: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     sequence_num: Option<IntText<'a>>,
-    #[serde(borrow, default)]
-    events: Option<&'a RawValue>,
+    /// `l2_data`'s events are read with the envelope (`channel` comes first in Coinbase's frames).
+    events: Option<Payload<'a, Capped<BookEvent<'a>, MAX_ITEMS>>>,
+}
+
+impl<'de> Deserialize<'de> for Frame<'de> {
+    fn deserialize<De: serde::Deserializer<'de>>(d: De) -> Result<Self, De::Error> {
+        #[derive(Deserialize)]
+        #[serde(field_identifier)]
+        enum Field {
+            #[serde(rename = "channel")]
+            Channel,
+            #[serde(rename = "type")]
+            Kind,
+            #[serde(rename = "message")]
+            Message,
+            #[serde(rename = "timestamp")]
+            Timestamp,
+            #[serde(rename = "sequence_num")]
+            SequenceNum,
+            #[serde(rename = "events")]
+            Events,
+            #[serde(other)]
+            Other,
+        }
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Frame<'de>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a Coinbase frame")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Frame<'de>, A::Error> {
+                let mut f = Frame {
+                    channel: None,
+                    kind: None,
+                    message: None,
+                    timestamp: None,
+                    sequence_num: None,
+                    events: None,
+                };
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Channel => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut f.channel, v, "channel")?
+                            }
+                        }
+                        Field::Kind => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut f.kind, v, "type")?
+                            }
+                        }
+                        Field::Message => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut f.message, v, "message")?
+                            }
+                        }
+                        Field::Timestamp => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut f.timestamp, v, "timestamp")?
+                            }
+                        }
+                        Field::SequenceNum => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut f.sequence_num, v, "sequence_num")?
+                            }
+                        }
+                        Field::Events => {
+                            let books = f.channel.as_deref() == Some("l2_data");
+                            if let Some(v) = Payload::next_value(&mut map, books)? {
+                                set_once(&mut f.events, v, "events")?
+                            }
+                        }
+                        Field::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(f)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -165,7 +241,8 @@ fn read(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
     let Some(channel) = f.channel.as_deref() else {
         return Err(invalid(D, "a frame needs `channel` (or `type`: `error`)"));
     };
-    let events = || f.events.ok_or_else(|| invalid(D, format!("{} needs `events`", clip(channel))));
+    let needs_events = || invalid(D, format!("{} needs `events`", clip(channel)));
+    let events = || f.events.as_ref().ok_or_else(needs_events)?.raw(D);
     let time_ms = || -> Result<Option<i64>, WireError> {
         f.timestamp
             .as_deref()
@@ -178,8 +255,7 @@ fn read(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
     match channel {
         "l2_data" => {
             let time_ms = time_ms()?;
-            let events: Capped<BookEvent<'_>, MAX_ITEMS> =
-                serde_json::from_str(events()?.get()).map_err(|e| json_error(D, e))?;
+            let events = f.events.ok_or_else(needs_events)?.read(D)?;
             let mut levels = 0;
             for e in events.0 {
                 levels += e.updates.bids.len() + e.updates.asks.len();

@@ -29,8 +29,8 @@ use shared::{ParseDecimalError, Price, Qty};
 
 use crate::{
     bounded, candle, clip, int_str, invalid, json_error, parse_price, parse_qty, parse_rfc3339_ms,
-    BookFrame, CandleFrame, InstrumentFrame, Message, StrLevels, TickerFrame, WireError, MAX_ITEMS,
-    MAX_LEVELS,
+    set_once, BookFrame, CandleFrame, InstrumentFrame, Message, Payload, StrLevels, TickerFrame,
+    WireError, MAX_ITEMS, MAX_LEVELS,
 };
 
 const D: Dialect = Dialect::Kraken;
@@ -84,7 +84,7 @@ pub fn ping_v2() -> String {
 /// so the result is exact; whether it fits millrace's 8 decimals is for `Price::parse` /
 /// `Qty::parse` to say. An exponent beyond ±40 is refused.
 pub fn plain_decimal(s: &str) -> Result<Cow<'_, str>, String> {
-    let Some(e) = s.find(['e', 'E']) else {
+    let Some(e) = s.bytes().position(|b| b == b'e' || b == b'E') else {
         return Ok(Cow::Borrowed(s));
     };
     let (mantissa, exponent) = (&s[..e], &s[e + 1..]);
@@ -229,33 +229,152 @@ impl<'de> Deserialize<'de> for NumLevels {
 // ---------------------------------------------------------------------------------------------
 // objects: v2 pushes and answers, v1 events
 
-#[derive(Deserialize)]
 struct Object<'a> {
-    #[serde(borrow, default)]
     channel: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "type")]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    data: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    /// A book's data is read with the envelope (`channel` comes first in Kraken's pushes).
+    data: Option<Payload<'a, Vec<BookData<'a>>>>,
     method: Option<Cow<'a, str>>,
-    #[serde(default)]
     success: Option<bool>,
-    #[serde(borrow, default)]
     error: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     result: Option<&'a RawValue>,
     // v1 events
-    #[serde(borrow, default)]
     event: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     status: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "errorMessage")]
     error_message: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "channelName")]
     channel_name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     pair: Option<Cow<'a, str>>,
+}
+
+impl<'de> Deserialize<'de> for Object<'de> {
+    fn deserialize<De: serde::Deserializer<'de>>(d: De) -> Result<Self, De::Error> {
+        #[derive(Deserialize)]
+        #[serde(field_identifier)]
+        enum Field {
+            #[serde(rename = "channel")]
+            Channel,
+            #[serde(rename = "type")]
+            Kind,
+            #[serde(rename = "data")]
+            Data,
+            #[serde(rename = "method")]
+            Method,
+            #[serde(rename = "success")]
+            Success,
+            #[serde(rename = "error")]
+            Error,
+            #[serde(rename = "result")]
+            Result,
+            #[serde(rename = "event")]
+            Event,
+            #[serde(rename = "status")]
+            Status,
+            #[serde(rename = "errorMessage")]
+            ErrorMessage,
+            #[serde(rename = "channelName")]
+            ChannelName,
+            #[serde(rename = "pair")]
+            Pair,
+            #[serde(other)]
+            Other,
+        }
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Object<'de>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a Kraken object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Object<'de>, A::Error> {
+                let mut o = Object {
+                    channel: None,
+                    kind: None,
+                    data: None,
+                    method: None,
+                    success: None,
+                    error: None,
+                    result: None,
+                    event: None,
+                    status: None,
+                    error_message: None,
+                    channel_name: None,
+                    pair: None,
+                };
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Channel => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.channel, v, "channel")?
+                            }
+                        }
+                        Field::Kind => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.kind, v, "type")?
+                            }
+                        }
+                        Field::Data => {
+                            let book = o.channel.as_deref() == Some("book");
+                            if let Some(v) = Payload::next_value(&mut map, book)? {
+                                set_once(&mut o.data, v, "data")?
+                            }
+                        }
+                        Field::Method => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.method, v, "method")?
+                            }
+                        }
+                        Field::Success => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.success, v, "success")?
+                            }
+                        }
+                        Field::Error => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.error, v, "error")?
+                            }
+                        }
+                        Field::Result => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.result, v, "result")?
+                            }
+                        }
+                        Field::Event => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.event, v, "event")?
+                            }
+                        }
+                        Field::Status => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.status, v, "status")?
+                            }
+                        }
+                        Field::ErrorMessage => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.error_message, v, "errorMessage")?
+                            }
+                        }
+                        Field::ChannelName => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.channel_name, v, "channelName")?
+                            }
+                        }
+                        Field::Pair => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut o.pair, v, "pair")?
+                            }
+                        }
+                        Field::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(o)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -369,8 +488,8 @@ fn object(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
     let Some(channel) = &o.channel else {
         return Err(invalid(D, "an object needs `channel`, `method` or `event`"));
     };
-    let data =
-        || o.data.ok_or_else(|| invalid(D, format!("a {} push needs `data`", clip(channel))));
+    let needs_data = || invalid(D, format!("a {} push needs `data`", clip(channel)));
+    let data = || o.data.as_ref().ok_or_else(needs_data)?.raw(D);
     match &**channel {
         "book" => {
             let snapshot = match o.kind.as_deref() {
@@ -380,8 +499,7 @@ fn object(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
                     return Err(invalid(D, format!("unknown book type {:?}", other.map(clip))))
                 }
             };
-            let books: Vec<BookData<'_>> =
-                serde_json::from_str(data()?.get()).map_err(|e| json_error(D, e))?;
+            let books = o.data.ok_or_else(needs_data)?.read(D)?;
             bounded(D, "book entries", books.len(), MAX_BOOKS)?;
             for b in books {
                 out.push(Message::Book(v2_book(snapshot, b)?));
@@ -432,8 +550,8 @@ fn object(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
         }
         "heartbeat" => out.push(Message::Heartbeat),
         "status" => {
-            let rows: Vec<StatusData<'_>> = match o.data {
-                Some(d) => serde_json::from_str(d.get()).map_err(|e| json_error(D, e))?,
+            let rows: Vec<StatusData<'_>> = match &o.data {
+                Some(d) => serde_json::from_str(d.raw(D)?.get()).map_err(|e| json_error(D, e))?,
                 None => Vec::new(),
             };
             bounded(D, "status entries", rows.len(), MAX_STATUS)?;

@@ -20,6 +20,7 @@ mod time;
 
 pub use time::{parse_rfc3339_ms, write_rfc3339};
 
+use serde_json::value::RawValue;
 use shared::book::Level;
 use shared::candle::Candle;
 use shared::trade::Trade;
@@ -185,6 +186,63 @@ pub(crate) fn bounded(
     if count > max {
         return Err(WireError::TooMany { dialect, what, count, max });
     }
+    Ok(())
+}
+
+/// A push's payload, read in the same pass as its envelope when the fields before it (the
+/// channel) say what it is: a book's levels then go straight into fixed point, and the payload
+/// is not scanned twice (once to skip it as a [`RawValue`], once to read it). Otherwise (another
+/// channel, or the payload before the channel) it is kept raw and read once its kind is known.
+#[derive(Debug)]
+pub(crate) enum Payload<'a, T> {
+    Read(T),
+    Raw(&'a RawValue),
+}
+
+impl<'a, T: serde::Deserialize<'a>> Payload<'a, T> {
+    /// The payload read as `T`, whichever way it came.
+    pub fn read(self, dialect: Dialect) -> Result<T, WireError> {
+        match self {
+            Payload::Read(t) => Ok(t),
+            Payload::Raw(raw) => {
+                serde_json::from_str(raw.get()).map_err(|e| json_error(dialect, e))
+            }
+        }
+    }
+
+    /// The raw payload of a channel that is not read in the envelope's pass.
+    pub fn raw(&self, dialect: Dialect) -> Result<&'a RawValue, WireError> {
+        match self {
+            Payload::Raw(raw) => Ok(raw),
+            Payload::Read(_) => Err(invalid(dialect, "a payload read as a book was asked for raw")),
+        }
+    }
+
+    /// The next map value as a payload: read as `T` when `read_now`, else kept raw; JSON `null`
+    /// is no payload.
+    pub fn next_value<A: serde::de::MapAccess<'a>>(
+        map: &mut A,
+        read_now: bool,
+    ) -> Result<Option<Self>, A::Error> {
+        Ok(if read_now {
+            map.next_value::<Option<T>>()?.map(Payload::Read)
+        } else {
+            map.next_value::<Option<&'a RawValue>>()?.map(Payload::Raw)
+        })
+    }
+}
+
+/// Stores a field read by a hand-written envelope visitor, refusing a second one as a derived
+/// `Deserialize` does.
+pub(crate) fn set_once<T, E: serde::de::Error>(
+    slot: &mut Option<T>,
+    value: T,
+    field: &'static str,
+) -> Result<(), E> {
+    if slot.is_some() {
+        return Err(E::duplicate_field(field));
+    }
+    *slot = Some(value);
     Ok(())
 }
 

@@ -8,32 +8,109 @@
 //! both sequence fields: the book is then proven by its checksum alone.
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
+use std::borrow::Cow;
+
 use shared::book::Level;
 use shared::trade::{TakerSide, Trade, TradeId};
 use shared::venue::Dialect;
 
 use crate::{
-    bounded, candle, clip, int_str, invalid, json_error, parse_price, parse_qty, BookFrame,
-    CandleFrame, Message, StrLevels, TickerFrame, WireError, MAX_ITEMS,
+    bounded, candle, clip, int_str, invalid, json_error, parse_price, parse_qty, set_once,
+    BookFrame, CandleFrame, Message, Payload, StrLevels, TickerFrame, WireError, MAX_ITEMS,
 };
 
 const D: Dialect = Dialect::Okx;
 
-#[derive(Deserialize)]
 struct Push<'a> {
-    #[serde(borrow, default)]
     arg: Option<Arg<'a>>,
-    #[serde(borrow, default)]
     action: Option<&'a str>,
-    #[serde(borrow, default)]
-    data: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    event: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    code: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    msg: Option<std::borrow::Cow<'a, str>>,
+    /// A book channel's data is read with the envelope (`arg` comes first in OKX's pushes).
+    data: Option<Payload<'a, Vec<BookData<'a>>>>,
+    event: Option<Cow<'a, str>>,
+    code: Option<Cow<'a, str>>,
+    msg: Option<Cow<'a, str>>,
+}
+
+/// The channels whose pushes are books.
+fn is_book_channel(channel: &str) -> bool {
+    matches!(channel, "books" | "books5" | "bbo-tbt" | "books-l2-tbt" | "books50-l2-tbt")
+}
+
+impl<'de> Deserialize<'de> for Push<'de> {
+    fn deserialize<De: serde::Deserializer<'de>>(d: De) -> Result<Self, De::Error> {
+        #[derive(Deserialize)]
+        #[serde(field_identifier, rename_all = "lowercase")]
+        enum Field {
+            Arg,
+            Action,
+            Data,
+            Event,
+            Code,
+            Msg,
+            #[serde(other)]
+            Other,
+        }
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Push<'de>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("an OKX push or answer")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Push<'de>, A::Error> {
+                let mut p = Push {
+                    arg: None,
+                    action: None,
+                    data: None,
+                    event: None,
+                    code: None,
+                    msg: None,
+                };
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Arg => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.arg, v, "arg")?
+                            }
+                        }
+                        Field::Action => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.action, v, "action")?
+                            }
+                        }
+                        Field::Data => {
+                            let books = p.arg.as_ref().is_some_and(|a| is_book_channel(&a.channel));
+                            if let Some(v) = Payload::next_value(&mut map, books)? {
+                                set_once(&mut p.data, v, "data")?
+                            }
+                        }
+                        Field::Event => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.event, v, "event")?
+                            }
+                        }
+                        Field::Code => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.code, v, "code")?
+                            }
+                        }
+                        Field::Msg => {
+                            if let Some(v) = map.next_value()? {
+                                set_once(&mut p.msg, v, "msg")?
+                            }
+                        }
+                        Field::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(p)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -124,7 +201,7 @@ pub fn parse(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
     };
     let channel = &*arg.channel;
     match channel {
-        "books" | "books5" | "bbo-tbt" | "books-l2-tbt" | "books50-l2-tbt" => {
+        c if is_book_channel(c) => {
             let symbol = symbol()?;
             // the depth-limited channels push whole books, without `action`
             let snapshot = match push.action {
@@ -140,8 +217,7 @@ pub fn parse(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
                 "books50-l2-tbt" => Some(50),
                 _ => None,
             };
-            let books: Vec<BookData<'_>> =
-                serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+            let books = data.read(D)?;
             bounded(D, "book pushes", books.len(), 16)?;
             for b in books {
                 out.push(Message::Book(book(symbol.clone(), depth, snapshot, b)?));
@@ -150,7 +226,7 @@ pub fn parse(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
         "trades" | "trades-all" => {
             let symbol = symbol()?;
             let rows: Vec<TradeData<'_>> =
-                serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+                serde_json::from_str(data.raw(D)?.get()).map_err(|e| json_error(D, e))?;
             bounded(D, "trades", rows.len(), MAX_ITEMS)?;
             let trades = rows.into_iter().map(trade).collect::<Result<_, _>>()?;
             out.push(Message::Trades { symbol, trades });
@@ -158,7 +234,7 @@ pub fn parse(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
         "tickers" => {
             let symbol = symbol()?;
             let rows: Vec<TickerData<'_>> =
-                serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+                serde_json::from_str(data.raw(D)?.get()).map_err(|e| json_error(D, e))?;
             bounded(D, "tickers", rows.len(), MAX_ITEMS)?;
             for t in rows {
                 let level =
@@ -187,7 +263,7 @@ pub fn parse(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
             let minutes = bar_minutes(&c["candle".len()..])
                 .ok_or_else(|| invalid(D, format!("unknown candle channel {:?}", clip(c))))?;
             let rows: Vec<Vec<&str>> =
-                serde_json::from_str(data.get()).map_err(|e| json_error(D, e))?;
+                serde_json::from_str(data.raw(D)?.get()).map_err(|e| json_error(D, e))?;
             bounded(D, "candles", rows.len(), MAX_ITEMS)?;
             for row in rows {
                 out.push(Message::Candle(candle_row(symbol.clone(), minutes, &row)?));

@@ -503,3 +503,16 @@ fn cut_and_altered_frames_never_panic() {
         }
     }
 }
+
+/// A book's `data` is read in the envelope's pass when `topic` came first (as Bybit sends it),
+/// and kept raw and read afterwards when it did not: the same book either way.
+#[test]
+fn a_book_reads_the_same_whichever_field_comes_first() {
+    let data = r#"{"s":"BTCUSDT","b":[["16493.50","0.006"]],"a":[["16611.00","0.029"]],"u":18521288,"seq":7961638724}"#;
+    let topic = r#""topic":"orderbook.50.BTCUSDT","type":"snapshot","ts":1672304484978"#;
+    let first = one(&format!(r#"{{{topic},"data":{data},"cts":1672304484976}}"#));
+    let last = one(&format!(r#"{{"data":{data},{topic},"cts":1672304484976}}"#));
+    assert_eq!(first, last);
+    let Message::Book(b) = first else { panic!("{first:?}") };
+    assert_eq!((b.seq, b.bids.len(), b.asks.len()), (Some(18_521_288), 1, 1));
+}

@@ -290,3 +290,18 @@ fn cut_and_altered_frames_never_panic() {
         }
     }
 }
+
+/// `l2_data`'s events are read in the envelope's pass when `channel` came first (as Coinbase
+/// sends it), and kept raw and read afterwards when it did not: the same messages either way.
+#[test]
+fn a_book_reads_the_same_whichever_field_comes_first() {
+    let events = r#"[{"type":"snapshot","product_id":"BTC-USD","updates":[{"side":"bid","event_time":"1970-01-01T00:00:00Z","price_level":"21921.73","new_quantity":"0.06317902"},{"side":"offer","event_time":"1970-01-01T00:00:00Z","price_level":"21921.74","new_quantity":"0.5"}]}]"#;
+    let head = r#""channel":"l2_data","client_id":"","timestamp":"2023-02-09T20:32:50.714964855Z","sequence_num":7"#;
+    let first = all(&format!(r#"{{{head},"events":{events}}}"#));
+    let last = all(&format!(r#"{{"events":{events},{head}}}"#));
+    assert_eq!(first, last);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(first[0], Message::Sequence { seq: 7 });
+    let Message::Book(b) = &first[1] else { panic!("{first:?}") };
+    assert_eq!((b.bids.len(), b.asks.len(), b.snapshot), (1, 1, true));
+}

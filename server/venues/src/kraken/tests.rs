@@ -641,3 +641,16 @@ fn exponents_become_plain_decimals_exactly() {
     }
     assert_eq!(plain_decimal("1e40").map(|s| s.len()), Ok(41));
 }
+
+/// A v2 book's `data` is read in the envelope's pass when `channel` came first (as Kraken sends
+/// it), and kept raw and read afterwards when it did not: the same book either way.
+#[test]
+fn a_book_reads_the_same_whichever_field_comes_first() {
+    let data = r#"[{"symbol":"BTC/USD","bids":[{"price":45283.5,"qty":0.1}],"asks":[{"price":45285.2,"qty":1.5e-3}],"checksum":3310070434}]"#;
+    let first = one(&format!(r#"{{"channel":"book","type":"snapshot","data":{data}}}"#));
+    let last = one(&format!(r#"{{"data":{data},"type":"snapshot","channel":"book"}}"#));
+    assert_eq!(first, last);
+    let Message::Book(b) = first else { panic!("{first:?}") };
+    assert_eq!((b.bids.len(), b.asks.len(), b.checksum), (1, 1, Some(3_310_070_434)));
+    assert_eq!(b.asks[0].qty, shared::Qty::parse("0.0015").unwrap());
+}

@@ -125,3 +125,20 @@ fn bad_frames_are_errors_naming_what_is_wrong() {
     assert!(parse(&many, &mut out).unwrap_err().to_string().contains("more than"));
     assert!(out.is_empty());
 }
+
+/// A book's `data` is read in the envelope's pass when `arg` came first (as OKX sends it), and
+/// kept raw and read afterwards when it did not: the same book either way. A repeated field is
+/// refused, as a derived reader would.
+#[test]
+fn a_book_reads_the_same_whichever_field_comes_first() {
+    let data = r#"[{"asks":[["3366.8","9","0","3"]],"bids":[["3366.1","7","0","2"]],"ts":"1597026383085","checksum":-855196043,"prevSeqId":-1,"seqId":5}]"#;
+    let arg = r#"{"channel":"books","instId":"BTC-USDT"}"#;
+    let first = one(&format!(r#"{{"arg":{arg},"action":"snapshot","data":{data}}}"#));
+    let last = one(&format!(r#"{{"data":{data},"action":"snapshot","arg":{arg},"extra":[1]}}"#));
+    assert_eq!(first, last);
+    let Message::Book(b) = first else { panic!("{first:?}") };
+    assert_eq!(b.asks, [lv("3366.8", "9")]);
+    let twice = format!(r#"{{"arg":{arg},"action":"snapshot","data":{data},"data":{data}}}"#);
+    let e = parse(&twice, &mut Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("duplicate field `data`"), "{e}");
+}
