@@ -32,7 +32,7 @@ use shared::candle::Candle;
 use shared::sync::{SyncEvent, SyncState};
 use shared::trade::{TradeFold, TradeIds};
 use shared::venue::{
-    ConnectionSequence, Dialect, NumberFormat, SeqVerdict, VenueSync, VenueSyncConfig,
+    ConnectionSequence, ConnectionVerdict, Dialect, NumberFormat, VenueSync, VenueSyncConfig,
 };
 use venues::{BookFrame, CandleFrame, Message, TickerFrame};
 
@@ -87,7 +87,7 @@ pub struct BookReport {
 
 /// Trades of one instrument, and their 1m candles against the venue's.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct TradesReport {
+pub struct VenueTradesReport {
     pub trades: u64,
     /// Numeric trade ids that skipped (informative: only some venues number trades
     /// consecutively).
@@ -106,7 +106,7 @@ pub struct VenueReport {
     pub venue: Dialect,
     pub symbol: String,
     pub books: Vec<BookReport>,
-    pub trades: TradesReport,
+    pub trades: VenueTradesReport,
     pub refusals: u64,
     /// Frames of the capture that could not be read (all instruments': a broken frame names
     /// none), and the first one's error.
@@ -241,7 +241,7 @@ impl BookState {
 
 #[derive(Default)]
 struct TradeState {
-    report: TradesReport,
+    report: VenueTradesReport,
     ids: TradeIds,
     fold: TradeFold,
     /// 1m candles folded from the trades, by open time.
@@ -402,15 +402,15 @@ impl Replay {
     /// A connection-wide sequence number; `false` for a duplicate, whose frame is dropped.
     fn on_sequence(&mut self, file: usize, seq: u64) -> bool {
         match self.sequences[file].observe(seq) {
-            SeqVerdict::Gap { .. } => {
+            ConnectionVerdict::Gap { .. } => {
                 for b in self.books.values_mut().filter(|b| b.file == file) {
                     b.sync.handle_lost_message();
                     b.drain();
                 }
                 true
             }
-            SeqVerdict::Duplicate => false,
-            SeqVerdict::First | SeqVerdict::Next => true,
+            ConnectionVerdict::Duplicate => false,
+            ConnectionVerdict::First | ConnectionVerdict::Next => true,
         }
     }
 
@@ -449,7 +449,7 @@ impl Replay {
                 venue: dialect,
                 symbol: symbol.to_string(),
                 books: Vec::new(),
-                trades: TradesReport::default(),
+                trades: VenueTradesReport::default(),
                 refusals: 0,
                 bad_frames: 0,
                 first_bad_frame: None,
@@ -493,7 +493,7 @@ impl Replay {
 /// Folds the last trades and compares the venue's closed 1m candles with the ones its trades
 /// make, for each minute the capture covers whole (by the venue's clock): trades seen since
 /// before the minute began, and no reconnection between two trades around it.
-fn compare_candles(mut t: TradeState) -> TradesReport {
+fn compare_candles(mut t: TradeState) -> VenueTradesReport {
     if let Some(c) = t.fold.close_through(i64::MAX) {
         t.folded.insert(c.open_time, c);
     }

@@ -13,7 +13,7 @@
 //!   (uniformly, or near the top of the book); and **market orders** leaning towards the fair
 //!   value, capped at the top five levels so a side never empties.
 //! - Matching is price-time priority: a taker fills the best level first, and within a level the
-//!   oldest order first; every fill is a [`Trade`] at the **resting** order's price.
+//!   oldest order first; every fill is a [`Fill`] at the **resting** order's price.
 //! - Every action that changes the book increments the **update id** once (one "book change
 //!   event batch" in Binance's terms), whatever number of levels it touched.
 //!
@@ -38,7 +38,7 @@ const P_MARKET: f64 = 0.07;
 
 /// One fill: a taker order against one resting order, at the resting order's price.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Trade {
+pub struct Fill {
     /// Per-symbol trade id, increasing by one per fill.
     pub id: u64,
     pub price: Price,
@@ -196,7 +196,7 @@ impl MatchingEngine {
 
     /// Performs the next action (at [`MatchingEngine::next_action_ms`]), appending its fills to
     /// `trades`. Returns whether the book changed.
-    pub fn step(&mut self, trades: &mut Vec<Trade>) -> bool {
+    pub fn step(&mut self, trades: &mut Vec<Fill>) -> bool {
         let t = self.next_action_ms;
         self.move_fair();
         let r: f64 = self.rng.random();
@@ -216,7 +216,7 @@ impl MatchingEngine {
     }
 
     /// Runs every action up to and including `until_ms`.
-    pub fn advance(&mut self, until_ms: i64, trades: &mut Vec<Trade>) {
+    pub fn advance(&mut self, until_ms: i64, trades: &mut Vec<Fill>) {
         while self.next_action_ms <= until_ms {
             self.step(trades);
         }
@@ -336,7 +336,7 @@ impl MatchingEngine {
         ((self.lot_steps as f64 * k).round() as i64).max(1) * self.step
     }
 
-    fn place_limit(&mut self, t: i64, trades: &mut Vec<Trade>) -> bool {
+    fn place_limit(&mut self, t: i64, trades: &mut Vec<Fill>) -> bool {
         let side = if self.rng.random_bool(0.5) { Side::Bid } else { Side::Ask };
         let mean = if self.rng.random_bool(0.5) {
             0.6 * self.bp as f64
@@ -410,7 +410,7 @@ impl MatchingEngine {
         true
     }
 
-    fn market_order(&mut self, t: i64, trades: &mut Vec<Trade>) -> bool {
+    fn market_order(&mut self, t: i64, trades: &mut Vec<Fill>) -> bool {
         let lean = ((self.fair - self.mid()) as f64 / (self.bp as f64 * 10.0)).clamp(-0.3, 0.3);
         let side = if self.rng.random_bool(0.5 + lean) { Side::Bid } else { Side::Ask };
         let cap: i64 = match side {
@@ -433,7 +433,7 @@ impl MatchingEngine {
         limit: Option<i64>,
         mut qty: i64,
         t: i64,
-        trades: &mut Vec<Trade>,
+        trades: &mut Vec<Fill>,
     ) -> i64 {
         let tick = self.tick;
         while qty > 0 {
@@ -459,7 +459,7 @@ impl MatchingEngine {
                 front.qty -= fill;
                 q.total -= fill;
                 qty -= fill;
-                trades.push(Trade {
+                trades.push(Fill {
                     id: self.next_trade_id,
                     price: Price::from_raw(price * tick),
                     qty: Qty::from_raw(fill),
@@ -487,7 +487,7 @@ mod tests {
 
     const T0: i64 = 1_750_000_020_000;
 
-    fn run(symbol: &str, seed: u64, secs: i64) -> (MatchingEngine, Vec<Trade>) {
+    fn run(symbol: &str, seed: u64, secs: i64) -> (MatchingEngine, Vec<Fill>) {
         let spec = SymbolSpec::by_name(symbol).unwrap();
         let mut e = MatchingEngine::new(&spec, seed, T0, spec.reference_price);
         let mut trades = Vec::new();

@@ -9,7 +9,7 @@ use shared::{Price, Volume};
 
 use binance::wire::{RestKline, WsKlineEvent};
 
-use crate::engine::Trade;
+use crate::engine::Fill;
 
 /// A kline with every column Binance publishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ impl SimCandle {
     }
 
     /// Folds a trade of this candle's minute in; the first trade sets the open.
-    pub fn add_trade(&mut self, t: &Trade) {
+    pub fn add_trade(&mut self, t: &Fill) {
         let c = &mut self.candle;
         if c.trades == 0 {
             c.open = t.price;
@@ -176,7 +176,7 @@ impl LiveKlines {
 
     /// Adds a trade; its time must lie in the forming minute (call
     /// [`LiveKlines::close_until`] first).
-    pub fn add(&mut self, t: &Trade) {
+    pub fn add(&mut self, t: &Fill) {
         debug_assert!(
             t.time_ms >= self.forming.candle.open_time
                 && t.time_ms < self.forming.candle.open_time + MINUTE_MS
@@ -205,8 +205,8 @@ mod tests {
     use super::*;
     use shared::Qty;
 
-    fn trade(id: u64, p: i64, q: i64, t: i64, m: bool) -> Trade {
-        Trade {
+    fn trade(id: u64, p: i64, q: i64, t: i64, m: bool) -> Fill {
+        Fill {
             id,
             price: Price::from_units(p),
             qty: Qty::from_units(q),

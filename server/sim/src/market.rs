@@ -38,7 +38,7 @@ use binance::wire::{
 };
 
 use crate::clock::SimClock;
-use crate::engine::{MatchingEngine, Trade};
+use crate::engine::{Fill, MatchingEngine};
 use crate::faults::{Count, Decision, Faults, MessageFault, StreamClass};
 use crate::history::History;
 use crate::hub::{Flavour, Frame, Hub, StreamKey};
@@ -165,12 +165,12 @@ struct State {
     /// Best bid and ask last published on `bookTicker`.
     last_ticker: Option<(Option<Level>, Option<Level>)>,
     /// Scratch buffer for the trades of one tick.
-    trades: Vec<Trade>,
+    trades: Vec<Fill>,
     /// Scratch buffer for the levels one tick changed.
     touched: Vec<(Side, shared::Price)>,
     /// The newest trades, oldest first, at most [`RECENT_TRADES`]: what the other venues'
     /// sessions and REST answers read.
-    recent: std::collections::VecDeque<Trade>,
+    recent: std::collections::VecDeque<Fill>,
     /// The aggregate trades published on `<sym>@aggTrade`, oldest first, at most
     /// [`RECENT_TRADES`]: what `GET /api/v3/aggTrades` answers (ids are given as they are
     /// published, so only published ones exist).
@@ -343,7 +343,7 @@ impl SimMarket {
 
     /// Up to `max` trades with an id above `after` (the oldest kept when `after` is `None`),
     /// oldest first, and the id of the newest trade there is.
-    pub fn trades_after(&self, after: Option<u64>, max: usize) -> (Vec<Trade>, Option<u64>) {
+    pub fn trades_after(&self, after: Option<u64>, max: usize) -> (Vec<Fill>, Option<u64>) {
         let s = self.lock();
         let newest = s.recent.back().map(|t| t.id);
         let start = match after {

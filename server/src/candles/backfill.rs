@@ -135,7 +135,11 @@ impl History {
                     lo,
                     Some(hi + MINUTE_MS),
                 );
-                let body = v.get_text(&path).await.map_err(HistoryError::of_venue)?;
+                let body = v.get_text(&path).await.map_err(|e| HistoryError {
+                    rate_limit: e.is_rate_limit(),
+                    retry_after: None,
+                    message: e.to_string(),
+                })?;
                 let rows = venues::rest::parse_candles(v.dialect, &body)
                     .map_err(|e| HistoryError::of_venue(e.to_string()))?;
                 Ok(rows

@@ -29,7 +29,7 @@ use shared::backoff::Backoff;
 use shared::protocol::{BookHealth, BookStatus};
 use shared::sync::{SyncEvent, SyncState};
 use shared::venue::{
-    ConnectionSequence, Dialect, NumberFormat, SeqVerdict, VenueSync, VenueSyncConfig,
+    ConnectionSequence, ConnectionVerdict, Dialect, NumberFormat, VenueSync, VenueSyncConfig,
 };
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -306,9 +306,9 @@ impl Job {
         for m in messages.drain(..) {
             match m {
                 Message::Sequence { seq } => match self.seq.observe(seq) {
-                    SeqVerdict::Gap { .. } => self.sync.handle_lost_message(),
-                    SeqVerdict::Duplicate => break,
-                    SeqVerdict::First | SeqVerdict::Next => {}
+                    ConnectionVerdict::Gap { .. } => self.sync.handle_lost_message(),
+                    ConnectionVerdict::Duplicate => break,
+                    ConnectionVerdict::First | ConnectionVerdict::Next => {}
                 },
                 Message::Book(f) if f.symbol == self.deps.listing.symbol => {
                     self.sync.handle_message(f.message());

@@ -228,7 +228,7 @@ async fn connection(
                 // Coinbase's connection-wide sequence: a lost message may be a lost trade,
                 // so the minutes it touched come from REST
                 Message::Sequence { seq: n } => {
-                    if let shared::venue::SeqVerdict::Gap { .. } = seq.observe(n) {
+                    if let shared::venue::ConnectionVerdict::Gap { .. } = seq.observe(n) {
                         return Some("a message was lost (sequence_num gap)".into());
                     }
                 }
@@ -306,7 +306,7 @@ async fn fill(
     let mut newest_dropped = below.is_some();
     for _ in 0..MAX_FILL_PAGES {
         let path = venues::rest::candles_page(dialect, &deps.listing.symbol, from, cursor);
-        let body = deps.source.get_text(&path).await?;
+        let body = deps.source.get_text(&path).await.map_err(|e| e.to_string())?;
         let mut page = venues::rest::parse_candles(dialect, &body).map_err(|e| e.to_string())?;
         page.retain(|r| {
             r.candle.open_time >= from && cursor.is_none_or(|c| r.candle.open_time < c)

@@ -18,7 +18,7 @@ pub mod book_job;
 pub mod kline_job;
 mod source;
 
-pub use source::VenueSource;
+pub use source::{VenueRestError, VenueSource};
 
 use shared::venue::Dialect;
 

@@ -21,6 +21,33 @@ use crate::sources::{Endpoint, ResolveError};
 /// The largest instrument list read (Kraken's and OKX's are a few hundred KiB).
 const MAX_BODY_BYTES: usize = 16 << 20;
 
+/// Why a venue's REST answer could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum VenueRestError {
+    #[error("{venue} {what}: {reason}")]
+    Transport { venue: Dialect, what: String, reason: String },
+    #[error("{venue} {what}: the answer is larger than {max} bytes")]
+    TooLarge { venue: Dialect, what: String, max: usize },
+    #[error("{venue} {what}: HTTP {status} (rate limited): {body}")]
+    RateLimited { venue: Dialect, what: String, status: u16, body: String },
+    #[error("{venue} {what}: {source}")]
+    Answer {
+        venue: Dialect,
+        what: &'static str,
+        #[source]
+        source: venues::WireError,
+    },
+    #[error("{venue} instruments: the venue listed none")]
+    NoInstruments { venue: Dialect },
+}
+
+impl VenueRestError {
+    /// Whether the venue said we asked too often.
+    pub fn is_rate_limit(&self) -> bool {
+        matches!(self, VenueRestError::RateLimited { .. })
+    }
+}
+
 #[derive(Debug, Default, Clone)]
 struct Status {
     ready: bool,
@@ -146,44 +173,44 @@ impl VenueSource {
     /// `GET {rest_base}{path}`: the answer's text, at most [`MAX_BODY_BYTES`], whatever its
     /// status (the venue's own error body says why; the readers recognise it), except a rate
     /// limit (429, 418), which is an error saying so.
-    pub async fn get_text(&self, path: &str) -> Result<String, String> {
+    pub async fn get_text(&self, path: &str) -> Result<String, VenueRestError> {
         let url = format!("{}{path}", self.endpoint.rest_base);
-        let what = path.split('?').next().unwrap_or(path);
+        let what = path.split('?').next().unwrap_or(path).to_string();
         self.rest_pace.turn().await;
-        let mut resp = self.http.get(&url).send().await.map_err(|e| {
-            format!("{} {what}: {}", self.dialect, crate::redact::redact(&e.to_string()))
-        })?;
+        let venue = self.dialect;
+        let transport = |e: reqwest::Error, what: &str| VenueRestError::Transport {
+            venue,
+            what: what.to_string(),
+            reason: crate::redact::redact(&e.to_string()),
+        };
+        let mut resp = self.http.get(&url).send().await.map_err(|e| transport(e, &what))?;
         let status = resp.status();
         let mut body = Vec::new();
-        while let Some(chunk) =
-            resp.chunk().await.map_err(|e| format!("{} {what}: {e}", self.dialect))?
-        {
+        while let Some(chunk) = resp.chunk().await.map_err(|e| transport(e, &what))? {
             if body.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(format!(
-                    "{} {what}: the answer is larger than {MAX_BODY_BYTES} bytes",
-                    self.dialect
-                ));
+                return Err(VenueRestError::TooLarge { venue, what, max: MAX_BODY_BYTES });
             }
             body.extend_from_slice(&chunk);
         }
         let text = String::from_utf8_lossy(&body).into_owned();
         if matches!(status.as_u16(), 418 | 429) {
-            let quote: String = text.chars().take(200).collect();
-            return Err(format!("{} {what}: HTTP {status} (rate limited): {quote}", self.dialect));
+            let body = text.chars().take(200).collect();
+            return Err(VenueRestError::RateLimited { venue, what, status: status.as_u16(), body });
         }
         Ok(text)
     }
 
     /// Loads the instrument list from the venue's REST API.
-    pub async fn load(&self) -> Result<usize, String> {
+    pub async fn load(&self) -> Result<usize, VenueRestError> {
         let text = self.get_text(venues::rest::instruments_path(self.dialect)).await?;
-        let list = venues::rest::parse_instruments(self.dialect, &text)
-            .map_err(|e| format!("{} instruments: {e}", self.dialect))?;
+        let list = venues::rest::parse_instruments(self.dialect, &text).map_err(|source| {
+            VenueRestError::Answer { venue: self.dialect, what: "instruments", source }
+        })?;
         let map: BTreeMap<String, Instrument> =
             list.into_iter().map(|i| (format!("{}/{}", i.base, i.quote), i)).collect();
         let n = map.len();
         if n == 0 {
-            return Err(format!("{} instruments: the venue listed none", self.dialect));
+            return Err(VenueRestError::NoInstruments { venue: self.dialect });
         }
         *write(&self.listings) = map;
         let mut st = lock(&self.status);
@@ -200,7 +227,7 @@ impl VenueSource {
             Ok(n) => tracing::info!(parent: &span, symbols = n, "venue source ready"),
             Err(e) => {
                 tracing::warn!(parent: &span, "cannot load the instruments, retrying in the background: {e}");
-                lock(&self.status).last_error = Some(e);
+                lock(&self.status).last_error = Some(e.to_string());
                 let (me, stop) = (self.clone(), shutdown.clone());
                 shutdown.spawn(
                     async move {
@@ -217,7 +244,7 @@ impl VenueSource {
                                     tracing::info!(symbols = n, "venue source ready");
                                     return;
                                 }
-                                Err(e) => lock(&me.status).last_error = Some(e),
+                                Err(e) => lock(&me.status).last_error = Some(e.to_string()),
                             }
                         }
                     }

@@ -64,7 +64,7 @@ pub enum Message {
     /// *first* for every frame that carries one, whatever its channel (books, trades,
     /// heartbeats, answers), so the connection sees every number: the caller feeds it to its
     /// [`shared::venue::ConnectionSequence::observe`] before the messages after it, and on a
-    /// [`shared::venue::SeqVerdict::Gap`] calls [`shared::venue::VenueSync::handle_lost_message`]
+    /// [`shared::venue::ConnectionVerdict::Gap`] calls [`shared::venue::VenueSync::handle_lost_message`]
     /// on every book of that connection (a message of any of them may have been the lost one).
     Sequence {
         seq: u64,

@@ -19,7 +19,7 @@
 pub mod checksum;
 mod sync;
 
-pub use sync::{BookMessage, ConnectionSequence, SeqVerdict, VenueSync, VenueSyncConfig};
+pub use sync::{BookMessage, ConnectionSequence, ConnectionVerdict, VenueSync, VenueSyncConfig};
 
 use core::fmt;
 

@@ -56,7 +56,7 @@ impl BookMessage<'_> {
 
 /// What a connection-wide sequence says about one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SeqVerdict {
+pub enum ConnectionVerdict {
     First,
     Next,
     /// At or below the last one: a duplicate, dropped.
@@ -83,19 +83,19 @@ impl ConnectionSequence {
         self.last = None;
     }
 
-    pub fn observe(&mut self, seq: u64) -> SeqVerdict {
+    pub fn observe(&mut self, seq: u64) -> ConnectionVerdict {
         let verdict = match self.last {
-            None => SeqVerdict::First,
-            Some(last) if seq <= last => SeqVerdict::Duplicate,
-            Some(last) if seq == last + 1 => SeqVerdict::Next,
-            Some(last) => SeqVerdict::Gap { expected: last + 1, got: seq },
+            None => ConnectionVerdict::First,
+            Some(last) if seq <= last => ConnectionVerdict::Duplicate,
+            Some(last) if seq == last + 1 => ConnectionVerdict::Next,
+            Some(last) => ConnectionVerdict::Gap { expected: last + 1, got: seq },
         };
         match verdict {
-            SeqVerdict::Duplicate => self.duplicates += 1,
-            SeqVerdict::Gap { .. } => self.gaps += 1,
-            SeqVerdict::First | SeqVerdict::Next => {}
+            ConnectionVerdict::Duplicate => self.duplicates += 1,
+            ConnectionVerdict::Gap { .. } => self.gaps += 1,
+            ConnectionVerdict::First | ConnectionVerdict::Next => {}
         }
-        if verdict != SeqVerdict::Duplicate {
+        if verdict != ConnectionVerdict::Duplicate {
             self.last = Some(seq);
         }
         verdict
@@ -511,13 +511,13 @@ mod tests {
     #[test]
     fn a_connection_sequence_finds_lost_and_duplicate_messages() {
         let mut c = ConnectionSequence::default();
-        assert_eq!(c.observe(0), SeqVerdict::First);
-        assert_eq!(c.observe(1), SeqVerdict::Next);
-        assert_eq!(c.observe(1), SeqVerdict::Duplicate);
-        assert_eq!(c.observe(4), SeqVerdict::Gap { expected: 2, got: 4 });
-        assert_eq!(c.observe(5), SeqVerdict::Next);
+        assert_eq!(c.observe(0), ConnectionVerdict::First);
+        assert_eq!(c.observe(1), ConnectionVerdict::Next);
+        assert_eq!(c.observe(1), ConnectionVerdict::Duplicate);
+        assert_eq!(c.observe(4), ConnectionVerdict::Gap { expected: 2, got: 4 });
+        assert_eq!(c.observe(5), ConnectionVerdict::Next);
         c.reset();
-        assert_eq!(c.observe(0), SeqVerdict::First);
+        assert_eq!(c.observe(0), ConnectionVerdict::First);
         assert_eq!((c.gaps, c.duplicates), (1, 1));
 
         let mut s =

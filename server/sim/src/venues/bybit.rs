@@ -10,7 +10,7 @@ use shared::book::Level;
 use shared::venue::{Dialect, NumberFormat};
 
 use super::{places, BookOut, Channel, Ctx, Request, Sub, Venue};
-use crate::engine::Trade;
+use crate::engine::Fill;
 use crate::klines::SimCandle;
 use crate::symbols::SymbolSpec;
 
@@ -122,7 +122,7 @@ impl Venue for Bybit {
         None
     }
 
-    fn trades(&self, symbol: &str, spec: &SymbolSpec, trades: &[Trade], ctx: &mut Ctx) -> String {
+    fn trades(&self, symbol: &str, spec: &SymbolSpec, trades: &[Fill], ctx: &mut Ctx) -> String {
         let data: Vec<Value> = trades
             .iter()
             .map(|t| {

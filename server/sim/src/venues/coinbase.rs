@@ -1,4 +1,4 @@
-//! Coinbase Advanced Trade WebSocket, the server side: `{"type":"subscribe","product_ids":
+//! Coinbase Advanced Fill WebSocket, the server side: `{"type":"subscribe","product_ids":
 //! ["BTC-USDT"],"channel":"level2"}`; `l2_data` (a snapshot event, then update events, absolute
 //! quantities), `market_trades`, `candles` (5-minute candles only), `ticker`, `heartbeats`. Every
 //! message carries `sequence_num`, one more per message of the connection whatever its channel;
@@ -9,7 +9,7 @@ use shared::book::Level;
 use shared::venue::{Dialect, NumberFormat};
 
 use super::{places, BookOut, Channel, Ctx, Request, Sub, Venue};
-use crate::engine::Trade;
+use crate::engine::Fill;
 use crate::klines::SimCandle;
 use crate::symbols::SymbolSpec;
 
@@ -120,7 +120,7 @@ impl Venue for Coinbase {
         None
     }
 
-    fn trades(&self, symbol: &str, spec: &SymbolSpec, trades: &[Trade], ctx: &mut Ctx) -> String {
+    fn trades(&self, symbol: &str, spec: &SymbolSpec, trades: &[Fill], ctx: &mut Ctx) -> String {
         let rows: Vec<Value> = trades
             .iter()
             .map(|t| {

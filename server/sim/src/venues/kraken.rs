@@ -10,7 +10,7 @@ use shared::book::Level;
 use shared::venue::{Dialect, NumberFormat};
 
 use super::{places, BookOut, Channel, Ctx, Request, Sub, Venue};
-use crate::engine::Trade;
+use crate::engine::Fill;
 use crate::klines::SimCandle;
 use crate::market::SimMarket;
 use crate::symbols::SymbolSpec;
@@ -139,7 +139,7 @@ impl Venue for Kraken {
         None
     }
 
-    fn trades(&self, symbol: &str, _spec: &SymbolSpec, trades: &[Trade], _ctx: &mut Ctx) -> String {
+    fn trades(&self, symbol: &str, _spec: &SymbolSpec, trades: &[Fill], _ctx: &mut Ctx) -> String {
         let data: Vec<Value> = trades
             .iter()
             .map(|t| {

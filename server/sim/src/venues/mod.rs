@@ -1,5 +1,5 @@
 //! The other venues' public market-data protocols, served from the same simulated markets:
-//! OKX v5, Bybit v5 (spot and linear), Coinbase Advanced Trade and Kraken WebSocket v2.
+//! OKX v5, Bybit v5 (spot and linear), Coinbase Advanced Fill and Kraken WebSocket v2.
 //!
 //! | path | what |
 //! |------|------|
@@ -43,7 +43,7 @@ use shared::candle::MINUTE_MS;
 use shared::venue::{checksum, Dialect, NumberFormat};
 use tokio::sync::Notify;
 
-use crate::engine::Trade;
+use crate::engine::Fill;
 use crate::faults::{Count, Decision, MessageFault, StreamClass};
 use crate::klines::SimCandle;
 use crate::market::SimMarket;
@@ -120,7 +120,7 @@ pub(crate) trait Venue: Send + Sync + 'static {
     fn book(&self, b: &BookOut<'_>, ctx: &mut Ctx) -> String;
     /// A heartbeat of a quiet book (OKX's empty update), if the venue sends one.
     fn book_heartbeat(&self, b: &BookOut<'_>, ctx: &mut Ctx) -> Option<String>;
-    fn trades(&self, symbol: &str, spec: &SymbolSpec, trades: &[Trade], ctx: &mut Ctx) -> String;
+    fn trades(&self, symbol: &str, spec: &SymbolSpec, trades: &[Fill], ctx: &mut Ctx) -> String;
     /// A 1m candle (Coinbase: its 5 m candle), forming or closed.
     fn candle(
         &self,

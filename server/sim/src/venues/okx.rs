@@ -8,7 +8,7 @@ use shared::book::Level;
 use shared::venue::{Dialect, NumberFormat};
 
 use super::{BookOut, Channel, Ctx, Request, Sub, Venue};
-use crate::engine::Trade;
+use crate::engine::Fill;
 use crate::klines::SimCandle;
 use crate::symbols::SymbolSpec;
 
@@ -113,7 +113,7 @@ impl Venue for Okx {
         Some(self.book(b, ctx))
     }
 
-    fn trades(&self, symbol: &str, _spec: &SymbolSpec, trades: &[Trade], _ctx: &mut Ctx) -> String {
+    fn trades(&self, symbol: &str, _spec: &SymbolSpec, trades: &[Fill], _ctx: &mut Ctx) -> String {
         let data: Vec<Value> = trades
             .iter()
             .map(|t| {

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::{SinkExt, StreamExt};
 use shared::sync::SyncEvent;
 use shared::venue::{
-    ConnectionSequence, Dialect, NumberFormat, SeqVerdict, VenueSync, VenueSyncConfig,
+    ConnectionSequence, ConnectionVerdict, Dialect, NumberFormat, VenueSync, VenueSyncConfig,
 };
 use sim::{FaultCommand, Sim, SimConfig, SimHandle, StreamTarget};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -149,12 +149,12 @@ async fn session(
             for m in messages.drain(..) {
                 match m {
                     Message::Sequence { seq: n } => match seq.observe(n) {
-                        SeqVerdict::Gap { .. } => {
+                        ConnectionVerdict::Gap { .. } => {
                             for b in live.books.values_mut() {
                                 b.handle_lost_message();
                             }
                         }
-                        SeqVerdict::Duplicate => skip = true,
+                        ConnectionVerdict::Duplicate => skip = true,
                         _ => {}
                     },
                     _ if skip => {}

@@ -1,6 +1,6 @@
 use shared::sync::{ResyncReason, SyncEvent};
 use shared::venue::{
-    ChecksumRule, ConnectionSequence, SeqVerdict, SequenceRule, VenueSync, VenueSyncConfig,
+    ChecksumRule, ConnectionSequence, ConnectionVerdict, SequenceRule, VenueSync, VenueSyncConfig,
 };
 
 use super::*;
@@ -38,7 +38,7 @@ impl Connection {
         for m in &out {
             match m {
                 Message::Sequence { seq } => {
-                    if let SeqVerdict::Gap { .. } = self.sequence.observe(*seq) {
+                    if let ConnectionVerdict::Gap { .. } = self.sequence.observe(*seq) {
                         self.book.handle_lost_message();
                     }
                 }
