@@ -750,17 +750,7 @@ impl JobRunner for DepthRunner {
         if let Some(venue) = sources.venue(&ctx.instrument.exchange).cloned() {
             // another venue's book: its own job, by its own rules
             return Box::pin(async move {
-                let listing = loop {
-                    match venue.listing(&ctx.instrument) {
-                        Ok(l) => break l,
-                        Err(e) => {
-                            ctx.health.error(&e);
-                            if ctx.sleep(Duration::from_secs(2)).await {
-                                return;
-                            }
-                        }
-                    }
-                };
+                let Some(listing) = crate::venue::listing_for(&ctx, &venue).await else { return };
                 let deps = crate::venue::book_job::VenueBookDeps {
                     source: venue,
                     listing,

@@ -34,7 +34,6 @@ use super::pipeline::CandlePipeline;
 use super::writer::CandleOut;
 use crate::clock::{wall_clock_ms as now_ms, Now};
 use crate::config::{Config, IngestConfig};
-use crate::error::report;
 use crate::jitter::Jitter;
 use crate::jobs::supervisor::{JobFuture, JobRunner};
 use crate::jobs::{JobContext, JobHealth};
@@ -103,17 +102,7 @@ impl JobRunner for KlineRunner {
         if let Some(venue) = sources.venue(&ctx.instrument.exchange).cloned() {
             // another venue's candles: its own job, into the same pipeline
             return Box::pin(async move {
-                let listing = loop {
-                    match venue.listing(&ctx.instrument) {
-                        Ok(l) => break l,
-                        Err(e) => {
-                            ctx.health.error(&e);
-                            if ctx.sleep(Duration::from_secs(2)).await {
-                                return;
-                            }
-                        }
-                    }
-                };
+                let Some(listing) = crate::venue::listing_for(&ctx, &venue).await else { return };
                 let deps =
                     crate::venue::kline_job::VenueKlineDeps { source: venue, listing, out, config };
                 crate::venue::kline_job::run(ctx, deps).await;
@@ -145,24 +134,11 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
     )
     .with_healthy_after(Duration::from_millis(deps.config.reconnect_reset_after_ms));
     let mut jitter = Jitter::new(&deps.symbol);
-    let mut pipeline = loop {
-        match CandlePipeline::open(
-            &ctx.instrument,
-            &deps.config,
-            deps.out.clone(),
-            health.clone(),
-            now_ms(),
-        )
-        .await
-        {
-            Ok(p) => break p,
-            Err(e) => {
-                health.crash(format_args!("cannot open the candle pipeline: {}", report(&e)));
-                if ctx.sleep(backoff.next_delay(jitter.draw())).await {
-                    return;
-                }
-            }
-        }
+    let Some(mut pipeline) =
+        CandlePipeline::open_for_job(&ctx, &deps.config, &deps.out, &mut backoff, &mut jitter)
+            .await
+    else {
+        return;
     };
     backoff.reset();
     let stream = StreamName::new(&deps.symbol, StreamKind::Kline(Timeframe::M1)).to_string();

@@ -139,6 +139,31 @@ impl CandlePipeline {
         })
     }
 
+    /// [`Self::open`] for a kline job: a failure is the job's crash and is retried with
+    /// `backoff`; `None` when the job is stopped meanwhile.
+    pub async fn open_for_job(
+        ctx: &crate::jobs::supervisor::JobContext,
+        config: &IngestConfig,
+        output: &CandleOut,
+        backoff: &mut shared::backoff::Backoff,
+        jitter: &mut crate::jitter::Jitter,
+    ) -> Option<Self> {
+        loop {
+            let now = crate::clock::wall_clock_ms();
+            match Self::open(&ctx.instrument, config, output.clone(), ctx.health.clone(), now).await
+            {
+                Ok(p) => return Some(p),
+                Err(e) => {
+                    let e = crate::error::report(&e);
+                    ctx.health.crash(format_args!("cannot open the candle pipeline: {e}"));
+                    if ctx.sleep(backoff.next_delay(jitter.draw())).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
     /// Newest closed 1m open time accepted so far (stored, buffered or being filled).
     pub fn last_closed(&self) -> Option<i64> {
         self.last_closed

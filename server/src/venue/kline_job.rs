@@ -90,27 +90,11 @@ pub async fn run(ctx: JobContext, deps: VenueKlineDeps) {
     )
     .with_healthy_after(Duration::from_millis(deps.config.reconnect_reset_after_ms));
     let mut jitter = Jitter::new(&ctx.instrument.to_string());
-    let mut pipeline = loop {
-        match CandlePipeline::open(
-            &ctx.instrument,
-            &deps.config,
-            deps.out.clone(),
-            health.clone(),
-            now_ms(),
-        )
-        .await
-        {
-            Ok(p) => break p,
-            Err(e) => {
-                health.crash(format_args!(
-                    "cannot open the candle pipeline: {}",
-                    crate::error::report(&e)
-                ));
-                if ctx.sleep(backoff.next_delay(jitter.draw())).await {
-                    return;
-                }
-            }
-        }
+    let Some(mut pipeline) =
+        CandlePipeline::open_for_job(&ctx, &deps.config, &deps.out, &mut backoff, &mut jitter)
+            .await
+    else {
+        return;
     };
     let dialect = deps.source.dialect;
     let symbol = deps.listing.symbol.clone();

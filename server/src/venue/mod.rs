@@ -22,6 +22,25 @@ pub use source::{VenueRestError, VenueSource};
 
 use shared::venue::Dialect;
 
+/// The venue's listing of the job's instrument, waiting (and saying why in the job's health)
+/// while the venue's instrument list is not loaded; `None` if the job is stopped meanwhile.
+pub async fn listing_for(
+    ctx: &crate::jobs::supervisor::JobContext,
+    venue: &VenueSource,
+) -> Option<venues::rest::Instrument> {
+    loop {
+        match venue.listing(&ctx.instrument) {
+            Ok(l) => return Some(l),
+            Err(e) => {
+                ctx.health.error(&e);
+                if ctx.sleep(std::time::Duration::from_secs(2)).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// The venue's own public REST base and book WebSocket URL.
 pub fn default_urls(dialect: Dialect) -> (&'static str, &'static str) {
     match dialect {

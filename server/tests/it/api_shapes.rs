@@ -13,7 +13,7 @@ use serde_json::Value;
 use shared::protocol::ops::{
     ApiErrorBody, AutoBalanceReply, BackfillReport, BooksReport, Catalog, Health, HotspotReply,
     InstrumentReply, JobsReport, KlineRow, MigrateReply, SeriesReply, ShardsReport, SourcesReport,
-    VersionInfo,
+    TradesReport, VersionInfo,
 };
 use shared::protocol::RestDepthResponse;
 use testkit::*;
@@ -128,6 +128,14 @@ async fn every_answer_reads_back_into_its_shared_type() {
         (
             "/api/v1/ops/sources",
             Box::new(|b| assert!(round_trip::<SourcesReport>("ops/sources", b).sources[0].ready)),
+        ),
+        (
+            // the pinned ETH book's job runs its aggTrade stream beside it
+            "/api/v1/trades?instrument=sim:spot:ETH/USDT&limit=5",
+            Box::new(|b| {
+                let t: TradesReport = round_trip("trades", b);
+                assert_eq!(t.instrument.to_string(), "sim:spot:ETH/USDT", "{b}");
+            }),
         ),
         (
             "/fapi/v1/depth?symbol=sim:spot:ETH/USDT&with_id=true&limit=20",
