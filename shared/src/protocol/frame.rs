@@ -233,13 +233,28 @@ mod tests {
             asks: vec![level("101", "2.5"), level("102", "3")],
         };
         let heartbeat = Heartbeat { seq: 3, server_time_ms: 7, version: "0.1.0".into() };
+        let trades = TradesEvent {
+            s: instrument.clone(),
+            trades: vec![crate::trade::Trade {
+                id: crate::trade::TradeId::Seq(77),
+                time_ms: 8,
+                price: Price::parse("100.5").unwrap(),
+                qty: crate::Qty::parse("0.25").unwrap(),
+                taker: Some(crate::trade::TakerSide::Sell),
+            }],
+        };
         let wire = |stream: &Stream, data: &dyn erased::Json| data.push_json(stream);
         let depth = Stream::Depth { instrument: instrument.clone(), levels: 20 };
         let cases: Vec<(Stream, PushData, &dyn erased::Json)> = vec![
             (Stream::Kline(series), PushData::Kline(kline.clone()), &kline),
-            (Stream::DepthUpdate(instrument), PushData::DepthUpdate(update.clone()), &update),
+            (
+                Stream::DepthUpdate(instrument.clone()),
+                PushData::DepthUpdate(update.clone()),
+                &update,
+            ),
             (depth, PushData::Depth(snapshot.clone()), &snapshot),
             (Stream::Heartbeat, PushData::Heartbeat(heartbeat.clone()), &heartbeat),
+            (Stream::Trade(instrument), PushData::Trades(trades.clone()), &trades),
         ];
         cases
             .into_iter()
@@ -294,7 +309,7 @@ mod tests {
             assert!(e.contains("data of kline@sim:spot:BTC/USDT:1m"), "{e}");
         }
         for (text, says) in [
-            (r#"{"stream":"trade@x","data":{}}"#, "trade@x"),
+            (r#"{"stream":"book@x","data":{}}"#, "book@x"),
             (r#"{"stream":"heartbeat"}"#, "missing field `data`"),
             (r#"{"result":null}"#, "neither a reply"),
             (r#"{"stream":"heartbeat","stream":"heartbeat","data":{}}"#, "duplicate field"),
