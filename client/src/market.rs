@@ -280,7 +280,8 @@ pub fn MarketView() -> impl IntoView {
     }
 }
 
-/// The searchable instrument list with "chart" and "book" buttons per entry.
+/// The searchable instrument list (grouped by venue) with "chart", "book", "compare" and
+/// "trades" buttons per entry; choosing one closes the list, so it covers nothing it opened.
 #[component]
 pub fn InstrumentPicker(
     #[prop(into)] entries: Signal<Vec<PickerEntry>>,
@@ -329,10 +330,10 @@ pub fn InstrumentPicker(
                             <li class="picker-item" data-instrument=e.id.to_string()>
                                 <span class="mono">{e.id.to_string()}</span>
                                 <span class="muted">{e.note.clone()}</span>
-                                <button class="open-chart" disabled=!e.chart title="open a chart" on:click=move |_| on_chart.run(for_chart.clone())>"chart"</button>
-                                <button class="open-book" title="open the order book" on:click=move |_| on_book.run(for_book.clone())>"book"</button>
-                                <button class="open-compare" disabled=!pair title="compare this pair across venues" on:click=move |_| on_compare.run(for_compare.clone())>"compare"</button>
-                                <button class="open-tape" disabled=!trades title="open the trades tape" on:click=move |_| on_tape.run(for_tape.clone())>"trades"</button>
+                                <button class="open-chart" disabled=!e.chart title="open a chart" on:click=move |_| { open.set(false); on_chart.run(for_chart.clone()) }>"chart"</button>
+                                <button class="open-book" title="open the order book" on:click=move |_| { open.set(false); on_book.run(for_book.clone()) }>"book"</button>
+                                <button class="open-compare" disabled=!pair title="compare this pair across venues" on:click=move |_| { open.set(false); on_compare.run(for_compare.clone()) }>"compare"</button>
+                                <button class="open-tape" disabled=!trades title="open the trades tape" on:click=move |_| { open.set(false); on_tape.run(for_tape.clone()) }>"trades"</button>
                             </li>
                         }
                     }).collect_view()
