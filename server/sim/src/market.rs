@@ -123,7 +123,7 @@ fn window_levels(
 
 /// The levels of `new` that differ from `old` (removed ones with quantity 0); both best first,
 /// `desc` for bids.
-fn diff_levels(old: &[Level], new: &[Level], desc: bool) -> Vec<Level> {
+pub(crate) fn diff_levels(old: &[Level], new: &[Level], desc: bool) -> Vec<Level> {
     let before = |a: &Level, b: &Level| if desc { a.price > b.price } else { a.price < b.price };
     let (mut i, mut j) = (0, 0);
     let mut out = Vec::new();

@@ -1,4 +1,4 @@
-//! Coinbase Advanced Fill WebSocket, the server side: `{"type":"subscribe","product_ids":
+//! Coinbase Advanced Trade WebSocket, the server side: `{"type":"subscribe","product_ids":
 //! ["BTC-USDT"],"channel":"level2"}`; `l2_data` (a snapshot event, then update events, absolute
 //! quantities), `market_trades`, `candles` (5-minute candles only), `ticker`, `heartbeats`. Every
 //! message carries `sequence_num`, one more per message of the connection whatever its channel;
@@ -8,19 +8,13 @@ use serde_json::{json, Value};
 use shared::book::Level;
 use shared::venue::{Dialect, NumberFormat};
 
-use super::{places, BookOut, Channel, Ctx, Request, Sub, Venue};
+use super::{places, time, BookOut, Channel, Ctx, Request, Sub, Venue};
 use crate::engine::Fill;
 use crate::klines::SimCandle;
 use crate::symbols::SymbolSpec;
 
 #[derive(Default)]
 pub(crate) struct Coinbase;
-
-fn time(ms: i64) -> String {
-    let mut s = String::new();
-    venues::write_rfc3339(&mut s, ms);
-    s
-}
 
 fn envelope(channel: &str, events: Value, ctx: &mut Ctx) -> String {
     json!({

@@ -9,7 +9,7 @@ use serde_json::{json, value::RawValue, Value};
 use shared::book::Level;
 use shared::venue::{Dialect, NumberFormat};
 
-use super::{places, BookOut, Channel, Ctx, Request, Sub, Venue};
+use super::{places, time, BookOut, Channel, Ctx, Request, Sub, Venue};
 use crate::engine::Fill;
 use crate::klines::SimCandle;
 use crate::market::SimMarket;
@@ -26,12 +26,6 @@ const QTY_PLACES: u8 = 8;
 /// A decimal as a JSON number, exactly as printed (never through a float).
 fn num(v: impl std::fmt::Display) -> Box<RawValue> {
     RawValue::from_string(v.to_string()).expect("a decimal is a JSON number")
-}
-
-fn time(ms: i64) -> String {
-    let mut s = String::new();
-    venues::write_rfc3339(&mut s, ms);
-    s
 }
 
 fn levels(levels: &[Level]) -> Vec<Value> {

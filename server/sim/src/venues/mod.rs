@@ -1,5 +1,5 @@
 //! The other venues' public market-data protocols, served from the same simulated markets:
-//! OKX v5, Bybit v5 (spot and linear), Coinbase Advanced Fill and Kraken WebSocket v2.
+//! OKX v5, Bybit v5 (spot and linear), Coinbase Advanced Trade and Kraken WebSocket v2.
 //!
 //! | path | what |
 //! |------|------|
@@ -402,21 +402,12 @@ fn on_request<V: Venue>(
     }
 }
 
-/// The levels of `new` (a side's best levels) that differ from `old`, removed ones with 0.
-fn changed(old: &shared::book::Ladder, new: &[Level], depth: usize) -> Vec<Level> {
-    let mut out = Vec::new();
-    let old: Vec<Level> = old.iter().take(depth).collect();
-    for l in new {
-        if !old.iter().any(|o| o == l) {
-            out.push(*l);
-        }
-    }
-    for o in &old {
-        if !new.iter().any(|l| l.price == o.price) {
-            out.push(Level::new(o.price, shared::Qty::ZERO));
-        }
-    }
-    out
+/// The levels of `new` (a side's best levels, best first) that differ from what the client was
+/// sent of that side, removed ones with 0 (one merge of the two sorted lists).
+fn changed(sent: &shared::book::Ladder, new: &[Level], depth: usize) -> Vec<Level> {
+    let desc = sent.side() == Side::Bid;
+    let sent: Vec<Level> = sent.iter().take(depth).collect();
+    crate::market::diff_levels(&sent, new, desc)
 }
 
 /// The venue's checksum of `book` (what the client's book must give).
@@ -469,10 +460,10 @@ fn publish<V: Venue>(
                 match decide(srv, dialect, "trades", &f.sub, StreamClass::Trade, spec) {
                     Decision::Withhold => {}
                     // lost: on Coinbase the connection's sequence moved on
+                    // lost on the way: written (a Coinbase frame takes its sequence number),
+                    // never sent
                     Decision::Fault(MessageFault::Skip) => {
-                        if dialect == Dialect::Coinbase {
-                            ctx.next_seq();
-                        }
+                        venue.trades(&symbol, spec, &trades, ctx);
                     }
                     Decision::Fault(MessageFault::Duplicate) => {
                         let t = venue.trades(&symbol, spec, &trades, ctx);
@@ -619,11 +610,9 @@ fn book_tick<V: Venue>(srv: &Srv, venue: &V, f: &mut Feed, ctx: &mut Ctx, out: &
         time_ms: ctx.now_ms,
     };
     match decision {
+        // lost on the way: written (the venue's sequences moved on), never sent
         Decision::Fault(MessageFault::Skip) => {
-            // lost: the sequence moved on (Coinbase's too)
-            if dialect == Dialect::Coinbase {
-                ctx.next_seq();
-            }
+            venue.book(&b, ctx);
         }
         Decision::Fault(MessageFault::Duplicate) => {
             let text = venue.book(&b, ctx);
@@ -704,6 +693,13 @@ pub(crate) fn places(raw: i64) -> u8 {
         d -= 1;
     }
     d
+}
+
+/// `ms` as an RFC 3339 UTC time, as Coinbase and Kraken print times.
+pub(crate) fn time(ms: i64) -> String {
+    let mut s = String::new();
+    venues::write_rfc3339(&mut s, ms);
+    s
 }
 
 /// `BASE{sep}QUOTE`.

@@ -375,8 +375,7 @@ async fn coinbase_book(State(srv): State<Arc<Srv>>, Query(p): Params) -> Respons
             .map(|l| json!({"price": l.price.to_string(), "size": l.qty.to_string()}))
             .collect()
     };
-    let mut t = String::new();
-    venues::write_rfc3339(&mut t, now);
+    let t = super::time(now);
     Json(json!({"pricebook": {"product_id": pair(&m.spec, "-"), "bids": side(&view.bids), "asks": side(&view.asks), "time": t}}))
         .into_response()
 }
