@@ -24,7 +24,7 @@ use shared::sync::{
 };
 use shared::{Price, Qty};
 
-use crate::input::{for_each_line, InputError, Origin};
+use crate::input::{bad, for_each_line, parse_secs, InputError, Origin};
 
 /// Arguments of `millrace replay depth`.
 #[derive(Debug, clap::Args)]
@@ -376,29 +376,6 @@ impl FileKind {
             FileKind::Stream
         }
     }
-}
-
-fn bad(origin: &Origin, msg: impl Into<String>) -> anyhow::Error {
-    InputError::new(origin.clone(), msg).into()
-}
-
-/// Parses `secs.frac` (cryptofeed) into nanoseconds, exactly.
-fn parse_secs(origin: &Origin, s: &str) -> anyhow::Result<i128> {
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    // i64 seconds: a larger value is not a timestamp (and would overflow the nanoseconds)
-    let int: i64 = int.parse().map_err(|_| bad(origin, format!("bad timestamp {s:?}")))?;
-    let int = int as i128;
-    let mut frac_ns: i128 = 0;
-    for (i, c) in frac.bytes().enumerate() {
-        if !c.is_ascii_digit() {
-            return Err(bad(origin, format!("bad timestamp {s:?}")));
-        }
-        if i < 9 {
-            frac_ns = frac_ns * 10 + (c - b'0') as i128;
-        }
-    }
-    frac_ns *= 10i128.pow(9u32.saturating_sub(frac.len() as u32));
-    Ok(int * 1_000_000_000 + frac_ns)
 }
 
 fn parse_line(

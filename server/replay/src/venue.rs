@@ -36,7 +36,7 @@ use shared::venue::{
 };
 use venues::{BookFrame, CandleFrame, Message, TickerFrame};
 
-use crate::input::{for_each_line, InputError, Origin};
+use crate::input::{bad, for_each_line, parse_secs, Origin};
 
 /// Kraken's book depth when the capture does not say (its documented default).
 const KRAKEN_DEFAULT_DEPTH: usize = 10;
@@ -531,21 +531,6 @@ fn compare_candles(mut t: TradeState) -> VenueTradesReport {
         }
     }
     r
-}
-
-fn bad(origin: &Origin, msg: impl Into<String>) -> anyhow::Error {
-    InputError::new(origin.clone(), msg).into()
-}
-
-/// `secs.frac` into nanoseconds, exactly.
-fn parse_secs(origin: &Origin, s: &str) -> anyhow::Result<i128> {
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    let int: i64 = int.parse().map_err(|_| bad(origin, format!("bad timestamp {s:?}")))?;
-    if frac.len() > 9 || !frac.bytes().all(|c| c.is_ascii_digit()) {
-        return Err(bad(origin, format!("bad timestamp {s:?}")));
-    }
-    let frac_ns: i128 = format!("{frac:0<9}").parse().unwrap_or(0);
-    Ok(i128::from(int) * 1_000_000_000 + frac_ns)
 }
 
 /// One line of a capture, with its time; `None` for a blank line.
