@@ -45,6 +45,48 @@ pub fn instruments_path(dialect: Dialect) -> &'static str {
     }
 }
 
+/// A venue's REST answer as JSON, or its refusal in the venue's own form (OKX `code`, Bybit
+/// `retCode`, Coinbase `error`, Kraken `error`) as an error quoting it.
+fn answer(dialect: Dialect, body: &str) -> Result<Value, WireError> {
+    let v: Value = serde_json::from_str(body)
+        .map_err(|e| WireError::Json { dialect, detail: e.to_string() })?;
+    let s = |v: &Value| match v {
+        Value::String(s) => clip(s).to_string(),
+        other => clip(&other.to_string()).to_string(),
+    };
+    let refusal = match dialect {
+        Dialect::Okx => v["code"]
+            .as_str()
+            .filter(|c| *c != "0")
+            .map(|_| format!("{} {}", s(&v["code"]), s(&v["msg"]))),
+        Dialect::Bybit => v["retCode"]
+            .as_i64()
+            .filter(|c| *c != 0)
+            .map(|_| format!("{} {}", v["retCode"], s(&v["retMsg"]))),
+        Dialect::Coinbase => {
+            v["error"].as_str().map(|_| format!("{} {}", s(&v["error"]), s(&v["message"])))
+        }
+        Dialect::Kraken => v["error"].as_array().and_then(|e| e.first()).map(s),
+        Dialect::Binance => None,
+    };
+    match refusal {
+        Some(r) => Err(invalid(dialect, format!("refused: {r}"))),
+        None => Ok(v),
+    }
+}
+
+/// The list the answer holds (at most `max` entries).
+fn listed<'a>(
+    dialect: Dialect,
+    list: Option<&'a Vec<Value>>,
+    what: &'static str,
+    max: usize,
+) -> Result<&'a [Value], WireError> {
+    let list = list.ok_or_else(|| invalid(dialect, format!("no {what} list in the answer")))?;
+    crate::bounded(dialect, what, list.len(), max)?;
+    Ok(list)
+}
+
 fn invalid(dialect: Dialect, detail: impl Into<String>) -> WireError {
     WireError::Invalid { dialect, detail: detail.into() }
 }
@@ -64,25 +106,14 @@ fn places(v: i64) -> u8 {
 /// `retCode`, Kraken `error`, Coinbase `error`) is an error quoting it. Instruments whose tick or
 /// lot millrace cannot hold (more than 8 places) are listed without them.
 pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>, WireError> {
-    let v: Value = serde_json::from_str(body)
-        .map_err(|e| WireError::Json { dialect, detail: e.to_string() })?;
+    let v = answer(dialect, body)?;
     let s = |v: &Value| v.as_str().map(str::to_string).unwrap_or_default();
     let tick = |v: &Value| v.as_str().and_then(|t| Price::parse(t).ok()).filter(|p| p.raw() > 0);
     let lot = |v: &Value| v.as_str().and_then(|t| Qty::parse(t).ok()).filter(|q| q.raw() > 0);
-    let list = |v: Option<&Vec<Value>>| -> Result<Vec<Value>, WireError> {
-        let l = v.ok_or_else(|| invalid(dialect, "no instrument list in the answer"))?;
-        crate::bounded(dialect, "instruments", l.len(), MAX_INSTRUMENTS)?;
-        Ok(l.clone())
-    };
+    let list = |v| listed(dialect, v, "instruments", MAX_INSTRUMENTS);
     let mut out = Vec::new();
     match dialect {
         Dialect::Okx => {
-            if v["code"].as_str().is_some_and(|c| c != "0") {
-                return Err(invalid(
-                    dialect,
-                    format!("refused: {} {}", clip(&s(&v["code"])), clip(&s(&v["msg"]))),
-                ));
-            }
             for i in list(v["data"].as_array())? {
                 out.push(Instrument {
                     symbol: s(&i["instId"]),
@@ -97,12 +128,6 @@ pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>
             }
         }
         Dialect::Bybit => {
-            if v["retCode"].as_i64().is_some_and(|c| c != 0) {
-                return Err(invalid(
-                    dialect,
-                    format!("refused: {} {}", v["retCode"], clip(&s(&v["retMsg"]))),
-                ));
-            }
             for i in list(v["result"]["list"].as_array())? {
                 out.push(Instrument {
                     symbol: s(&i["symbol"]),
@@ -117,12 +142,6 @@ pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>
             }
         }
         Dialect::Coinbase => {
-            if let Some(e) = v["error"].as_str() {
-                return Err(invalid(
-                    dialect,
-                    format!("refused: {} {}", clip(e), clip(&s(&v["message"]))),
-                ));
-            }
             for i in list(v["products"].as_array())? {
                 out.push(Instrument {
                     symbol: s(&i["product_id"]),
@@ -137,9 +156,6 @@ pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>
             }
         }
         Dialect::Kraken => {
-            if let Some(e) = v["error"].as_array().and_then(|e| e.first()) {
-                return Err(invalid(dialect, format!("refused: {}", clip(&s(e)))));
-            }
             let pairs = v["result"]
                 .as_object()
                 .ok_or_else(|| invalid(dialect, "no result in the answer"))?;
@@ -279,8 +295,7 @@ pub fn candles_page(dialect: Dialect, symbol: &str, from_ms: i64, below_ms: Opti
 /// Reads a page of a venue's REST 1m candles (any order; the caller sorts). A refusal in the
 /// venue's own form is an error quoting it.
 pub fn parse_candles(dialect: Dialect, body: &str) -> Result<Vec<CandleRow>, WireError> {
-    let v: Value = serde_json::from_str(body)
-        .map_err(|e| WireError::Json { dialect, detail: e.to_string() })?;
+    let v = answer(dialect, body)?;
     let s = |v: &Value| match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -299,20 +314,10 @@ pub fn parse_candles(dialect: Dialect, body: &str) -> Result<Vec<CandleRow>, Wir
         }
         .ok_or_else(|| invalid(dialect, format!("candle time {:?}", clip(&v.to_string()))))
     };
-    let rows = |a: Option<&Vec<Value>>| -> Result<Vec<Value>, WireError> {
-        let a = a.ok_or_else(|| invalid(dialect, "no candle list in the answer"))?;
-        crate::bounded(dialect, "candles", a.len(), MAX_CANDLES)?;
-        Ok(a.clone())
-    };
+    let rows = |v| listed(dialect, v, "candles", MAX_CANDLES);
     let mut out = Vec::new();
     match dialect {
         Dialect::Okx => {
-            if v["code"].as_str().is_some_and(|c| c != "0") {
-                return Err(invalid(
-                    dialect,
-                    format!("refused: {} {}", clip(&s(&v["code"])), clip(&s(&v["msg"]))),
-                ));
-            }
             for r in rows(v["data"].as_array())? {
                 let closed = match r[8].as_str() {
                     Some("1") => Some(true),
@@ -329,12 +334,6 @@ pub fn parse_candles(dialect: Dialect, body: &str) -> Result<Vec<CandleRow>, Wir
             }
         }
         Dialect::Bybit => {
-            if v["retCode"].as_i64().is_some_and(|c| c != 0) {
-                return Err(invalid(
-                    dialect,
-                    format!("refused: {} {}", v["retCode"], clip(&s(&v["retMsg"]))),
-                ));
-            }
             for r in rows(v["result"]["list"].as_array())? {
                 out.push(row(
                     int(&r[0])?,
@@ -346,12 +345,6 @@ pub fn parse_candles(dialect: Dialect, body: &str) -> Result<Vec<CandleRow>, Wir
             }
         }
         Dialect::Coinbase => {
-            if let Some(e) = v["error"].as_str() {
-                return Err(invalid(
-                    dialect,
-                    format!("refused: {} {}", clip(e), clip(&s(&v["message"]))),
-                ));
-            }
             for r in rows(v["candles"].as_array())? {
                 let t = int(&r["start"])?
                     .checked_mul(1000)
@@ -366,9 +359,6 @@ pub fn parse_candles(dialect: Dialect, body: &str) -> Result<Vec<CandleRow>, Wir
             }
         }
         Dialect::Kraken => {
-            if let Some(e) = v["error"].as_array().and_then(|e| e.first()) {
-                return Err(invalid(dialect, format!("refused: {}", clip(&s(e)))));
-            }
             let result = v["result"]
                 .as_object()
                 .ok_or_else(|| invalid(dialect, "no result in the answer"))?;
