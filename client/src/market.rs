@@ -46,7 +46,7 @@ async fn load_entries() -> Result<(Vec<PickerEntry>, Vec<Timeframe>), FetchError
     let mut entries: Vec<PickerEntry> = catalog
         .instruments
         .into_iter()
-        .map(|i| PickerEntry { id: i.id, chart: i.candles, note: i.symbol })
+        .map(|i| PickerEntry { id: i.id, chart: true, note: i.symbol })
         .collect();
     // the tick-by-tick books (book only); a failure here still leaves the sources' instruments
     if let Ok(shards) = api::get_json::<ShardsReport>("/api/v1/ops/shards").await {

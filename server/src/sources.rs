@@ -41,7 +41,7 @@ pub enum ResolveError {
     #[error("{series}: timeframe {} is not offered (offered: {offered})", series.timeframe)]
     Timeframe { series: SeriesId, offered: String },
     #[error("{instrument}: source {name} is a {venue} source, not Binance's")]
-    BooksOnly { instrument: InstrumentId, name: String, venue: shared::venue::Dialect },
+    NotBinance { instrument: InstrumentId, name: String, venue: shared::venue::Dialect },
     #[error("{instrument}: trades of tick-by-tick books are not published")]
     NoTrades { instrument: InstrumentId },
 }
@@ -377,7 +377,7 @@ impl Sources {
         instrument: &InstrumentId,
     ) -> Result<(Arc<Source>, String), ResolveError> {
         if let Some(v) = self.venue(&instrument.exchange) {
-            return Err(ResolveError::BooksOnly {
+            return Err(ResolveError::NotBinance {
                 instrument: instrument.clone(),
                 name: v.config.name.clone(),
                 venue: v.dialect,
@@ -476,7 +476,6 @@ impl Sources {
                     status: info.status.clone(),
                     tick_size: info.tick_size(),
                     step_size: info.step_size(),
-                    candles: true,
                 });
             }
         }

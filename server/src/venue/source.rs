@@ -265,7 +265,6 @@ impl VenueSource {
                 status: i.status.clone(),
                 tick_size: i.tick,
                 step_size: i.lot,
-                candles: true,
             })
             .collect()
     }

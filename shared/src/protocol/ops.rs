@@ -77,8 +77,6 @@ pub struct InstrumentInfo {
     pub status: String,
     pub tick_size: Option<Price>,
     pub step_size: Option<Qty>,
-    /// Whether its candles are served (a venue source serves its order books only, for now).
-    pub candles: bool,
 }
 
 /// `GET /api/v1/trades`: an instrument's newest trades, newest first, held in memory while its
