@@ -143,7 +143,6 @@ pub async fn binance_agg_trades(
 ) {
     use binance::stream::{connect_with, StreamConfig};
     use binance::wire::WsAggTrade;
-    use shared::trade::{TakerSide, TradeId};
     use std::time::Duration;
 
     let stream = format!("{}@aggTrade", symbol.to_ascii_lowercase());
@@ -189,14 +188,13 @@ pub async fn binance_agg_trades(
                             registry.push(&instrument, filled);
                         }
                         last = Some(last.map_or(a.agg_trade_id, |l| l.max(a.agg_trade_id)));
-                        let taker = if a.buyer_is_maker { TakerSide::Sell } else { TakerSide::Buy };
-                        let t = Trade {
-                            id: TradeId::Seq(a.agg_trade_id),
-                            time_ms: a.trade_time,
-                            price: a.price,
-                            qty: a.qty,
-                            taker: Some(taker),
-                        };
+                        let t = agg_trade(
+                            a.agg_trade_id,
+                            a.trade_time,
+                            a.price,
+                            a.qty,
+                            a.buyer_is_maker,
+                        );
                         registry.push(&instrument, vec![t]);
                     }
                     // a subscription answer or a broken frame: counted, logged once
@@ -228,7 +226,6 @@ async fn fill_agg_trades(
     from: u64,
     below: u64,
 ) -> Vec<Trade> {
-    use shared::trade::{TakerSide, TradeId};
     let mut out = Vec::new();
     let mut next = from;
     for _ in 0..FILL_PAGES {
@@ -241,12 +238,8 @@ async fn fill_agg_trades(
                 let Some(end) = rows.last().map(|r| r.agg_trade_id) else { break };
                 let wanted =
                     rows.into_iter().filter(|r| r.agg_trade_id >= next && r.agg_trade_id < below);
-                out.extend(wanted.map(|r| Trade {
-                    id: TradeId::Seq(r.agg_trade_id),
-                    time_ms: r.trade_time,
-                    price: r.price,
-                    qty: r.qty,
-                    taker: Some(if r.buyer_is_maker { TakerSide::Sell } else { TakerSide::Buy }),
+                out.extend(wanted.map(|r| {
+                    agg_trade(r.agg_trade_id, r.trade_time, r.price, r.qty, r.buyer_is_maker)
                 }));
                 next = end + 1;
             }
@@ -257,4 +250,18 @@ async fn fill_agg_trades(
         }
     }
     out
+}
+
+/// A Binance aggregate trade (stream or REST) as a [`Trade`]: the buyer being the maker means
+/// the taker sold.
+fn agg_trade(
+    id: u64,
+    time_ms: i64,
+    price: shared::Price,
+    qty: shared::Qty,
+    buyer_is_maker: bool,
+) -> Trade {
+    use shared::trade::{TakerSide, TradeId};
+    let taker = if buyer_is_maker { TakerSide::Sell } else { TakerSide::Buy };
+    Trade { id: TradeId::Seq(id), time_ms, price, qty, taker: Some(taker) }
 }

@@ -175,7 +175,8 @@ struct Job {
     channel: Channel,
     seq: ConnectionSequence,
     messages: Vec<Message>,
-    refusals: u64,
+    /// What ops shows of the job, written at each publish.
+    status: shared::protocol::ops::DepthJobStatus,
 }
 
 /// Runs the job until `ctx` stops it.
@@ -189,7 +190,7 @@ pub async fn run(ctx: JobContext, deps: VenueBookDeps) {
         channel,
         seq: ConnectionSequence::default(),
         messages: Vec::new(),
-        refusals: 0,
+        status: Default::default(),
         deps,
     };
     let ingest = job.deps.ingest.clone();
@@ -317,7 +318,6 @@ impl Job {
                     self.deps.books.trades().push(&ctx.instrument, trades);
                 }
                 Message::Refused { code, message, rate_limited } => {
-                    self.refusals += 1;
                     let what = if rate_limited { "rate limit" } else { "refusal" };
                     tracing::warn!(%code, %message, "{dialect} {what}");
                     ctx.health.error(format!("{dialect} {what}: {code} {message}"));
@@ -369,7 +369,7 @@ impl Job {
         };
         let book = self.sync.book();
         self.publisher.publish(book, status, now);
-        let mut s = self.deps.stats.get();
+        let s = &mut self.status;
         s.symbol.clone_from(&self.deps.listing.symbol);
         s.stream.clone_from(&self.channel.name);
         s.state = state;
@@ -380,8 +380,7 @@ impl Job {
         if health.is_publishable() && book.is_crossed() {
             s.crossed_publishes += 1;
         }
-        s.snapshot_failures = self.refusals;
         s.sync.clone_from(stats);
-        self.deps.stats.set(&s);
+        self.deps.stats.set(s);
     }
 }
