@@ -398,63 +398,41 @@ impl Sources {
         Ok((source.clone(), symbol))
     }
 
+    /// Whether `instrument` is listed by one of the sources (Binance's or a venue's).
+    pub fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
+        if let Some(v) = self.venue(&instrument.exchange) {
+            return v.listing(instrument).map(|_| ());
+        }
+        self.resolve(instrument).map(|_| ())
+    }
+
     /// Whether `series` can be served: known source and symbol, 1m or a derived timeframe.
     pub fn validate_series(&self, series: &SeriesId) -> Result<(), ResolveError> {
         if !self.timeframes.contains(&series.timeframe) {
             let offered = self.timeframes.iter().map(|t| t.name()).collect::<Vec<_>>().join(" ");
             return Err(ResolveError::Timeframe { series: series.clone(), offered });
         }
-        if let Some(v) = self.venue(&series.instrument.exchange) {
-            return v.listing(&series.instrument).map(|_| ());
-        }
-        self.resolve(&series.instrument).map(|_| ())
+        self.validate_instrument(&series.instrument)
     }
 
-    /// Samples every source's clock now and then every `every`, or sooner when a reader asks
-    /// ([`ExchangeClock::refresh`]; at most one sample a second), until `shutdown`. A failed
-    /// sample keeps the last estimate and is retried at the next turn.
+    /// Samples every source's clock (Binance's `/time`, each venue's own) now and then every
+    /// `every`, or sooner when a reader asks ([`ExchangeClock::refresh`]; at most one sample a
+    /// second), until `shutdown`. A failed sample keeps the last estimate and is retried at the
+    /// next turn.
     pub fn keep_clocks(&self, every: Duration, shutdown: &Shutdown) {
         for s in &self.list {
-            let (s, stop) = (s.clone(), shutdown.clone());
-            let span = tracing::info_span!("source_clock", source = %s.config.name);
-            shutdown.spawn(
-                async move {
-                    let mut failing = false;
-                    loop {
-                        let asked = Instant::now();
-                        match s.rest.server_time().await {
-                            Ok(ms) => {
-                                // the answer's time is about the middle of the request
-                                s.clock.record(asked + asked.elapsed() / 2, ms);
-                                if std::mem::take(&mut failing) {
-                                    tracing::info!("the exchange's clock answers again");
-                                }
-                            }
-                            Err(e) if !failing => {
-                                failing = true;
-                                tracing::warn!("cannot read the exchange's clock (/time): {e}");
-                            }
-                            Err(_) => {}
-                        }
-                        // the second reading a second after the first: the rate is known at once
-                        let wait = if s.clock.has_rate() { every } else { Duration::from_secs(1) };
-                        let next = tokio::time::sleep(wait);
-                        tokio::select! {
-                            () = next => {}
-                            () = s.clock.wanted.notified() => {
-                                tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
-                            }
-                            () = stop.stopping() => return,
-                        }
-                    }
-                }
-                .instrument(span),
-            );
+            keep_clock(s.clone(), every, shutdown);
+        }
+        for v in &self.venues {
+            keep_clock(v.clone(), every, shutdown);
         }
     }
 
     /// The clock of `instrument`'s source, if it is one of ours.
     pub fn clock(&self, instrument: &InstrumentId) -> Option<&ExchangeClock> {
+        if let Some(v) = self.venue(&instrument.exchange) {
+            return Some(&v.clock);
+        }
         self.get(&instrument.exchange).map(|s| &s.clock)
     }
 
@@ -516,6 +494,66 @@ impl Sources {
             .chain(venues)
             .collect()
     }
+}
+
+
+/// A source whose clock [`Sources::keep_clocks`] samples.
+pub trait Clocked: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn clock(&self) -> &ExchangeClock;
+    /// The exchange's time now (Unix ms), as its clock endpoint says.
+    fn read_time(&self) -> futures_util::future::BoxFuture<'_, Result<i64, String>>;
+}
+
+impl Clocked for Source {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+    fn clock(&self) -> &ExchangeClock {
+        &self.clock
+    }
+    fn read_time(&self) -> futures_util::future::BoxFuture<'_, Result<i64, String>> {
+        Box::pin(async move { self.rest.server_time().await.map_err(|e| e.to_string()) })
+    }
+}
+
+/// Samples `s`'s clock until `shutdown` (see [`Sources::keep_clocks`]).
+fn keep_clock<S: Clocked>(s: Arc<S>, every: Duration, shutdown: &Shutdown) {
+    let stop = shutdown.clone();
+    let span = tracing::info_span!("source_clock", source = %s.name());
+    shutdown.spawn(
+        async move {
+            let mut failing = false;
+            loop {
+                let asked = Instant::now();
+                match s.read_time().await {
+                    Ok(ms) => {
+                        // the answer's time is about the middle of the request
+                        s.clock().record(asked + asked.elapsed() / 2, ms);
+                        if std::mem::take(&mut failing) {
+                            tracing::info!("the exchange's clock answers again");
+                        }
+                    }
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!("cannot read the exchange's clock: {e}");
+                    }
+                    Err(_) => {}
+                }
+                // the second reading a second after the first: the rate is known at once
+                let wait = if s.clock().has_rate() { every } else { Duration::from_secs(1) };
+                let next = tokio::time::sleep(wait);
+                tokio::select! {
+                    () = next => {}
+                    () = s.clock().wanted.notified() => {
+                        tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
+                    }
+                    () = stop.stopping() => return,
+                }
+            }
+        }
+        .instrument(span),
+    );
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! Where the venue numbers trades one after another (Binance aggTrade ids, Kraken and Coinbase
 //! trade ids, simulated OKX ids), a duplicate is dropped and a gap is counted with the ids it
 //! misses (`GET /api/v1/trades` reports them), so a hole after a reconnect is visible, never
-//! silent. Ids that are not numbers (Bybit's) are kept as they come.
+//! silent. Ids that are not numbers (Bybit's) are checked against the newest
+//! [`TEXT_IDS_KEPT`] such ids, so a trade heard twice (a cluster gateway hears each from every
+//! replica) is kept once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -20,6 +22,8 @@ use crate::lock::{lock, read, write};
 
 /// Trades kept per instrument.
 pub const RECENT_TRADES: usize = 1_000;
+/// Non-numeric trade ids remembered per instrument, to drop a trade heard again.
+pub const TEXT_IDS_KEPT: usize = 4_096;
 
 /// What an instrument's trades went through.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -38,6 +42,8 @@ pub struct TradeStats {
 struct Cell {
     recent: RecentTrades,
     ids: TradeIds,
+    /// The newest non-numeric ids, oldest first, and the same as a set.
+    text_ids: (std::collections::VecDeque<String>, std::collections::HashSet<String>),
     stats: TradeStats,
     topic: String,
 }
@@ -63,6 +69,7 @@ impl TradeRegistry {
                 Arc::new(Mutex::new(Cell {
                     recent: RecentTrades::new(RECENT_TRADES),
                     ids: TradeIds::new(),
+                    text_ids: Default::default(),
                     stats: TradeStats::default(),
                     topic: Stream::Trade(instrument.clone()).to_string(),
                 }))
@@ -92,6 +99,18 @@ impl TradeRegistry {
                         c.stats.missing += to - from + 1;
                     }
                     IdVerdict::First | IdVerdict::Next => {}
+                }
+            } else if let shared::trade::TradeId::Text(id) = &t.id {
+                let (order, set) = &mut c.text_ids;
+                if !set.insert(id.clone()) {
+                    c.stats.duplicates += 1;
+                    continue;
+                }
+                order.push_back(id.clone());
+                if order.len() > TEXT_IDS_KEPT {
+                    if let Some(old) = order.pop_front() {
+                        set.remove(&old);
+                    }
                 }
             }
             c.recent.push(t.clone());

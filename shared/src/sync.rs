@@ -847,6 +847,7 @@ impl BookSync {
                 self.restart(ResyncReason::ChecksumMismatch);
                 return;
             }
+            self.stats.checksums_verified += 1;
         }
         self.events.push_back(SyncEvent::BookChanged { last_update_id: last_id });
         self.note_crossed();

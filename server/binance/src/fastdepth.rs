@@ -50,6 +50,8 @@ pub struct DepthFrame<'a> {
     pub last_id: u64,
     /// `"pu"`: final update id of the previous event (futures).
     pub prev_last_id: Option<u64>,
+    /// `"cs"`: the book's checksum after the event (millrace's own deltas; Binance sends none).
+    pub checksum: Option<u32>,
 }
 
 impl DepthFrame<'_> {
@@ -61,7 +63,7 @@ impl DepthFrame<'_> {
             prev_last_id: self.prev_last_id,
             bids: bids.to_vec(),
             asks: asks.to_vec(),
-            checksum: None,
+            checksum: self.checksum,
         }
     }
 
@@ -78,7 +80,7 @@ impl DepthFrame<'_> {
                 prev_last_id: self.prev_last_id,
                 bids,
                 asks,
-                checksum: None,
+                checksum: self.checksum,
             },
         }
     }
@@ -167,6 +169,7 @@ impl DepthDecoder {
         self.delta.first_id = f.first_id;
         self.delta.last_id = f.last_id;
         self.delta.prev_last_id = f.prev_last_id;
+        self.delta.checksum = f.checksum;
         Ok(Decoded::Depth)
     }
 
@@ -251,6 +254,7 @@ pub fn parse_depth_frame<'a>(
                 first_id: delta.first_id,
                 last_id: delta.last_id,
                 prev_last_id: delta.prev_last_id,
+                checksum: delta.checksum,
             }))
         }
         other => Ok(DepthParse::Other(other)),
@@ -341,6 +345,7 @@ pub fn scan_depth<'a>(
         first_id: f.first_id,
         last_id: f.last_id,
         prev_last_id: f.prev_last_id,
+        checksum: f.checksum,
     })
 }
 
@@ -388,6 +393,7 @@ fn scan_spot_template<'a>(
         first_id: head.first_id,
         last_id: head.last_id,
         prev_last_id: None,
+        checksum: None,
     })
 }
 
@@ -442,6 +448,7 @@ const F_LAST: u16 = 1 << 7;
 const F_PU: u16 = 1 << 8;
 const F_B: u16 = 1 << 9;
 const F_A: u16 = 1 << 10;
+const F_CS: u16 = 1 << 11;
 /// Fields without serde default in `WsDepthUpdate`.
 const REQUIRED: u16 = F_E | F_EVENT_TIME | F_S | F_FIRST | F_LAST | F_B | F_A;
 
@@ -461,6 +468,7 @@ struct Fields<'a> {
     first_id: u64,
     last_id: u64,
     prev_last_id: Option<u64>,
+    checksum: Option<u32>,
 }
 
 impl Fields<'_> {
@@ -637,6 +645,11 @@ impl<'a> Scanner<'a> {
             b"pu" => {
                 f.claim(F_PU)?;
                 f.prev_last_id = Some(self.id()?);
+                Some(())
+            }
+            b"cs" => {
+                f.claim(F_CS)?;
+                f.checksum = Some(u32::try_from(self.id()?).ok()?);
                 Some(())
             }
             b"b" => {
@@ -1250,6 +1263,37 @@ mod tests {
         assert_eq!(depth[0] + depth[1], 6470, "hftbacktest diffs");
         assert_eq!(depth[2], 177, "cryptofeed spot");
         assert_eq!(depth[3], 764, "cryptofeed futures");
+    }
+
+    /// millrace's own `depth_update` (what a cluster gateway reads of a worker's venue book)
+    /// carries the book's checksum `cs`: both paths read it the same, and a `cs` beyond 32 bits
+    /// is refused by both.
+    #[test]
+    fn millraces_own_deltas_carry_their_checksum_on_both_paths() {
+        let own = r#"{"stream":"depth_update@sim-okx:spot:BTC/USDT","data":{"e":"depthUpdate","E":1700000000000,"s":"sim-okx:spot:BTC/USDT","U":8,"u":8,"pu":7,"b":[["42000.1","0.5"]],"a":[],"cs":4294967295}}"#;
+        // the scanner takes it, with serde's result
+        let (mut bids, mut asks) = (Vec::new(), Vec::new());
+        assert!(scan_depth(own, &mut bids, &mut asks).is_some());
+        let fast = as_event(parse_depth_frame(own, &mut bids, &mut asks), &bids, &asks);
+        assert_eq!(fast, wire::parse_frame_serde(own));
+        match parse_depth_frame(own, &mut bids, &mut asks).unwrap() {
+            DepthParse::Depth(f) => {
+                assert_eq!(f.checksum, Some(u32::MAX));
+                assert_eq!((f.first_id, f.last_id, f.prev_last_id), (8, 8, Some(7)));
+                assert_eq!(f.symbol, "sim-okx:spot:BTC/USDT");
+            }
+            other => panic!("not a diff: {other:?}"),
+        }
+        let mut decoder = DepthDecoder::new();
+        assert_eq!(decoder.decode(own).unwrap(), Decoded::Depth);
+        assert_eq!(decoder.delta().checksum, Some(u32::MAX));
+        // Binance's frames still have none
+        assert_eq!(decoder.decode(SPOT).unwrap(), Decoded::Depth);
+        assert_eq!(decoder.delta().checksum, None);
+        let too_big = own.replace("4294967295", "4294967296");
+        assert!(scan_depth(&too_big, &mut bids, &mut asks).is_none());
+        assert!(parse_depth_frame(&too_big, &mut bids, &mut asks).is_err());
+        assert!(wire::parse_frame_serde(&too_big).is_err());
     }
 
     const SPOT: &str = r#"{"stream":"ethusdt@depth@100ms","data":{"e":"depthUpdate","E":1723161255408,"s":"ETHUSDT","U":35346513506,"u":35346513512,"b":[["2683.80000000","3.02920000"],["2683.48000000","0.00000000"]],"a":[["2687.31000000","81.35720000"]]}}"#;

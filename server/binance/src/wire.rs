@@ -446,6 +446,11 @@ pub struct WsDepthUpdate {
     /// `"a"`: changed asks.
     #[serde(rename = "a")]
     pub asks: Vec<Level>,
+    /// `"cs"`: the book's checksum after this event. Binance sends none; millrace's own
+    /// `depth_update` carries it, and a cluster gateway reads a worker's deltas with this
+    /// parser and checks it.
+    #[serde(rename = "cs", default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<u32>,
 }
 
 /// A diff event in millrace's terms.
@@ -479,6 +484,7 @@ impl WsDepthUpdate {
             prev_final_update_id: delta.prev_last_id,
             bids: delta.bids.clone(),
             asks: delta.asks.clone(),
+            checksum: delta.checksum,
         }
     }
 
@@ -503,7 +509,7 @@ impl WsDepthUpdate {
                 prev_last_id: self.prev_final_update_id,
                 bids: self.bids,
                 asks: self.asks,
-                checksum: None,
+                checksum: self.checksum,
             },
         })
     }

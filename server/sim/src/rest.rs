@@ -251,7 +251,7 @@ pub(crate) async fn time(State(srv): State<Arc<Srv>>) -> Response {
 }
 
 /// The simulated time every market has been advanced to.
-fn produced_until(srv: &Srv) -> i64 {
+pub(crate) fn produced_until(srv: &Srv) -> i64 {
     srv.ex.markets.iter().map(|m| m.now_ms()).min().unwrap_or_else(|| srv.ex.clock.now_ms())
 }
 

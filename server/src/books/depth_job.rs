@@ -39,13 +39,14 @@ use binance::fastdepth::{Decoded, DepthDecoder, Parsed};
 use binance::rest::{RestClient, RestError};
 use binance::stream::{connect_with, Connection, StreamConfig, StreamError};
 use binance::wire::{StreamEvent, StreamKind, StreamName};
-use binance::Product;
 use shared::backoff::Backoff;
 use shared::book::OrderBook;
 use shared::fixed::Price;
 use shared::protocol::ops::{DepthJobReport, DepthJobStatus, DepthJobsReport};
 use shared::protocol::{BookHealth, BookStatus, InstrumentId};
-use shared::sync::{BookSync, DepthSnapshot, ResyncReason, SyncConfig, SyncEvent, SyncState};
+use shared::sync::{
+    BookSync, ContinuityRule, DepthSnapshot, ResyncReason, SyncConfig, SyncEvent, SyncState,
+};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
@@ -96,11 +97,16 @@ pub struct DepthJobDeps {
     pub depth: DepthConfig,
     /// Reconnect back-off and stall timeout are the ingest ones.
     pub ingest: IngestConfig,
-    pub rest: Arc<RestClient>,
+    /// The exchange's REST client (its snapshots); `None` for a book whose `source` is the
+    /// only upstream (a venue's book on a cluster gateway: the workers hold the venue).
+    pub rest: Option<Arc<RestClient>>,
     pub ws_base: String,
-    /// The Binance symbol (`BTCUSDT`).
+    /// The symbol the frames name (Binance's `BTCUSDT`; a worker's relayed deltas name the
+    /// instrument).
     pub symbol: String,
-    pub product: Product,
+    /// How the diffs' ids continue one another (the product's rule; millrace's own deltas
+    /// follow the spot rule).
+    pub continuity: ContinuityRule,
     pub books: Arc<BookRegistry>,
     pub stats: Arc<DepthJobStats>,
     /// Where the diffs and snapshots come from instead of the exchange (a plug point).
@@ -223,7 +229,7 @@ struct Job<'a> {
 
 impl<'a> Job<'a> {
     fn new(ctx: &JobContext, deps: &'a DepthJobDeps) -> Self {
-        let mut sc = SyncConfig::new(deps.product.continuity_rule());
+        let mut sc = SyncConfig::new(deps.continuity);
         sc.verify_interval_ms =
             (deps.depth.verify_interval_ms > 0).then_some(deps.depth.verify_interval_ms as i64);
         sc.snapshot_failures_before_fallback = deps.depth.snapshot_failures_before_fallback;
@@ -481,7 +487,14 @@ impl<'a> Job<'a> {
         let asked = self.deps.source.as_ref().map(|s| s.snapshot(&self.instrument));
         self.inflight = Some(self.shutdown.spawn(async move {
             match asked {
-                None => rest.depth(&symbol, limit).await.map(|s| (s, None)),
+                None => match rest {
+                    Some(rest) => rest.depth(&symbol, limit).await.map(|s| (s, None)),
+                    None => Err(RestError::Transport {
+                        url: symbol,
+                        reason: "no REST snapshot for this book".into(),
+                        timeout: false,
+                    }),
+                },
                 Some(asked) => {
                     let (s, bid_floor, ask_ceiling) = asked.await?;
                     Ok((s, Some(Trusted { bid_floor, ask_ceiling })))
@@ -492,7 +505,7 @@ impl<'a> Job<'a> {
 
     fn on_snapshot(&mut self, res: SnapshotResult) {
         let now = now_ms();
-        if let Some(w) = self.deps.rest.used_weight_1m() {
+        if let Some(w) = self.deps.rest.as_ref().and_then(|r| r.used_weight_1m()) {
             self.weight_seen = Some((w, now.div_euclid(60_000)));
             self.status.used_weight_1m = Some(w);
         }
@@ -734,10 +747,7 @@ impl JobRunner for DepthRunner {
     }
 
     fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
-        if let Some(v) = self.sources.venue(&instrument.exchange) {
-            return v.listing(instrument).map(|_| ());
-        }
-        self.sources.resolve(instrument).map(|_| ())
+        self.sources.validate_instrument(instrument)
     }
 
     fn run(&self, ctx: JobContext) -> JobFuture {
@@ -747,7 +757,28 @@ impl JobRunner for DepthRunner {
         let ingest = self.config.ingest.clone();
         let stats = Arc::new(DepthJobStats::new(""));
         lock(&self.stats).insert(ctx.instrument.clone(), stats.clone());
+        let (depth_source, tap) = (self.source.clone(), self.tap.clone());
         if let Some(venue) = sources.venue(&ctx.instrument.exchange).cloned() {
+            if let Some(source) = depth_source {
+                // a venue's book where another source holds the venue (a cluster gateway: the
+                // workers keep it by the venue's rules and relay their published deltas, which
+                // follow millrace's own spot rule)
+                return Box::pin(async move {
+                    let deps = DepthJobDeps {
+                        depth,
+                        ingest,
+                        rest: None,
+                        ws_base: source.feed_name(&ctx.instrument),
+                        symbol: ctx.instrument.to_string(),
+                        continuity: ContinuityRule::Spot,
+                        books,
+                        stats,
+                        source: Some(source),
+                        tap: None,
+                    };
+                    with_trades(ctx, deps).await;
+                });
+            }
             // another venue's book: its own job, by its own rules
             return Box::pin(async move {
                 let Some(listing) = crate::venue::listing_for(&ctx, &venue).await else { return };
@@ -762,7 +793,6 @@ impl JobRunner for DepthRunner {
                 crate::venue::book_job::run(ctx, deps).await;
             });
         }
-        let (depth_source, tap) = (self.source.clone(), self.tap.clone());
         Box::pin(async move {
             let Some((source, symbol)) = crate::jobs::resolve_source(&sources, &ctx).await else {
                 return;
@@ -770,35 +800,45 @@ impl JobRunner for DepthRunner {
             let deps = DepthJobDeps {
                 depth,
                 ingest,
-                rest: source.rest.clone(),
+                rest: Some(source.rest.clone()),
                 ws_base: source.endpoint.ws_base.clone(),
                 symbol,
-                product: source.product,
+                continuity: source.product.continuity_rule(),
                 books,
                 stats,
                 source: depth_source,
                 tap,
             };
-            // the market's trades come with its book (not through a cluster's depth source:
-            // its gateway has no exchange connection)
-            let trades = deps.source.is_none().then(|| {
-                crate::trades::binance_agg_trades(
-                    deps.books.trades().clone(),
-                    ctx.instrument.clone(),
-                    deps.ws_base.clone(),
-                    deps.rest.clone(),
-                    deps.symbol.clone(),
-                    deps.ingest.clone(),
-                    ctx.shutdown.clone(),
-                )
-            });
-            match trades {
-                Some(trades) => {
-                    tokio::join!(run(ctx, deps), trades);
-                }
-                None => run(ctx, deps).await,
-            }
+            with_trades(ctx, deps).await;
         })
+    }
+}
+
+/// Runs a depth job with its market's trades beside it: from the exchange (a Binance book's
+/// `aggTrade` stream), or from the book's other source (a cluster gateway's: the trades its
+/// workers relay), when it has them.
+async fn with_trades(ctx: JobContext, deps: DepthJobDeps) {
+    let trades: Option<futures_util::future::BoxFuture<'static, ()>> = match (&deps.source, &deps.rest)
+    {
+        (None, Some(rest)) => Some(Box::pin(crate::trades::binance_agg_trades(
+            deps.books.trades().clone(),
+            ctx.instrument.clone(),
+            deps.ws_base.clone(),
+            rest.clone(),
+            deps.symbol.clone(),
+            deps.ingest.clone(),
+            ctx.shutdown.clone(),
+        ))),
+        (Some(source), _) => {
+            source.trades(&ctx.instrument, deps.books.trades().clone(), ctx.shutdown.clone())
+        }
+        (None, None) => None,
+    };
+    match trades {
+        Some(trades) => {
+            tokio::join!(run(ctx, deps), trades);
+        }
+        None => run(ctx, deps).await,
     }
 }
 

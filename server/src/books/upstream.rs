@@ -54,6 +54,17 @@ pub trait DepthSource: Send + Sync + 'static {
         &self,
         instrument: &InstrumentId,
     ) -> BoxFuture<'static, Result<RangedSnapshot, RestError>>;
+    /// The market's trades from this source, into `registry` until `shutdown` (run beside the
+    /// book's job); `None` when it has none.
+    fn trades(
+        &self,
+        instrument: &InstrumentId,
+        registry: std::sync::Arc<crate::trades::TradeRegistry>,
+        shutdown: crate::shutdown::Shutdown,
+    ) -> Option<BoxFuture<'static, ()>> {
+        let _ = (instrument, registry, shutdown);
+        None
+    }
 }
 
 /// Hears every diff a depth job receives: `U` = `first`, `u` = `last`, `pu` = `prev`, and the

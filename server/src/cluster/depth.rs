@@ -191,9 +191,14 @@ impl DiffTap for DepthTap {
     }
 }
 
+/// A venue's books come through the workers' relay ([`super::relay`]); Binance's diffs through
+/// the diff stream.
 impl DepthSource for ClusterBooks {
     fn feed_name(&self, instrument: &InstrumentId) -> String {
-        diff_subject(&self.subjects, instrument)
+        match self.relayed(instrument) {
+            Some(relay) => relay.feed_name(instrument),
+            None => diff_subject(&self.subjects, instrument),
+        }
     }
 
     fn open(
@@ -203,6 +208,10 @@ impl DepthSource for ClusterBooks {
     ) -> BoxFuture<'static, Result<Box<dyn DiffFeed>, StreamError>> {
         let (books, instrument) = (self.clone(), instrument.clone());
         Box::pin(async move {
+            if let Some(relay) = books.relayed(&instrument) {
+                let feed = relay.open(&instrument, stall).await?;
+                return Ok(Box::new(feed) as Box<dyn DiffFeed>);
+            }
             let feed = books.feed(&instrument, stall).await?;
             Ok(Box::new(feed) as Box<dyn DiffFeed>)
         })
@@ -213,7 +222,22 @@ impl DepthSource for ClusterBooks {
         instrument: &InstrumentId,
     ) -> BoxFuture<'static, Result<RangedSnapshot, RestError>> {
         let (books, instrument) = (self.clone(), instrument.clone());
-        Box::pin(async move { books.snapshot(&instrument).await })
+        Box::pin(async move {
+            match books.relayed(&instrument) {
+                Some(relay) => relay.snapshot(&instrument).await,
+                None => books.snapshot(&instrument).await,
+            }
+        })
+    }
+
+    /// Every market's trades come from the workers' relay.
+    fn trades(
+        &self,
+        instrument: &InstrumentId,
+        registry: Arc<crate::trades::TradeRegistry>,
+        shutdown: Shutdown,
+    ) -> Option<BoxFuture<'static, ()>> {
+        Some(self.relay.trades(instrument, registry, shutdown))
     }
 }
 
@@ -237,17 +261,28 @@ pub struct ClusterBooks {
     stream_mb: u64,
     /// Where refused diffs are counted.
     poison: Arc<PoisonStats>,
+    /// The venues' books and every market's trades, relayed by the workers.
+    relay: Arc<super::relay::RelayBooks>,
 }
 
 impl ClusterBooks {
+    /// The cluster's books; those of the venue sources named `venues` come through the relay.
     pub fn new(
         client: async_nats::Client,
         subjects: Subjects,
         stream_mb: u64,
         poison: Arc<PoisonStats>,
+        venues: std::collections::HashSet<String>,
     ) -> Arc<Self> {
         let js = jetstream::new(client.clone());
-        Arc::new(ClusterBooks { client, subjects, js, stream_mb, poison })
+        let relay =
+            super::relay::RelayBooks::new(client.clone(), &subjects.prefix, venues, poison.clone());
+        Arc::new(ClusterBooks { client, subjects, js, stream_mb, poison, relay })
+    }
+
+    /// The relay, if `instrument`'s book comes through it.
+    fn relayed(&self, instrument: &InstrumentId) -> Option<&Arc<super::relay::RelayBooks>> {
+        self.relay.handles(instrument).then_some(&self.relay)
     }
 
     /// Opens the diff feed of `instrument` from now on; `stall` without a diff ends it.

@@ -138,11 +138,13 @@ impl app::Layer for GatewayLayer {
                 parts.shutdown,
             ) as Arc<dyn crate::l3::remote::RemoteBooks>
         });
+        let venues = parts.sources.venues().iter().map(|v| v.config.name.clone()).collect();
         let books = ClusterBooks::new(
             client,
             g.subjects.clone(),
             config.cluster.depth_stream_mb,
             g.poison.clone(),
+            venues,
         );
         Plugs {
             kline_jobs: Some(Arc::new(DemandRunner::new(
@@ -444,7 +446,7 @@ impl JobRunner for DemandRunner {
     }
 
     fn validate_instrument(&self, instrument: &InstrumentId) -> Result<(), ResolveError> {
-        self.sources.resolve(instrument).map(|_| ())
+        self.sources.validate_instrument(instrument)
     }
 
     fn run(&self, ctx: JobContext) -> JobFuture {

@@ -34,6 +34,7 @@ pub mod gateway;
 pub mod l3;
 pub mod lease;
 pub mod proof;
+pub mod relay;
 pub mod supervisor;
 pub mod worker;
 

@@ -100,7 +100,7 @@ fn check_demand(
     }
     let before = d.tasks.len();
     if let Some(sources) = sources {
-        d.tasks.retain(|t| match sources.resolve(&t.instrument) {
+        d.tasks.retain(|t| match sources.validate_instrument(&t.instrument) {
             Ok(_) | Err(ResolveError::NotReady { .. }) => true,
             Err(_) => false,
         });
@@ -243,6 +243,11 @@ pub async fn run(
                             for source in s.all() {
                                 if let Err(e) = source.reload_symbols().await {
                                     tracing::warn!(source = %source.config.name, error = %e, "task query: exchangeInfo failed, using the symbols known");
+                                }
+                            }
+                            for venue in s.venues() {
+                                if let Err(e) = venue.load().await {
+                                    tracing::warn!(source = %venue.config.name, error = %e, "task query: the instrument list failed, using the instruments known");
                                 }
                             }
                         }

@@ -200,7 +200,34 @@ pub async fn run(
         .await
         .map_err(WorkerError::JetStream)?;
     let tap = super::depth::DepthTap::new(client.clone(), subjects.clone(), &shutdown);
-    let local = BookRegistry::new(local);
+    // Venue books and every market's trades are relayed as this worker publishes them
+    // (`super::relay`): the registry's bus sends those topics to NATS too.
+    let venues: std::collections::HashSet<String> =
+        sources.venues().iter().map(|v| v.config.name.clone()).collect();
+    let relay = super::relay::RelayBus::new(
+        local,
+        client.clone(),
+        &subjects.prefix,
+        &options.id,
+        venues.clone(),
+        &shutdown,
+    );
+    let relay_stats = relay.stats.clone();
+    let local = BookRegistry::new(relay);
+    super::relay::serve(
+        local.clone(),
+        client.clone(),
+        subjects.prefix.clone(),
+        options.id.clone(),
+        venues,
+        relay_stats,
+        &shutdown,
+    )
+    .await
+    .map_err(|source| WorkerError::Subscribe {
+        subject: format!("{}.relaysnap.>", subjects.prefix),
+        source,
+    })?;
     tap.answer_snapshots(local.clone(), &shutdown).await.map_err(|source| {
         WorkerError::Subscribe { subject: format!("{}.booksnap.*", subjects.prefix), source }
     })?;

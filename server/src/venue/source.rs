@@ -128,6 +128,9 @@ pub struct VenueSource {
     /// `BASE/QUOTE` → the venue's instrument.
     listings: RwLock<BTreeMap<String, Instrument>>,
     status: Mutex<Status>,
+    /// The venue's clock, sampled by `Sources::keep_clocks` (a cluster's bounds judge the
+    /// times of this venue's candles on the bus by it).
+    pub clock: crate::sources::ExchangeClock,
 }
 
 impl VenueSource {
@@ -147,6 +150,7 @@ impl VenueSource {
             http,
             listings: RwLock::default(),
             status: Mutex::default(),
+            clock: crate::sources::ExchangeClock::default(),
         }
     }
 
@@ -289,5 +293,22 @@ impl VenueSource {
             rest_weight_budget_1m: Some(self.rest_pace.per_minute()),
             rest_budget_refusals: self.rest_pace.waited() + self.connect_pace.waited(),
         }
+    }
+}
+
+impl crate::sources::Clocked for VenueSource {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+    fn clock(&self) -> &crate::sources::ExchangeClock {
+        &self.clock
+    }
+    /// The venue's clock endpoint (`venues::rest::time_path`), paced like its other requests.
+    fn read_time(&self) -> futures_util::future::BoxFuture<'_, Result<i64, String>> {
+        Box::pin(async move {
+            let text = self.get_text(venues::rest::time_path(self.dialect)).await;
+            let text = text.map_err(|e| e.to_string())?;
+            venues::rest::parse_server_time(self.dialect, &text).map_err(|e| e.to_string())
+        })
     }
 }

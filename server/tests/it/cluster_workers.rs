@@ -110,10 +110,29 @@ impl TestCluster {
         configure: impl FnOnce(&mut Config),
     ) -> Self {
         let sim = start_sim(speed, seed).await;
+        TestCluster::start_with_sim_on(admin, sim, tag, |_, c| configure(c)).await
+    }
+
+    /// [`TestCluster::start`] on a simulator already started, whose addresses the
+    /// configuration may use (another venue's dialect, say).
+    pub(crate) async fn start_with_sim(
+        sim: SimHandle,
+        tag: &str,
+        configure: impl FnOnce(&SimHandle, &mut Config),
+    ) -> Self {
+        TestCluster::start_with_sim_on(&pg_admin_url(), sim, tag, configure).await
+    }
+
+    async fn start_with_sim_on(
+        admin: &str,
+        sim: SimHandle,
+        tag: &str,
+        configure: impl FnOnce(&SimHandle, &mut Config),
+    ) -> Self {
         let pg = tokio::task::block_in_place(|| PgDb::fresh_on(admin, tag));
         let prefix = test_prefix(tag);
         let mut config = cluster_config(&sim, &pg, &prefix, 2);
-        configure(&mut config);
+        configure(&sim, &mut config);
         let streams = ClusterStreams::new(&config.bus.url, &prefix);
         let gateway = TestServer::start(config).await;
         TestCluster {

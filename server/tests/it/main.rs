@@ -18,6 +18,7 @@ mod cli_replay_l3;
 mod cluster_auth;
 mod cluster_forged;
 mod cluster_supervisor;
+mod cluster_venues;
 mod cluster_workers;
 mod crash;
 mod depth_api;

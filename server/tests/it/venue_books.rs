@@ -16,7 +16,7 @@ use testkit::*;
 
 use crate::depth_faults::{status, watch_bus};
 
-const VENUES: [Dialect; 4] = [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase, Dialect::Kraken];
+pub(crate) const VENUES: [Dialect; 4] = [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase, Dialect::Kraken];
 
 /// The venue's name of the simulated BTC market (what the simulator's fault targets use).
 fn btc_name(d: Dialect) -> &'static str {
@@ -27,18 +27,26 @@ fn btc_name(d: Dialect) -> &'static str {
     }
 }
 
+/// A source of each venue's dialect on the simulator, named after the venue (`okx`, ...).
+pub(crate) fn venue_sources(sim: &SimHandle) -> Vec<SourceConfig> {
+    VENUES
+        .iter()
+        .map(|&d| {
+            let (rest, ws) = server::venue::sim_urls(d, &sim.rest_base(), &sim.ws_base());
+            SourceConfig {
+                name: d.as_str().into(),
+                kind: SourceKind::of_dialect(d),
+                rest_base: Some(rest),
+                ws_base: Some(ws),
+                ..SourceConfig::default()
+            }
+        })
+        .collect()
+}
+
 fn config(sim: &SimHandle) -> Config {
     let mut sources = vec![external_sim_source(sim)];
-    for d in VENUES {
-        let (rest, ws) = server::venue::sim_urls(d, &sim.rest_base(), &sim.ws_base());
-        sources.push(SourceConfig {
-            name: d.as_str().into(),
-            kind: SourceKind::of_dialect(d),
-            rest_base: Some(rest),
-            ws_base: Some(ws),
-            ..SourceConfig::default()
-        });
-    }
+    sources.extend(venue_sources(sim));
     let mut c = test_config(sources);
     c.depth.pinned =
         VENUES.iter().flat_map(|d| ["BTC", "ETH"].map(|b| format!("{d}:spot:{b}/USDT"))).collect();

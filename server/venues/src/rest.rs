@@ -45,6 +45,39 @@ pub fn instruments_path(dialect: Dialect) -> &'static str {
     }
 }
 
+/// Where the venue's clock is, under its REST base (OKX `/api/v5/public/time`, Bybit
+/// `/v5/market/time`, Coinbase `/api/v3/brokerage/time`, Kraken `/0/public/Time`).
+pub fn time_path(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Okx => "/api/v5/public/time",
+        Dialect::Bybit => "/v5/market/time",
+        Dialect::Coinbase => "/api/v3/brokerage/time",
+        Dialect::Kraken => "/0/public/Time",
+        Dialect::Binance => "/api/v3/time",
+    }
+}
+
+/// The venue's time (Unix ms) from its clock's answer: OKX `data[0].ts` (ms), Bybit
+/// `result.timeNano` (ns), Coinbase `epochMillis`, Kraken `result.unixtime` (seconds: its
+/// clock is read to the second). A refusal in the venue's own form is an error quoting it.
+pub fn parse_server_time(dialect: Dialect, body: &str) -> Result<i64, WireError> {
+    let v = answer(dialect, body)?;
+    let int = |v: &Value| match v {
+        Value::String(s) => s.parse::<i64>().ok(),
+        other => other.as_i64(),
+    };
+    let ms = match dialect {
+        Dialect::Okx => int(&v["data"][0]["ts"]),
+        Dialect::Bybit => int(&v["result"]["timeNano"]).map(|ns| ns / 1_000_000),
+        Dialect::Coinbase => int(&v["epochMillis"]),
+        Dialect::Kraken => int(&v["result"]["unixtime"]).and_then(|s| s.checked_mul(1000)),
+        Dialect::Binance => int(&v["serverTime"]),
+    };
+    // a time before 2001 or after 2286 is not a clock's
+    ms.filter(|ms| (1_000_000_000_000..10_000_000_000_000).contains(ms))
+        .ok_or_else(|| invalid(dialect, "no time in the clock's answer"))
+}
+
 /// A venue's REST answer as JSON, or its refusal in the venue's own form (OKX `code`, Bybit
 /// `retCode`, Coinbase `error`, Kraken `error`) as an error quoting it.
 fn answer(dialect: Dialect, body: &str) -> Result<Value, WireError> {
@@ -190,6 +223,26 @@ pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_times_of_the_documented_answers() {
+        // the venues' documented examples
+        let okx = r#"{"code":"0","msg":"","data":[{"ts":"1597026383085"}]}"#;
+        assert_eq!(parse_server_time(Dialect::Okx, okx).unwrap(), 1_597_026_383_085);
+        let bybit = r#"{"retCode":0,"retMsg":"OK","result":{"timeSecond":"1688639403","timeNano":"1688639403423213947"},"retExtInfo":{},"time":1688639403423}"#;
+        assert_eq!(parse_server_time(Dialect::Bybit, bybit).unwrap(), 1_688_639_403_423);
+        let coinbase = r#"{"iso":"2023-07-06T18:50:48Z","epochSeconds":"1688669448","epochMillis":"1688669448123"}"#;
+        assert_eq!(parse_server_time(Dialect::Coinbase, coinbase).unwrap(), 1_688_669_448_123);
+        let kraken = r#"{"error":[],"result":{"unixtime":1688669448,"rfc1123":"Thu, 06 Jul 23 18:50:48 +0000"}}"#;
+        assert_eq!(parse_server_time(Dialect::Kraken, kraken).unwrap(), 1_688_669_448_000);
+        // refusals and nonsense are errors
+        let refused = r#"{"code":"50011","msg":"Too Many Requests","data":[]}"#;
+        assert!(parse_server_time(Dialect::Okx, refused).unwrap_err().to_string().contains("50011"));
+        assert!(parse_server_time(Dialect::Kraken, r#"{"error":["EGeneral:Too many requests"]}"#).is_err());
+        assert!(parse_server_time(Dialect::Coinbase, r#"{"epochMillis":"12"}"#).is_err());
+        assert!(parse_server_time(Dialect::Bybit, r#"{"retCode":0,"result":{"timeNano":"x"}}"#).is_err());
+        assert!(parse_server_time(Dialect::Kraken, r#"{"error":[],"result":{"unixtime":9223372036854775807}}"#).is_err());
+    }
 
     #[test]
     fn each_venue_lists_its_instruments() {

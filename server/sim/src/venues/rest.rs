@@ -35,6 +35,10 @@ pub(crate) fn routes() -> Router<Arc<Srv>> {
         .route("/kraken/0/public/AssetPairs", get(kraken_pairs))
         .route("/kraken/0/public/OHLC", get(kraken_ohlc))
         .route("/kraken/0/public/Depth", get(kraken_depth))
+        .route("/okx/api/v5/public/time", get(okx_time))
+        .route("/bybit/v5/market/time", get(bybit_time))
+        .route("/coinbase/api/v3/brokerage/time", get(coinbase_time))
+        .route("/kraken/0/public/Time", get(kraken_time))
 }
 
 /// A venue's refusal: its status and its own body.
@@ -468,4 +472,41 @@ async fn kraken_depth(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response
             .collect()
     };
     Json(json!({"error": [], "result": {pair(&m.spec, "/"): {"asks": side(&view.asks), "bids": side(&view.bids)}}})).into_response()
+}
+
+/// The venues' clocks: the simulated now every market has been advanced to (as Binance's
+/// `/api/v3/time`), in each venue's answer (OKX ms, Bybit s and ns, Coinbase ISO and ms, Kraken
+/// seconds).
+async fn okx_time(State(srv): State<Arc<Srv>>) -> Response {
+    let now = crate::rest::produced_until(&srv);
+    Json(json!({"code": "0", "msg": "", "data": [{"ts": now.to_string()}]})).into_response()
+}
+
+async fn bybit_time(State(srv): State<Arc<Srv>>) -> Response {
+    let now = crate::rest::produced_until(&srv);
+    let (secs, nanos) = (now.div_euclid(1000), i128::from(now) * 1_000_000);
+    Json(json!({
+        "retCode": 0, "retMsg": "OK",
+        "result": {"timeSecond": secs.to_string(), "timeNano": nanos.to_string()},
+        "retExtInfo": {}, "time": now,
+    }))
+    .into_response()
+}
+
+async fn coinbase_time(State(srv): State<Arc<Srv>>) -> Response {
+    let now = crate::rest::produced_until(&srv);
+    let mut iso = String::new();
+    venues::write_rfc3339(&mut iso, now);
+    Json(json!({
+        "iso": iso,
+        "epochSeconds": now.div_euclid(1000).to_string(),
+        "epochMillis": now.to_string(),
+    }))
+    .into_response()
+}
+
+async fn kraken_time(State(srv): State<Arc<Srv>>) -> Response {
+    let secs = crate::rest::produced_until(&srv).div_euclid(1000);
+    // (its `rfc1123` text is not served: nothing here reads it)
+    Json(json!({"error": [], "result": {"unixtime": secs}})).into_response()
 }
