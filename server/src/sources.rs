@@ -496,7 +496,6 @@ impl Sources {
     }
 }
 
-
 /// A source whose clock [`Sources::keep_clocks`] samples.
 pub trait Clocked: Send + Sync + 'static {
     fn name(&self) -> &str;

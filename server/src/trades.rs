@@ -127,6 +127,14 @@ impl TradeRegistry {
         self.bus.publish(&c.topic, payload);
     }
 
+    /// The highest sequential trade id of `instrument` and the time of its newest trade kept.
+    pub fn last_seq(&self, instrument: &InstrumentId) -> Option<(u64, i64)> {
+        let cell = read(&self.cells).get(instrument)?.clone();
+        let c = lock(&cell);
+        let time = c.recent.newest_first(1).next()?.time_ms;
+        Some((c.ids.last()?, time))
+    }
+
     /// Counts trades a REST fill recovered.
     pub fn note_filled(&self, instrument: &InstrumentId, n: u64) {
         lock(&self.cell(instrument)).stats.filled += n;

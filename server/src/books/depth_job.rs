@@ -818,22 +818,22 @@ impl JobRunner for DepthRunner {
 /// `aggTrade` stream), or from the book's other source (a cluster gateway's: the trades its
 /// workers relay), when it has them.
 async fn with_trades(ctx: JobContext, deps: DepthJobDeps) {
-    let trades: Option<futures_util::future::BoxFuture<'static, ()>> = match (&deps.source, &deps.rest)
-    {
-        (None, Some(rest)) => Some(Box::pin(crate::trades::binance_agg_trades(
-            deps.books.trades().clone(),
-            ctx.instrument.clone(),
-            deps.ws_base.clone(),
-            rest.clone(),
-            deps.symbol.clone(),
-            deps.ingest.clone(),
-            ctx.shutdown.clone(),
-        ))),
-        (Some(source), _) => {
-            source.trades(&ctx.instrument, deps.books.trades().clone(), ctx.shutdown.clone())
-        }
-        (None, None) => None,
-    };
+    let trades: Option<futures_util::future::BoxFuture<'static, ()>> =
+        match (&deps.source, &deps.rest) {
+            (None, Some(rest)) => Some(Box::pin(crate::trades::binance_agg_trades(
+                deps.books.trades().clone(),
+                ctx.instrument.clone(),
+                deps.ws_base.clone(),
+                rest.clone(),
+                deps.symbol.clone(),
+                deps.ingest.clone(),
+                ctx.shutdown.clone(),
+            ))),
+            (Some(source), _) => {
+                source.trades(&ctx.instrument, deps.books.trades().clone(), ctx.shutdown.clone())
+            }
+            (None, None) => None,
+        };
     match trades {
         Some(trades) => {
             tokio::join!(run(ctx, deps), trades);

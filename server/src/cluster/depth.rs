@@ -273,10 +273,16 @@ impl ClusterBooks {
         stream_mb: u64,
         poison: Arc<PoisonStats>,
         venues: std::collections::HashSet<String>,
+        bounds: Arc<dyn crate::bus::Bounds>,
     ) -> Arc<Self> {
         let js = jetstream::new(client.clone());
-        let relay =
-            super::relay::RelayBooks::new(client.clone(), &subjects.prefix, venues, poison.clone());
+        let relay = super::relay::RelayBooks::new(
+            client.clone(),
+            &subjects.prefix,
+            venues,
+            poison.clone(),
+            bounds,
+        );
         Arc::new(ClusterBooks { client, subjects, js, stream_mb, poison, relay })
     }
 

@@ -145,6 +145,7 @@ impl app::Layer for GatewayLayer {
             config.cluster.depth_stream_mb,
             g.poison.clone(),
             venues,
+            g.bounds.clone(),
         );
         Plugs {
             kline_jobs: Some(Arc::new(DemandRunner::new(

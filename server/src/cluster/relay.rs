@@ -32,7 +32,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
-use shared::cluster::bounds::Poison;
+use shared::cluster::bounds::{Poison, TimeWindow};
 use shared::cluster::payload::BookSnapshotReply;
 use shared::protocol::{BookHealth, InstrumentId, Stream, TradesEvent};
 use tokio::sync::mpsc;
@@ -41,7 +41,7 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 use crate::books::upstream::{DiffFeed, RangedSnapshot};
 use crate::books::{BookRegistry, MAX_REST_LEVELS};
 use crate::bus::nats::{token, untoken};
-use crate::bus::{Bus, PoisonStats, Subscription};
+use crate::bus::{Bounds, Bus, PoisonStats, Subscription};
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
 use crate::trades::TradeRegistry;
@@ -60,6 +60,16 @@ const MAX_RELAYED_TRADES: usize = 10_000;
 const MAX_ALIVE_BOOKS: usize = 100_000;
 /// The longest worker id taken from the bus.
 const MAX_WORKER_ID: usize = 128;
+/// The most sequential trade ids a venue is taken to make per second (a relayed id further ahead
+/// of the last one kept, for the time between them, is refused: one forged id far ahead would
+/// make every real trade after it look like a duplicate).
+const MAX_TRADES_PER_S: u64 = 100_000;
+/// How far past the window's end a relayed trade's time may be. The window's end is the source's
+/// clock as last estimated plus `cluster.bus_tolerance_s`; a coarse clock (Kraken's answers in
+/// whole seconds) is estimated loosely until its second reading, and a trade relayed once by
+/// each replica cannot wait for a fresh reading the way a candle in JetStream does. A trade's
+/// time only orders the tape, so the bound is there for absurd times (a forged one years ahead).
+const TRADE_CLOCK_SLACK_MS: i64 = 600_000;
 /// The header naming the worker that answered a snapshot request.
 const WORKER_HEADER: &str = "Millrace-Worker";
 
@@ -271,6 +281,8 @@ pub struct RelayBooks {
     /// The replica each open feed follows: its snapshots must come from the same one.
     following: std::sync::Mutex<std::collections::HashMap<InstrumentId, String>>,
     poison: Arc<PoisonStats>,
+    /// The times a relayed trade may carry (its source's clock with the cluster's margins).
+    bounds: Arc<dyn Bounds>,
 }
 
 impl RelayBooks {
@@ -279,6 +291,7 @@ impl RelayBooks {
         prefix: &str,
         venues: HashSet<String>,
         poison: Arc<PoisonStats>,
+        bounds: Arc<dyn Bounds>,
     ) -> Arc<Self> {
         Arc::new(RelayBooks {
             client,
@@ -286,6 +299,7 @@ impl RelayBooks {
             venues,
             following: Default::default(),
             poison,
+            bounds,
         })
     }
 
@@ -359,8 +373,11 @@ impl RelayBooks {
             .subscribe(relay_subject(&self.prefix, &topic, &worker))
             .await
             .map_err(|e| fail(&e))?;
-        let alive =
-            self.client.subscribe(alive_subject(&self.prefix, &worker)).await.map_err(|e| fail(&e))?;
+        let alive = self
+            .client
+            .subscribe(alive_subject(&self.prefix, &worker))
+            .await
+            .map_err(|e| fail(&e))?;
         lock(&self.following).insert(instrument.clone(), worker.clone());
         tracing::info!(%instrument, %worker, "following a replica's book");
         Ok(RelayFeed {
@@ -395,8 +412,10 @@ impl RelayBooks {
     }
 
     /// `instrument`'s trades as every replica relays them, into `registry` (which keeps each
-    /// once) until `shutdown`. A message that does not parse, names another instrument or
-    /// carries too many trades is refused and counted.
+    /// once) until `shutdown`. A message that does not parse, names another instrument, carries
+    /// too many trades, a trade outside the source's clock window or an id further ahead than
+    /// the venue can have come is refused and counted; while the source's clock was never read,
+    /// messages are dropped (as the bus drops pushes it cannot judge).
     pub fn trades(
         &self,
         instrument: &InstrumentId,
@@ -405,8 +424,8 @@ impl RelayBooks {
     ) -> BoxFuture<'static, ()> {
         let topic = Stream::Trade(instrument.clone()).to_string();
         let subject = format!("{}.relay.{}.*", self.prefix, token(&topic));
-        let (client, poison, instrument) =
-            (self.client.clone(), self.poison.clone(), instrument.clone());
+        let (client, poison, instrument, bounds) =
+            (self.client.clone(), self.poison.clone(), instrument.clone(), self.bounds.clone());
         Box::pin(async move {
             let mut backoff = Duration::from_millis(250);
             while !shutdown.is_stopping() {
@@ -427,12 +446,20 @@ impl RelayBooks {
                         m = sub.next() => match m { Some(m) => m, None => break },
                         () = shutdown.stopping() => return,
                     };
-                    match relayed_trades(&m.payload, &instrument) {
+                    let Some(mut window) = bounds.window(&instrument) else { continue };
+                    let estimated_end = window.latest_ms;
+                    window.latest_ms = window.latest_ms.saturating_add(TRADE_CLOCK_SLACK_MS);
+                    let last = registry.last_seq(&instrument);
+                    let checked = relayed_trades(&m.payload, &instrument, &window, last);
+                    if let Ok(trades) = &checked {
+                        if trades.iter().any(|t| t.time_ms > estimated_end) {
+                            bounds.refresh(&instrument); // the clock's estimate is behind
+                        }
+                    }
+                    match checked {
                         Ok(trades) => registry.push(&instrument, trades),
-                        Err(kind) => poison.record(
-                            kind,
-                            format_args!("{}: relayed trades refused", m.subject),
-                        ),
+                        Err(kind) => poison
+                            .record(kind, format_args!("{}: relayed trades refused", m.subject)),
                     }
                 }
             }
@@ -440,10 +467,14 @@ impl RelayBooks {
     }
 }
 
-/// The trades of one relayed `trade@` push, if it is `instrument`'s and within bounds.
+/// The trades of one relayed `trade@` push, if it is `instrument`'s and within bounds: times in
+/// `window`, sequential ids no further past `last` (the highest id kept and its trade's time)
+/// than [`MAX_TRADES_PER_S`] allows.
 fn relayed_trades(
     payload: &[u8],
     instrument: &InstrumentId,
+    window: &TimeWindow,
+    last: Option<(u64, i64)>,
 ) -> Result<Vec<shared::trade::Trade>, Poison> {
     #[derive(Deserialize)]
     struct Pushed {
@@ -457,6 +488,20 @@ fn relayed_trades(
         || p.data.trades.iter().any(|t| t.price.raw() <= 0 || t.qty.raw() <= 0)
     {
         return Err(Poison::Unparsable);
+    }
+    for t in &p.data.trades {
+        if t.time_ms < window.earliest_ms {
+            return Err(Poison::TooOld);
+        }
+        if t.time_ms > window.latest_ms {
+            return Err(Poison::TooNew);
+        }
+        if let (Some(id), Some((last_id, last_ms))) = (t.id.seq(), last) {
+            let secs = u64::try_from(t.time_ms.saturating_sub(last_ms)).unwrap_or(0) / 1000 + 1;
+            if id > last_id.saturating_add(secs.saturating_mul(MAX_TRADES_PER_S)) {
+                return Err(Poison::DiffIds);
+            }
+        }
     }
     Ok(p.data.trades)
 }
@@ -559,18 +604,36 @@ mod tests {
     #[test]
     fn relayed_trades_are_checked_at_the_edge() {
         let okx = inst("okx:spot:BTC/USDT");
+        let now = 1_700_000_000_000;
+        let w = TimeWindow::around(now, 3_600_000, 60_000);
+        let check = |p: &[u8], i: &InstrumentId, last| relayed_trades(p, i, &w, last);
         let ok = pushed(&okx, vec![trade(1, 100), trade(2, 101)]);
-        assert_eq!(relayed_trades(&ok, &okx).unwrap().len(), 2);
+        assert_eq!(check(&ok, &okx, None).unwrap().len(), 2);
         // another instrument's, nonsense, a zero price
         assert_eq!(
-            relayed_trades(&ok, &inst("okx:spot:ETH/USDT")).unwrap_err(),
+            check(&ok, &inst("okx:spot:ETH/USDT"), None).unwrap_err(),
             Poison::ForeignSeries
         );
-        assert_eq!(relayed_trades(b"{\"data\":1}", &okx).unwrap_err(), Poison::Unparsable);
+        assert_eq!(check(b"{\"data\":1}", &okx, None).unwrap_err(), Poison::Unparsable);
         let zero = pushed(&okx, vec![trade(3, 0)]);
-        assert_eq!(relayed_trades(&zero, &okx).unwrap_err(), Poison::Unparsable);
+        assert_eq!(check(&zero, &okx, None).unwrap_err(), Poison::Unparsable);
         let many = pushed(&okx, (0..=MAX_RELAYED_TRADES as u64).map(|i| trade(i, 5)).collect());
-        assert_eq!(relayed_trades(&many, &okx).unwrap_err(), Poison::Unparsable);
+        assert_eq!(check(&many, &okx, None).unwrap_err(), Poison::Unparsable);
+        // times outside the source's clock window
+        let mut late = trade(3, 100);
+        late.time_ms = now + 3_600_000;
+        assert_eq!(check(&pushed(&okx, vec![late]), &okx, None).unwrap_err(), Poison::TooNew);
+        let mut early = trade(3, 100);
+        early.time_ms = now - 7_200_000;
+        assert_eq!(check(&pushed(&okx, vec![early]), &okx, None).unwrap_err(), Poison::TooOld);
+        // an id further ahead than the venue can have come since the last trade kept
+        let far = pushed(&okx, vec![trade(u64::MAX, 100)]);
+        assert_eq!(check(&far, &okx, Some((2, now))).unwrap_err(), Poison::DiffIds);
+        let near = pushed(&okx, vec![trade(2 + MAX_TRADES_PER_S, 100)]);
+        assert!(check(&near, &okx, Some((2, now))).is_ok());
+        // a minute later, a minute's worth more
+        let later = pushed(&okx, vec![trade(2 + 60 * MAX_TRADES_PER_S, 100)]);
+        assert!(check(&later, &okx, Some((2, now - 60_000))).is_ok());
     }
 
     #[test]
@@ -579,7 +642,10 @@ mod tests {
         let topic = Stream::DepthUpdate(i.clone()).to_string();
         let a = relay_subject("mr", &topic, "w.1");
         assert_eq!(a, "mr.relay.depth_update@sim-okx:spot:BTC/USDT.w%2E1");
-        assert_eq!(snapshot_subject("mr", &i, Some("w.1")), "mr.relaysnap.sim-okx:spot:BTC/USDT.w%2E1");
+        assert_eq!(
+            snapshot_subject("mr", &i, Some("w.1")),
+            "mr.relaysnap.sim-okx:spot:BTC/USDT.w%2E1"
+        );
         assert_eq!(alive_subject("mr", "w.1"), "mr.relayalive.w%2E1");
     }
 }

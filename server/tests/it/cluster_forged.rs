@@ -9,14 +9,15 @@
 //! message, an admin request to the tick-by-tick host without (or with a wrong) proof, demands
 //! of a malformed gateway and of foreign instruments, statuses out of bounds, instruction sets
 //! of epoch `u64::MAX` and for another worker, depth diffs with `Millrace-U` at `u64::MAX`
-//! (headers that lie, and a body that says it), a closed kline push ten years ahead, and a
-//! closed candle pushed where workers publish — and then checks that:
+//! (headers that lie, and a body that says it), a closed kline push ten years ahead, a
+//! closed candle pushed where workers publish, and relayed trades that are no push, of another
+//! instrument, ten years ahead or with an id far past the last one kept — and then checks that:
 //! - no process exited;
 //! - no row was written: no candle of BTC outside the exchange's minutes, no foreign series;
 //! - live charts and books keep moving: closed candles keep arriving on a browser's socket and
 //!   keep being stored, the gateway's book still equals the exchange's at the same update id
-//!   with no gap, no resync and an unbroken chain of published deltas, and the workers still
-//!   hold their tasks;
+//!   with no gap, no resync and an unbroken chain of published deltas, the workers still hold
+//!   their tasks, and the gateway keeps real trades (none of the forged, no id gap);
 //! - each was counted, by kind: the gateway's `millrace_bus_poison_total`, the leader's and the
 //!   workers' refusals in its report (`GET /api/v1/ops/cluster`, `millrace_cluster_refused_total`);
 //! - the refused JetStream messages were terminated: nothing is left pending for the persister.
@@ -243,6 +244,31 @@ async fn forged_messages_crash_nothing_write_nothing_stop_nothing_and_are_counte
     // persister pushes closed candles (it stored them first)
     let forming = closed_push(&series, &minute(minute_now));
     nats.publish(subject_of(&prefix, Publisher::Worker, &kline_topic), forming).await.unwrap();
+
+    // 6. Relayed trades (the workers relay every market's trades): bytes that are no push,
+    // another instrument's trades on BTC's subject, a trade ten years ahead, and one whose id is
+    // far past the last one kept (it would make every real trade after it a "duplicate").
+    let trades_before = eventually("BTC trades on the gateway", || async {
+        let r = c.gateway.get_json(&format!("/api/v1/trades?instrument={BTC}&limit=1")).await;
+        (r["received"].as_u64()? > 0).then_some(r)
+    })
+    .await;
+    let trade_subject =
+        format!("{prefix}.relay.{}.evil", server::bus::nats::token(&format!("trade@{BTC}")));
+    let trade_push = |instrument: &str, id: u64, time_ms: i64| {
+        let body = serde_json::json!({
+            "stream": format!("trade@{instrument}"),
+            "data": {"s": instrument, "trades": [
+                {"id": id.to_string(), "time_ms": time_ms, "price": "1.00000000", "qty": "1.00000000"}
+            ]}
+        });
+        Bytes::from(body.to_string())
+    };
+    nats.publish(trade_subject.clone(), Bytes::from_static(b"\x00{")).await.unwrap();
+    let eth = "sim:spot:ETH/USDT";
+    nats.publish(trade_subject.clone(), trade_push(eth, 1, now)).await.unwrap();
+    nats.publish(trade_subject.clone(), trade_push(BTC, 1, now + ten_years)).await.unwrap();
+    nats.publish(trade_subject.clone(), trade_push(BTC, u64::MAX, now)).await.unwrap();
     nats.flush().await.unwrap();
 
     // Live data goes on: closed candles keep arriving and being stored, the book stays right.
@@ -254,6 +280,20 @@ async fn forged_messages_crash_nothing_write_nothing_stop_nothing_and_are_counte
     assert_eq!(s1.sync.resyncs, s0.sync.resyncs, "no resync: {:?}", s1.sync);
     watch.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     watch.assert_clean("BTC under forged messages");
+    // Real trades are still kept, none of the forged ones is, and no id gap was made.
+    let received = trades_before["received"].as_u64().unwrap();
+    let trades = eventually("BTC trades after the forged ones", || async {
+        let r = c.gateway.get_json(&format!("/api/v1/trades?instrument={BTC}&limit=1000")).await;
+        (r["received"].as_u64()? > received + 10).then_some(r)
+    })
+    .await;
+    let forged_price = trades["trades"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["price"] == "1.00000000" || t["id"] == u64::MAX.to_string());
+    assert!(!forged_price, "a forged trade was kept: {trades}");
+    assert_eq!(trades["id_gaps"], 0, "{trades}");
 
     // Every forged message counted, by kind, where it was read.
     let metrics = eventually("the gateway's refusals counted", || async {

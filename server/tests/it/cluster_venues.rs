@@ -7,8 +7,9 @@
 //!   levels are the exchange's. A `kill -9` of a worker holding a book moves the gateway to the
 //!   other replica: the deltas its browsers get still chain, no crossed book, no checksum
 //!   mismatch, and the book is the exchange's again.
-//! - **Trades**: each venue's trades reach the gateway from both replicas and are kept once
-//!   (the second copies counted as duplicates), through the kill.
+//! - **Trades**: each venue's trades, and Binance's aggregate trades, reach the gateway from
+//!   both replicas and are kept once (the second copies counted as duplicates), with no id gap
+//!   through the kill.
 //! - **Candles**: each venue's closed 1m candles, forwarded by both replicas, are written once
 //!   each by the persister, with no hole through the kill, equal to the exchange's.
 
@@ -35,9 +36,13 @@ fn btc(d: Dialect) -> String {
     format!("{d}:spot:BTC/USDT")
 }
 
+/// Binance's BTC (the simulator's own dialect): its trades are relayed like the venues'.
+const BINANCE_BTC: &str = "sim:spot:BTC/USDT";
+
 fn configure(sim: &SimHandle, config: &mut Config) {
     config.sources.extend(venue_sources(sim));
     config.cluster.instruments = VENUES.iter().map(|&d| btc(d).parse().unwrap()).collect();
+    config.cluster.instruments.push(BINANCE_BTC.parse().unwrap());
     config.cluster.kinds = vec![TaskKind::Kline, TaskKind::Depth];
     config.depth.verify_interval_ms = 0;
     config.ingest.reconnect_base_ms = 100;
@@ -85,7 +90,8 @@ fn stored_equal(c: &TestCluster, d: Dialect) -> Option<usize> {
     let truth = c.sim.closed_klines("BTCUSDT", first, last);
     let fields =
         |k: &shared::candle::Candle| (k.open_time, k.open, k.high, k.low, k.close, k.volume);
-    let same = got.len() == truth.len() && got.iter().zip(&truth).all(|(g, t)| fields(g) == fields(t));
+    let same =
+        got.len() == truth.len() && got.iter().zip(&truth).all(|(g, t)| fields(g) == fields(t));
     same.then_some(got.len())
 }
 
@@ -115,6 +121,13 @@ async fn venue_books_trades_and_candles_go_through_workers_and_survive_a_kill() 
         })
         .await;
     }
+    // Binance's aggregate trades too, from both replicas, kept once
+    let _binance = c.gateway.app.subscribe_depth(&BINANCE_BTC.parse().unwrap()).unwrap();
+    eventually("Binance: trades from both replicas, kept once", || async {
+        let r = trades_report(&c, BINANCE_BTC).await;
+        (r["received"].as_u64()? > 20 && r["duplicates"].as_u64()? > 0).then_some(())
+    })
+    .await;
     let before: Vec<_> = VENUES.iter().map(|&d| status(&c.gateway, &btc(d)).0.sync).collect();
     for d in VENUES {
         eventually(&format!("{d}: minutes stored"), || async {
@@ -165,6 +178,13 @@ async fn venue_books_trades_and_candles_go_through_workers_and_survive_a_kill() 
         })
         .await;
     }
+    let r0 = trades_report(&c, BINANCE_BTC).await["received"].as_u64().unwrap();
+    let r = eventually("Binance: trades after the kill", || async {
+        let r = trades_report(&c, BINANCE_BTC).await;
+        (r["received"].as_u64()? > r0 + 20).then_some(r)
+    })
+    .await;
+    assert_eq!(r["id_gaps"], 0, "Binance: a replica's trades cover the other's: {r}");
     for (d, w) in VENUES.iter().zip(&watches) {
         w.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         w.assert_clean(&format!("{d} BTC through the kill"));

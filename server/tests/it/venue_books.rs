@@ -16,7 +16,8 @@ use testkit::*;
 
 use crate::depth_faults::{status, watch_bus};
 
-pub(crate) const VENUES: [Dialect; 4] = [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase, Dialect::Kraken];
+pub(crate) const VENUES: [Dialect; 4] =
+    [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase, Dialect::Kraken];
 
 /// The venue's name of the simulated BTC market (what the simulator's fault targets use).
 fn btc_name(d: Dialect) -> &'static str {

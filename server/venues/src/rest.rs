@@ -237,11 +237,20 @@ mod tests {
         assert_eq!(parse_server_time(Dialect::Kraken, kraken).unwrap(), 1_688_669_448_000);
         // refusals and nonsense are errors
         let refused = r#"{"code":"50011","msg":"Too Many Requests","data":[]}"#;
-        assert!(parse_server_time(Dialect::Okx, refused).unwrap_err().to_string().contains("50011"));
-        assert!(parse_server_time(Dialect::Kraken, r#"{"error":["EGeneral:Too many requests"]}"#).is_err());
+        assert!(parse_server_time(Dialect::Okx, refused)
+            .unwrap_err()
+            .to_string()
+            .contains("50011"));
+        assert!(parse_server_time(Dialect::Kraken, r#"{"error":["EGeneral:Too many requests"]}"#)
+            .is_err());
         assert!(parse_server_time(Dialect::Coinbase, r#"{"epochMillis":"12"}"#).is_err());
-        assert!(parse_server_time(Dialect::Bybit, r#"{"retCode":0,"result":{"timeNano":"x"}}"#).is_err());
-        assert!(parse_server_time(Dialect::Kraken, r#"{"error":[],"result":{"unixtime":9223372036854775807}}"#).is_err());
+        assert!(parse_server_time(Dialect::Bybit, r#"{"retCode":0,"result":{"timeNano":"x"}}"#)
+            .is_err());
+        assert!(parse_server_time(
+            Dialect::Kraken,
+            r#"{"error":[],"result":{"unixtime":9223372036854775807}}"#
+        )
+        .is_err());
     }
 
     #[test]
