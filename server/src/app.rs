@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use shared::candle::{Timeframe, MINUTE_MS};
 use shared::protocol::ops::{ClusterReport, DepthJobsReport, JobKind};
-use shared::protocol::{InstrumentId, SeriesId};
+use shared::protocol::{InstrumentId, Market, SeriesId};
 use sim::{Sim, SimConfig, SimHandle};
 use tracing::Instrument as _;
 
@@ -598,7 +598,8 @@ fn simulated_venues(config: &Config, endpoints: &[Endpoint]) -> Vec<(SourceConfi
             if config.sources.iter().any(|s| s.name == name) {
                 continue;
             }
-            let (rest_base, ws_base) = crate::venue::sim_urls(dialect, &e.rest_base, &e.ws_base);
+            let (rest_base, ws_base) =
+                crate::venue::sim_urls(dialect, Market::Spot, &e.rest_base, &e.ws_base);
             let venue = SourceConfig {
                 name,
                 kind: shared::protocol::ops::SourceKind::of_dialect(dialect),

@@ -61,7 +61,7 @@ impl Endpoint {
     pub fn remote(sc: &SourceConfig, product: binance::Product) -> Endpoint {
         let dialect = sc.kind.dialect();
         if dialect != shared::venue::Dialect::Binance {
-            let (rest, ws) = crate::venue::default_urls(dialect);
+            let (rest, ws) = crate::venue::default_urls(dialect, sc.market);
             return Endpoint {
                 rest_base: sc.rest_base.clone().unwrap_or_else(|| rest.to_string()),
                 ws_base: sc.ws_base.clone().unwrap_or_else(|| ws.to_string()),

@@ -131,6 +131,7 @@ impl History {
             History::Venue(v, listing) => {
                 let path = venues::rest::candles_page(
                     v.dialect,
+                    v.config.market,
                     &listing.symbol,
                     lo,
                     Some(hi + MINUTE_MS),

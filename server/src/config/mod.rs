@@ -820,10 +820,16 @@ impl Config {
                     s.name
                 )));
             }
-            if s.kind.dialect() != shared::venue::Dialect::Binance && s.market != Market::Spot {
+            let dialect = s.kind.dialect();
+            let linear = dialect == shared::venue::Dialect::Bybit && s.market == Market::Futures;
+            if dialect != shared::venue::Dialect::Binance && s.market != Market::Spot && !linear {
                 return Err(invalid(format!(
-                    "configuration key `{key}.market`: a {} source serves the spot market only",
-                    s.kind.dialect()
+                    "configuration key `{key}.market`: a {dialect} source serves the spot market only{}",
+                    if dialect == shared::venue::Dialect::Bybit {
+                        " or \"futures\" (its linear USDT perpetuals)"
+                    } else {
+                        ""
+                    }
                 )));
             }
             if s.kind == SourceKind::Sim
@@ -1049,6 +1055,26 @@ mod tests {
         assert_eq!(c.ingest.reconnect_base_ms, 2000);
         assert_eq!(c.sources[0].kind, SourceKind::Sim);
         assert_eq!(c.backfill[0].max_expired_batches, 3);
+    }
+
+    #[test]
+    fn a_venue_serves_spot_and_bybit_its_linear_perpetuals_too() {
+        let source = |kind: &str, market: &str| {
+            format!(
+                "[[sources]]\nname = \"sim\"\nkind = \"sim\"\n\
+                 [[sources]]\nname = \"v\"\nkind = \"{kind}\"\nmarket = \"{market}\"\n"
+            )
+        };
+        if let Err(e) = load(&source("bybit", "futures"), &[]) {
+            panic!("{e}");
+        }
+        assert!(load(&source("okx", "spot"), &[]).is_ok());
+        for kind in ["okx", "coinbase", "kraken"] {
+            let e = load(&source(kind, "futures"), &[]).unwrap_err().to_string();
+            assert!(e.contains("`sources[1].market`") && e.contains("spot market only"), "{e}");
+        }
+        let e = load(&source("bybit", "stock"), &[]).unwrap_err().to_string();
+        assert!(e.contains("linear USDT perpetuals"), "{e}");
     }
 
     #[test]

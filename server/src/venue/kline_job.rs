@@ -289,7 +289,13 @@ async fn fill(
     let mut cursor = below;
     let mut newest_dropped = below.is_some();
     for _ in 0..MAX_FILL_PAGES {
-        let path = venues::rest::candles_page(dialect, &deps.listing.symbol, from, cursor);
+        let path = venues::rest::candles_page(
+            dialect,
+            deps.source.config.market,
+            &deps.listing.symbol,
+            from,
+            cursor,
+        );
         let body = deps.source.get_text(&path).await.map_err(|e| e.to_string())?;
         let mut page = venues::rest::parse_candles(dialect, &body).map_err(|e| e.to_string())?;
         page.retain(|r| {

@@ -20,6 +20,7 @@ mod source;
 
 pub use source::{VenueRestError, VenueSource};
 
+use shared::protocol::Market;
 use shared::venue::Dialect;
 
 /// The venue's listing of the job's instrument, waiting (and saying why in the job's health)
@@ -41,10 +42,14 @@ pub async fn listing_for(
     }
 }
 
-/// The venue's own public REST base and book WebSocket URL.
-pub fn default_urls(dialect: Dialect) -> (&'static str, &'static str) {
+/// The venue's own public REST base and book WebSocket URL for `market` (Bybit's differ by
+/// category; the others are read for spot only).
+pub fn default_urls(dialect: Dialect, market: Market) -> (&'static str, &'static str) {
     match dialect {
         Dialect::Okx => ("https://www.okx.com", "wss://ws.okx.com:8443/ws/v5/public"),
+        Dialect::Bybit if market == Market::Futures => {
+            ("https://api.bybit.com", "wss://stream.bybit.com/v5/public/linear")
+        }
         Dialect::Bybit => ("https://api.bybit.com", "wss://stream.bybit.com/v5/public/spot"),
         Dialect::Coinbase => ("https://api.coinbase.com", "wss://advanced-trade-ws.coinbase.com"),
         Dialect::Kraken => ("https://api.kraken.com", "wss://ws.kraken.com/v2"),
@@ -52,10 +57,17 @@ pub fn default_urls(dialect: Dialect) -> (&'static str, &'static str) {
     }
 }
 
-/// The REST base and book WebSocket URL of `dialect` on a simulator at `rest_base` / `ws_base`.
-pub fn sim_urls(dialect: Dialect, rest_base: &str, ws_base: &str) -> (String, String) {
+/// The REST base and book WebSocket URL of `dialect`'s `market` on a simulator at `rest_base` /
+/// `ws_base`.
+pub fn sim_urls(
+    dialect: Dialect,
+    market: Market,
+    rest_base: &str,
+    ws_base: &str,
+) -> (String, String) {
     let path = match dialect {
         Dialect::Okx => "/okx/ws/v5/public",
+        Dialect::Bybit if market == Market::Futures => "/bybit/v5/public/linear",
         Dialect::Bybit => "/bybit/v5/public/spot",
         Dialect::Coinbase => "/coinbase/ws",
         Dialect::Kraken => "/kraken/v2",

@@ -116,6 +116,9 @@ fn limits(dialect: Dialect) -> (Duration, Duration) {
     }
 }
 
+/// The most pages of an instrument list read (Bybit's linear list: 1,000 a page).
+const MAX_INSTRUMENT_PAGES: usize = 20;
+
 /// One source of a venue's kind.
 pub struct VenueSource {
     /// Its REST requests' pace, and its new connections'.
@@ -206,10 +209,34 @@ impl VenueSource {
 
     /// Loads the instrument list from the venue's REST API.
     pub async fn load(&self) -> Result<usize, VenueRestError> {
-        let text = self.get_text(venues::rest::instruments_path(self.dialect)).await?;
-        let list = venues::rest::parse_instruments(self.dialect, &text).map_err(|source| {
-            VenueRestError::Answer { venue: self.dialect, what: "instruments", source }
-        })?;
+        let path = venues::rest::instruments_path(self.dialect, self.config.market);
+        let mut text = self.get_text(path).await?;
+        let mut list = Vec::new();
+        // a list in pages (Bybit's linear one): at most MAX_INSTRUMENT_PAGES of them
+        for page in 1.. {
+            let more = venues::rest::parse_instruments(self.dialect, &text).map_err(|source| {
+                VenueRestError::Answer { venue: self.dialect, what: "instruments", source }
+            })?;
+            list.extend(more);
+            let Some(cursor) = venues::rest::next_page_cursor(self.dialect, &text) else { break };
+            if page >= MAX_INSTRUMENT_PAGES {
+                tracing::warn!(
+                    pages = page,
+                    "instrument list cut after {MAX_INSTRUMENT_PAGES} pages"
+                );
+                break;
+            }
+            let cursor: String = cursor
+                .bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'%' | b'-' | b'_' | b'.' => {
+                        char::from(b).to_string()
+                    }
+                    other => format!("%{other:02X}"),
+                })
+                .collect();
+            text = self.get_text(&format!("{path}&cursor={cursor}")).await?;
+        }
         let map: BTreeMap<String, Instrument> =
             list.into_iter().map(|i| (format!("{}/{}", i.base, i.quote), i)).collect();
         let n = map.len();

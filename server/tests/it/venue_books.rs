@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use server::config::{Config, SourceConfig, SourceKind};
 use shared::protocol::ops::DepthJobStatus;
-use shared::protocol::BookHealth;
+use shared::protocol::{BookHealth, Market};
 use shared::sync::SyncStats;
 use shared::venue::Dialect;
 use sim::{FaultCommand, SimHandle, StreamTarget};
@@ -33,7 +33,8 @@ pub(crate) fn venue_sources(sim: &SimHandle) -> Vec<SourceConfig> {
     VENUES
         .iter()
         .map(|&d| {
-            let (rest, ws) = server::venue::sim_urls(d, &sim.rest_base(), &sim.ws_base());
+            let (rest, ws) =
+                server::venue::sim_urls(d, Market::Spot, &sim.rest_base(), &sim.ws_base());
             SourceConfig {
                 name: d.as_str().into(),
                 kind: SourceKind::of_dialect(d),
@@ -397,6 +398,73 @@ async fn each_venue_backfills_its_rest_history_newest_first() {
             );
         }
     }
+    server.stop().await;
+    sim.shutdown();
+}
+
+/// Bybit's linear USDT perpetuals (`market = "futures"`): the instrument list of
+/// `category=linear` (perpetuals, `qtyStep`), the `/v5/public/linear` stream, the book synced by
+/// Bybit's rules and resynced alone from a lost message, trades, and 1m candles stored once each,
+/// equal to the exchange's, with the REST gap fill of `category=linear`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bybit_linear_perpetuals_are_a_futures_source() {
+    let sim = start_sim(60.0, 53).await;
+    let (rest, ws) =
+        server::venue::sim_urls(Dialect::Bybit, Market::Futures, &sim.rest_base(), &sim.ws_base());
+    assert!(ws.ends_with("/bybit/v5/public/linear"), "{ws}");
+    let linear = SourceConfig {
+        name: "bybit-linear".into(),
+        kind: SourceKind::of_dialect(Dialect::Bybit),
+        market: Market::Futures,
+        rest_base: Some(rest),
+        ws_base: Some(ws),
+        ..SourceConfig::default()
+    };
+    let mut c = test_config(vec![external_sim_source(&sim), linear]);
+    let btc = "bybit-linear:futures:BTC/USDT";
+    c.depth.pinned = vec![btc.into()];
+    c.ingest.pinned = vec![btc.into()];
+    c.ingest.reconnect_base_ms = 100;
+    c.ingest.reconnect_cap_ms = 500;
+    let server = TestServer::start(c).await;
+    let series = server.get_json("/api/v1/series").await;
+    let listed = series["instruments"].as_array().unwrap();
+    assert!(listed.iter().any(|i| i["id"] == btc), "{btc} listed");
+    assert!(!listed.iter().any(|i| i["id"] == "bybit-linear:spot:BTC/USDT"));
+    let watch = watch_bus(&server, btc);
+    let synced = || async {
+        let (s, _) = status(&server, btc);
+        (s.health == BookHealth::Synced).then_some(s.sync)
+    };
+    let before = eventually("the linear book synced", synced).await;
+    sim.faults()
+        .apply(FaultCommand::Skip { target: StreamTarget::stream("bybit:book:BTCUSDT"), count: 1 });
+    eventually("the lost message found and resynced", || async {
+        let s = synced().await?;
+        (s.gaps > before.gaps && s.resyncs > before.resyncs).then_some(())
+    })
+    .await;
+    eventually("linear trades", || async {
+        let r = server.get_json(&format!("/api/v1/trades?instrument={btc}&limit=5")).await;
+        (r["received"].as_u64()? > 5).then_some(())
+    })
+    .await;
+    let db = server.db_path();
+    let stored = || testkit::stored(&db, &format!("{btc}:1m"));
+    eventually("three linear minutes stored", || async { (stored().len() >= 3).then_some(()) })
+        .await;
+    let got = stored();
+    assert!(got.windows(2).all(|w| w[1].open_time - w[0].open_time == 60_000), "no hole");
+    let truth = sim.closed_klines("BTCUSDT", got[0].open_time, got.last().unwrap().open_time);
+    for (g, t) in got.iter().zip(&truth) {
+        assert_eq!(
+            (g.open_time, g.open, g.high, g.low, g.close, g.volume),
+            (t.open_time, t.open, t.high, t.low, t.close, t.volume),
+            "a stored linear minute differs from the exchange's"
+        );
+    }
+    watch.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    watch.assert_clean("the linear book");
     server.stop().await;
     sim.shutdown();
 }

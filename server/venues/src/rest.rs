@@ -9,6 +9,7 @@
 //! | Kraken | `/0/public/AssetPairs` | `wsname`, `base`, `quote`, `pair_decimals`, `lot_decimals`, `tick_size`, `status` |
 
 use serde_json::Value;
+use shared::protocol::Market;
 use shared::venue::Dialect;
 use shared::{Price, Qty};
 
@@ -34,10 +35,23 @@ pub struct Instrument {
     pub status: String,
 }
 
-/// Where the instrument list is, under the venue's REST base.
-pub fn instruments_path(dialect: Dialect) -> &'static str {
+/// Bybit's category of `market`: `spot`, or `linear` (USDT perpetuals, millrace's `futures`).
+/// The other venues are read for spot only.
+pub fn bybit_category(market: Market) -> &'static str {
+    match market {
+        Market::Futures => "linear",
+        _ => "spot",
+    }
+}
+
+/// Where the instrument list of `market` is, under the venue's REST base (Bybit's linear list
+/// comes in pages of up to 1,000: [`next_page_cursor`]).
+pub fn instruments_path(dialect: Dialect, market: Market) -> &'static str {
     match dialect {
         Dialect::Okx => "/api/v5/public/instruments?instType=SPOT",
+        Dialect::Bybit if market == Market::Futures => {
+            "/v5/market/instruments-info?category=linear&limit=1000"
+        }
         Dialect::Bybit => "/v5/market/instruments-info?category=spot",
         Dialect::Coinbase => "/api/v3/brokerage/market/products",
         Dialect::Kraken => "/0/public/AssetPairs",
@@ -135,9 +149,22 @@ fn places(v: i64) -> u8 {
     d
 }
 
+/// The cursor of the next page of an instrument list (Bybit's `result.nextPageCursor`), if the
+/// answer says there is one. At most 512 characters are taken.
+pub fn next_page_cursor(dialect: Dialect, body: &str) -> Option<String> {
+    if dialect != Dialect::Bybit {
+        return None;
+    }
+    let v: Value = serde_json::from_str(body).ok()?;
+    let c = v["result"]["nextPageCursor"].as_str()?;
+    (!c.is_empty() && c.len() <= 512).then(|| c.to_string())
+}
+
 /// Reads a venue's instrument list. A refusal in the venue's own form (OKX `code`, Bybit
 /// `retCode`, Kraken `error`, Coinbase `error`) is an error quoting it. Instruments whose tick or
-/// lot millrace cannot hold (more than 8 places) are listed without them.
+/// lot millrace cannot hold (more than 8 places) are listed without them. Bybit's linear list
+/// gives its perpetuals (`contractType` `LinearPerpetual`, lot `qtyStep`); its dated futures
+/// are left out (their `BASE/QUOTE` would name the perpetual).
 pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>, WireError> {
     let v = answer(dialect, body)?;
     let s = |v: &Value| v.as_str().map(str::to_string).unwrap_or_default();
@@ -162,12 +189,18 @@ pub fn parse_instruments(dialect: Dialect, body: &str) -> Result<Vec<Instrument>
         }
         Dialect::Bybit => {
             for i in list(v["result"]["list"].as_array())? {
+                let contract = &i["contractType"];
+                if !contract.is_null() && contract != "LinearPerpetual" {
+                    continue;
+                }
+                let step = &i["lotSizeFilter"]["qtyStep"];
+                let step = if step.is_null() { &i["lotSizeFilter"]["basePrecision"] } else { step };
                 out.push(Instrument {
                     symbol: s(&i["symbol"]),
                     base: s(&i["baseCoin"]),
                     quote: s(&i["quoteCoin"]),
                     tick: tick(&i["priceFilter"]["tickSize"]),
-                    lot: lot(&i["lotSizeFilter"]["basePrecision"]),
+                    lot: lot(step),
                     price_decimals: None,
                     qty_decimals: None,
                     status: s(&i["status"]),
@@ -323,10 +356,16 @@ pub fn candles_page_size(dialect: Dialect) -> u16 {
     }
 }
 
-/// The path and query of a page of `symbol`'s 1m candles whose open time is at least `from_ms`
-/// and below `below_ms` (when given): the newest such page, newest first, except Kraken's, which
-/// is its newest 720 from `since` on.
-pub fn candles_page(dialect: Dialect, symbol: &str, from_ms: i64, below_ms: Option<i64>) -> String {
+/// The path and query of a page of `symbol`'s 1m candles (of `market`: Bybit's category) whose
+/// open time is at least `from_ms` and below `below_ms` (when given): the newest such page,
+/// newest first, except Kraken's, which is its newest 720 from `since` on.
+pub fn candles_page(
+    dialect: Dialect,
+    market: Market,
+    symbol: &str,
+    from_ms: i64,
+    below_ms: Option<i64>,
+) -> String {
     let enc = |s: &str| s.replace('/', "%2F");
     match dialect {
         Dialect::Okx => {
@@ -341,7 +380,8 @@ pub fn candles_page(dialect: Dialect, symbol: &str, from_ms: i64, below_ms: Opti
             q
         }
         Dialect::Bybit => format!(
-            "/v5/market/kline?category=spot&symbol={symbol}&interval=1&limit=1000&start={from_ms}&end={}",
+            "/v5/market/kline?category={}&symbol={symbol}&interval=1&limit=1000&start={from_ms}&end={}",
+            bybit_category(market),
             below_ms.map_or(i64::MAX / 2, |b| b - 1)
         ),
         Dialect::Coinbase => format!(
@@ -482,7 +522,40 @@ mod candle_tests {
         .unwrap_err()
         .to_string()
         .contains("candle"));
-        assert!(candles_page(Dialect::Okx, "BTC-USDT", 60_000, Some(600_000))
+        assert!(candles_page(Dialect::Okx, Market::Spot, "BTC-USDT", 60_000, Some(600_000))
             .contains("before=59999&after=600000"));
+        let linear = candles_page(Dialect::Bybit, Market::Futures, "BTCUSDT", 60_000, None);
+        assert!(linear.starts_with("/v5/market/kline?category=linear&symbol=BTCUSDT"), "{linear}");
+    }
+
+    /// Bybit's linear list (the documented shape: `contractType`, `lotSizeFilter.qtyStep`,
+    /// paged by `nextPageCursor`): perpetuals listed, dated futures left out, the lot its
+    /// `qtyStep`.
+    #[test]
+    fn bybit_linear_instruments_are_its_perpetuals_paged_by_cursor() {
+        assert_eq!(
+            instruments_path(Dialect::Bybit, Market::Futures),
+            "/v5/market/instruments-info?category=linear&limit=1000"
+        );
+        assert_eq!(
+            instruments_path(Dialect::Bybit, Market::Spot),
+            "/v5/market/instruments-info?category=spot"
+        );
+        let page = r#"{"retCode":0,"retMsg":"OK","result":{"category":"linear","list":[
+            {"symbol":"BTCUSDT","contractType":"LinearPerpetual","status":"Trading","baseCoin":"BTC","quoteCoin":"USDT","priceFilter":{"minPrice":"0.10","maxPrice":"1999999.80","tickSize":"0.10"},"lotSizeFilter":{"maxOrderQty":"1190.000","minOrderQty":"0.001","qtyStep":"0.001"}},
+            {"symbol":"BTCUSDT-27DEC24","contractType":"LinearFutures","status":"Trading","baseCoin":"BTC","quoteCoin":"USDT","priceFilter":{"tickSize":"0.50"},"lotSizeFilter":{"qtyStep":"0.001"}}
+        ],"nextPageCursor":"first%3DBTCUSDT%26last%3DBTCUSDT-27DEC24"},"retExtInfo":{},"time":1672712537130}"#;
+        let list = parse_instruments(Dialect::Bybit, page).unwrap();
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list[0].symbol, "BTCUSDT");
+        assert_eq!(list[0].tick, Some(Price::parse("0.1").unwrap()));
+        assert_eq!(list[0].lot, Some(Qty::parse("0.001").unwrap()));
+        assert_eq!(
+            next_page_cursor(Dialect::Bybit, page).as_deref(),
+            Some("first%3DBTCUSDT%26last%3DBTCUSDT-27DEC24")
+        );
+        let last = page.replace("first%3DBTCUSDT%26last%3DBTCUSDT-27DEC24", "");
+        assert_eq!(next_page_cursor(Dialect::Bybit, &last), None);
+        assert_eq!(next_page_cursor(Dialect::Okx, page), None);
     }
 }

@@ -212,9 +212,15 @@ fn bybit_fault(srv: &Srv, path: &str) -> Option<Response> {
     })
 }
 
-async fn bybit_instruments(State(srv): State<Arc<Srv>>) -> Response {
+/// `instruments-info?category=spot|linear`: the same markets in either category (a linear
+/// instrument is a `LinearPerpetual` with a `qtyStep`, as Bybit lists them), on one page.
+async fn bybit_instruments(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response {
     if let Some(r) = bybit_fault(&srv, "/bybit/v5/market/instruments-info") {
         return r;
+    }
+    let category = p.get("category").map(String::as_str).unwrap_or("spot");
+    if !matches!(category, "spot" | "linear") {
+        return Json(bybit_error(10001, "Illegal category")).into_response();
     }
     let list: Vec<Value> = srv
         .ex
@@ -222,13 +228,21 @@ async fn bybit_instruments(State(srv): State<Arc<Srv>>) -> Response {
         .iter()
         .map(|m| {
             let s = &m.spec;
-            json!({"symbol": s.symbol, "baseCoin": s.base, "quoteCoin": s.quote, "status": "Trading",
-                   "lotSizeFilter": {"basePrecision": s.step.to_string(), "minOrderQty": s.step.to_string()},
-                   "priceFilter": {"tickSize": s.tick.to_string()}})
+            if category == "linear" {
+                json!({"symbol": s.symbol, "contractType": "LinearPerpetual", "baseCoin": s.base,
+                       "quoteCoin": s.quote, "settleCoin": s.quote, "status": "Trading",
+                       "lotSizeFilter": {"qtyStep": s.step.to_string(), "minOrderQty": s.step.to_string()},
+                       "priceFilter": {"tickSize": s.tick.to_string()}})
+            } else {
+                json!({"symbol": s.symbol, "baseCoin": s.base, "quoteCoin": s.quote, "status": "Trading",
+                       "lotSizeFilter": {"basePrecision": s.step.to_string(), "minOrderQty": s.step.to_string()},
+                       "priceFilter": {"tickSize": s.tick.to_string()}})
+            }
         })
         .collect();
-    Json(json!({"retCode": 0, "retMsg": "OK", "result": {"category": "spot", "list": list}}))
-        .into_response()
+    Json(json!({"retCode": 0, "retMsg": "OK",
+                "result": {"category": category, "list": list, "nextPageCursor": ""}}))
+    .into_response()
 }
 
 async fn bybit_kline(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response {
@@ -264,7 +278,8 @@ async fn bybit_kline(State(srv): State<Arc<Srv>>, Query(p): Params) -> Response 
                 ])
             })
             .collect();
-    Json(json!({"retCode": 0, "retMsg": "OK", "result": {"category": "spot", "symbol": m.spec.symbol, "list": list}}))
+    let category = if p.get("category").is_some_and(|c| c == "linear") { "linear" } else { "spot" };
+    Json(json!({"retCode": 0, "retMsg": "OK", "result": {"category": category, "symbol": m.spec.symbol, "list": list}}))
         .into_response()
 }
 
