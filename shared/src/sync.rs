@@ -239,6 +239,9 @@ pub enum ResyncReason {
     /// A delta applied level by level ([`BookSync::direct_delta`]) could not be read to its end:
     /// the book holds part of it.
     PartialDelta,
+    /// A venue's REST book at the same point of its stream differed from the local book
+    /// ([`crate::venue::VenueSync::handle_verification`]).
+    Drift,
 }
 
 /// What the machine reports. Drain with [`BookSync::poll_event`].

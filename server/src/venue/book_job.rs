@@ -19,6 +19,14 @@
 //! - **Refusals** of the venue (a bad subscription, a rate limit) are logged, counted as the
 //!   job's errors and answered with the reconnect back-off.
 //! - **Publishing** every `depth.publish_interval_ms`: `Synced` only while the machine is.
+//! - **Verification against the venue's REST book**, every `depth.verify_interval_ms`, where
+//!   the REST book says where in the stream it stands (Bybit's cross sequence `seq`, OKX's and
+//!   Coinbase's book time): the book as it stood at that point (its best [`verify_levels`] a
+//!   side) is compared with it — after a message of that very point, all of it; between two
+//!   messages, the prices the next message left alone (`shared::venue::differing_between`).
+//!   Equal is a verification; a difference is drift (counted with its levels, and the book
+//!   resynced); an answer of a point before what the job kept, or while it resynced, is
+//!   abandoned (counted). Kraken's `Depth` says neither, and its checksum checks every update.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -26,14 +34,17 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use shared::backoff::Backoff;
+use shared::book::Level;
+use shared::fixed::Price;
 use shared::protocol::{BookHealth, BookStatus};
 use shared::sync::{SyncEvent, SyncState};
+use shared::venue::{differing_between, SideView};
 use shared::venue::{
     ConnectionSequence, ConnectionVerdict, Dialect, NumberFormat, VenueSync, VenueSyncConfig,
 };
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
-use venues::rest::Instrument;
+use venues::rest::{Instrument, RestBook};
 use venues::Message;
 
 use super::VenueSource;
@@ -52,6 +63,19 @@ const MAX_FRAME_BYTES: usize = 32 << 20;
 const KRAKEN_DEPTH: usize = 100;
 /// Bybit book depth subscribed.
 const BYBIT_DEPTH: usize = 200;
+/// Levels a side compared with the venue's REST book: the depth the job keeps (OKX `books`
+/// 400, Bybit [`BYBIT_DEPTH`]); Coinbase's `level2` is the whole book, compared to its best 1,000.
+pub fn verify_levels(dialect: Dialect) -> usize {
+    match dialect {
+        Dialect::Okx => 400,
+        Dialect::Bybit => BYBIT_DEPTH,
+        _ => 1_000,
+    }
+}
+/// Book states kept while a verification is in flight.
+const VERIFY_STATES: usize = 512;
+/// How long a REST book ahead of the stream waits for the stream to reach it.
+const VERIFY_WAIT: Duration = Duration::from_secs(5);
 
 /// What a venue book job needs besides its [`JobContext`].
 pub struct VenueBookDeps {
@@ -177,6 +201,40 @@ struct Job {
     messages: Vec<Message>,
     /// What ops shows of the job, written at each publish.
     status: shared::protocol::ops::DepthJobStatus,
+    /// The verification against the venue's REST book in flight, and when the next is due.
+    verify: Option<Verification>,
+    next_verify: tokio::time::Instant,
+    /// The stream point of the last book message.
+    last_key: Option<u64>,
+}
+
+/// One verification against the venue's REST book (see the module docs).
+struct Verification {
+    task: Option<tokio::task::JoinHandle<Result<RestBook, String>>>,
+    /// The answer, once it came while the stream had not reached its point yet.
+    waiting: Option<(RestBook, tokio::time::Instant)>,
+    /// The book's best levels after each message since the request went out (and the one
+    /// before it), by the message's place in the stream; oldest first.
+    states: std::collections::VecDeque<BookState>,
+}
+
+/// The book after the message(s) of one point of the stream, and the prices they changed.
+struct BookState {
+    key: u64,
+    bids: Vec<Level>,
+    asks: Vec<Level>,
+    touched_bids: Vec<Price>,
+    touched_asks: Vec<Price>,
+}
+
+/// Where a book message stands in the venue's stream, as its REST book says it
+/// ([`venues::rest::RestBook::key`]): Bybit's cross sequence, OKX's and Coinbase's time.
+fn stream_key(dialect: Dialect, f: &venues::BookFrame) -> Option<u64> {
+    match dialect {
+        Dialect::Bybit => f.cross_seq,
+        Dialect::Okx | Dialect::Coinbase => f.time_ms.and_then(|t| u64::try_from(t).ok()),
+        Dialect::Kraken | Dialect::Binance => None,
+    }
 }
 
 /// Runs the job until `ctx` stops it.
@@ -191,8 +249,12 @@ pub async fn run(ctx: JobContext, deps: VenueBookDeps) {
         seq: ConnectionSequence::default(),
         messages: Vec::new(),
         status: Default::default(),
+        verify: None,
+        next_verify: tokio::time::Instant::now(),
+        last_key: None,
         deps,
     };
+    job.next_verify = tokio::time::Instant::now() + job.verify_every().unwrap_or_default();
     let ingest = job.deps.ingest.clone();
     let mut backoff = Backoff::new(
         Duration::from_millis(ingest.reconnect_base_ms),
@@ -206,6 +268,7 @@ pub async fn run(ctx: JobContext, deps: VenueBookDeps) {
             End::Lost(why) => ctx.health.crash(format!("{} {}: {why}", dialect, job.channel.name)),
         }
         ctx.health.connected.store(false, Relaxed);
+        job.abandon_verification();
         job.sync.handle_connection_lost();
         job.drain(&mut Vec::new());
         job.publish();
@@ -273,6 +336,12 @@ impl Job {
                         out.push(p.clone());
                     }
                 }
+                () = tokio::time::sleep_until(self.next_verify), if self.verify_due() => {
+                    self.start_verification();
+                }
+                answer = verification_answer(&mut self.verify) => {
+                    self.on_verification_answer(answer);
+                }
                 frame = ws.next() => {
                     last_frame = tokio::time::Instant::now();
                     match frame {
@@ -313,6 +382,9 @@ impl Job {
                 },
                 Message::Book(f) if f.symbol == self.deps.listing.symbol => {
                     self.sync.handle_message(f.message());
+                    if let Some(key) = stream_key(dialect, &f) {
+                        self.record_state(key, &f.bids, &f.asks);
+                    }
                 }
                 Message::Trades { symbol, trades } if symbol == self.deps.listing.symbol => {
                     self.deps.books.trades().push(&ctx.instrument, trades);
@@ -353,8 +425,152 @@ impl Job {
         }
     }
 
+    /// `depth.verify_interval_ms`, if this venue's REST book can be verified against.
+    fn verify_every(&self) -> Option<Duration> {
+        let every = self.deps.depth.verify_interval_ms;
+        let path = venues::rest::book_path(
+            self.deps.source.dialect,
+            self.deps.source.config.market,
+            &self.deps.listing.symbol,
+            verify_levels(self.deps.source.dialect),
+        );
+        (every > 0 && path.is_some()).then(|| Duration::from_millis(every))
+    }
+
+    fn verify_due(&self) -> bool {
+        self.verify.is_none() && self.sync.is_synced() && self.verify_every().is_some()
+    }
+
+    /// Asks the venue for its REST book; the book's states are kept from now until it comes.
+    fn start_verification(&mut self) {
+        let Some(every) = self.verify_every() else { return };
+        self.next_verify = tokio::time::Instant::now() + every;
+        let (source, market) = (self.deps.source.clone(), self.deps.source.config.market);
+        let Some(path) = venues::rest::book_path(
+            source.dialect,
+            market,
+            &self.deps.listing.symbol,
+            verify_levels(source.dialect),
+        ) else {
+            return;
+        };
+        let task = tokio::spawn(async move {
+            let body = source.get_text(&path).await.map_err(|e| e.to_string())?;
+            venues::rest::parse_book(source.dialect, &body).map_err(|e| e.to_string())
+        });
+        self.verify = Some(Verification {
+            task: Some(task),
+            waiting: None,
+            states: std::collections::VecDeque::new(),
+        });
+        if let Some(key) = self.last_key {
+            self.record_state(key, &[], &[]);
+        }
+    }
+
+    /// Keeps the book's best levels after the message at `key` (which changed `bids` / `asks`)
+    /// while a verification is in flight, and settles an answer that was waiting for the stream
+    /// to pass its point.
+    fn record_state(&mut self, key: u64, bids: &[Level], asks: &[Level]) {
+        self.last_key = Some(key);
+        let synced = self.sync.is_synced();
+        let levels = verify_levels(self.deps.source.dialect);
+        let Some(v) = &mut self.verify else { return };
+        if synced {
+            let (top_bids, top_asks) = self.sync.book().top(levels);
+            let mut state = BookState {
+                key,
+                bids: top_bids,
+                asks: top_asks,
+                touched_bids: bids.iter().map(|l| l.price).collect(),
+                touched_asks: asks.iter().map(|l| l.price).collect(),
+            };
+            if v.states.back().is_some_and(|s| s.key == key) {
+                // the last message of a point counts; what each changed, together
+                let earlier = v.states.pop_back().expect("checked");
+                state.touched_bids.extend(earlier.touched_bids);
+                state.touched_asks.extend(earlier.touched_asks);
+            }
+            v.states.push_back(state);
+            if v.states.len() > VERIFY_STATES {
+                v.states.pop_front();
+            }
+        }
+        if v.waiting.as_ref().is_some_and(|(answer, _)| key > answer.key) {
+            let (answer, _) = v.waiting.take().expect("checked");
+            self.settle(answer);
+        }
+    }
+
+    fn on_verification_answer(&mut self, answer: Result<RestBook, String>) {
+        let Some(v) = &mut self.verify else { return };
+        v.task = None;
+        match answer {
+            Ok(book) => {
+                let newest = v.states.back().map(|s| s.key);
+                if newest.is_some_and(|n| book.key >= n) {
+                    // the stream has not passed the answer's point yet: wait for it
+                    v.waiting = Some((book, tokio::time::Instant::now() + VERIFY_WAIT));
+                } else {
+                    self.settle(book);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(stream = %self.channel.name, "venue REST book for verification: {e}");
+                self.abandon_verification();
+            }
+        }
+    }
+
+    /// Compares the REST book with the book as it stood at its point (see the module docs), if
+    /// the job kept that point.
+    fn settle(&mut self, book: RestBook) {
+        let Some(v) = self.verify.take() else { return };
+        let n = verify_levels(self.deps.source.dialect);
+        // the state after the last message at or before the answer's point, and the next one
+        let at = v.states.iter().rposition(|s| s.key <= book.key);
+        let Some(at) = at else {
+            self.sync.handle_verification_abandoned();
+            return;
+        };
+        let before = &v.states[at];
+        let (touched_bids, touched_asks): (&[Price], &[Price]) = if before.key == book.key {
+            (&[], &[])
+        } else {
+            match v.states.get(at + 1) {
+                Some(next) => (&next.touched_bids, &next.touched_asks),
+                None => {
+                    self.sync.handle_verification_abandoned();
+                    return;
+                }
+            }
+        };
+        let bids = SideView { ours: &before.bids, theirs: &book.bids, touched: touched_bids };
+        let asks = SideView { ours: &before.asks, theirs: &book.asks, touched: touched_asks };
+        let differing = differing_between(bids, true, n) + differing_between(asks, false, n);
+        if differing > 0 {
+            tracing::warn!(stream = %self.channel.name, key = book.key, differing, "venue book drifted from its REST book: resyncing");
+        }
+        self.sync.handle_verification(differing);
+    }
+
+    /// Ends the verification in flight, counted as abandoned.
+    fn abandon_verification(&mut self) {
+        if let Some(mut v) = self.verify.take() {
+            if let Some(t) = v.task.take() {
+                t.abort();
+            }
+            self.sync.handle_verification_abandoned();
+        }
+    }
+
     fn publish(&mut self) {
         let now = now_ms();
+        if let Some(v) = &mut self.verify {
+            if v.waiting.as_ref().is_some_and(|(_, until)| tokio::time::Instant::now() >= *until) {
+                self.abandon_verification();
+            }
+        }
         let state = self.sync.state();
         let health =
             if state == SyncState::Synced { BookHealth::Synced } else { BookHealth::Resyncing };
@@ -363,8 +579,9 @@ impl Job {
             health,
             gaps: stats.gaps,
             resyncs: stats.resyncs,
-            drift: stats.checksum_mismatches,
-            verifications: stats.checksums_verified,
+            // the book found unlike the venue's: by its checksum, or by its REST book
+            drift: stats.checksum_mismatches + stats.drift_events,
+            verifications: stats.checksums_verified + stats.verifications,
             events: stats.deltas_applied + stats.snapshots_applied,
         };
         let book = self.sync.book();
@@ -382,5 +599,13 @@ impl Job {
         }
         s.sync.clone_from(stats);
         self.deps.stats.set(s);
+    }
+}
+
+/// The answer of the verification in flight; pending while there is none.
+async fn verification_answer(v: &mut Option<Verification>) -> Result<RestBook, String> {
+    match v.as_mut().and_then(|v| v.task.as_mut()) {
+        Some(task) => task.await.unwrap_or_else(|e| Err(format!("the request ended: {e}"))),
+        None => std::future::pending().await,
     }
 }

@@ -341,6 +341,100 @@ pub struct CandleRow {
     pub closed: Option<bool>,
 }
 
+/// The most levels a side of a REST book answer may hold.
+pub const MAX_BOOK_LEVELS: usize = 5_000;
+
+/// A venue's REST book and where in its stream it stands: `key` is Bybit's cross sequence
+/// `seq` (the same as its book messages'), OKX's `ts` and Coinbase's `time` (ms; the same as
+/// its book messages' times when both are of the same moment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestBook {
+    pub key: u64,
+    /// Best first.
+    pub bids: Vec<shared::Level>,
+    pub asks: Vec<shared::Level>,
+}
+
+/// The path and query of `symbol`'s REST book, its best `levels` a side, for a venue whose REST
+/// book says where in the stream it stands (OKX, Bybit, Coinbase); `None` for Kraken, whose
+/// `Depth` carries no book time or id (its checksum verifies every update instead).
+pub fn book_path(dialect: Dialect, market: Market, symbol: &str, levels: usize) -> Option<String> {
+    match dialect {
+        Dialect::Okx => Some(format!("/api/v5/market/books?instId={symbol}&sz={levels}")),
+        Dialect::Bybit => Some(format!(
+            "/v5/market/orderbook?category={}&symbol={symbol}&limit={levels}",
+            bybit_category(market)
+        )),
+        Dialect::Coinbase => Some(format!(
+            "/api/v3/brokerage/market/product_book?product_id={symbol}&limit={levels}"
+        )),
+        Dialect::Kraken | Dialect::Binance => None,
+    }
+}
+
+/// Reads a REST book answer of [`book_path`]. A refusal in the venue's own form is an error
+/// quoting it.
+pub fn parse_book(dialect: Dialect, body: &str) -> Result<RestBook, WireError> {
+    let v = answer(dialect, body)?;
+    let price = |v: &Value, what: &'static str| {
+        let t = v.as_str().ok_or_else(|| invalid(dialect, format!("{what} is not a string")))?;
+        shared::Price::parse(t).map_err(|e| WireError::Number {
+            dialect,
+            field: what,
+            value: clip(t).to_string(),
+            detail: e.to_string(),
+        })
+    };
+    let qty = |v: &Value, what: &'static str| {
+        let t = v.as_str().ok_or_else(|| invalid(dialect, format!("{what} is not a string")))?;
+        shared::Qty::parse(t).map_err(|e| WireError::Number {
+            dialect,
+            field: what,
+            value: clip(t).to_string(),
+            detail: e.to_string(),
+        })
+    };
+    // rows of [price, size, …] (OKX, Bybit) or {"price","size"} objects (Coinbase)
+    let side = |rows: &Value, what: &'static str| -> Result<Vec<shared::Level>, WireError> {
+        let rows = listed(dialect, rows.as_array(), what, MAX_BOOK_LEVELS)?;
+        rows.iter()
+            .map(|r| {
+                let (p, q) = match r {
+                    Value::Array(a) => {
+                        (a.first().unwrap_or(&Value::Null), a.get(1).unwrap_or(&Value::Null))
+                    }
+                    _ => (&r["price"], &r["size"]),
+                };
+                Ok(shared::Level::new(price(p, "price")?, qty(q, "size")?))
+            })
+            .collect()
+    };
+    let int = |v: &Value| match v {
+        Value::String(s) => s.parse::<u64>().ok(),
+        other => other.as_u64(),
+    };
+    let (key, bids, asks) = match dialect {
+        Dialect::Okx => {
+            let b = &v["data"][0];
+            (int(&b["ts"]), side(&b["bids"], "bids")?, side(&b["asks"], "asks")?)
+        }
+        Dialect::Bybit => {
+            let r = &v["result"];
+            (int(&r["seq"]), side(&r["b"], "b")?, side(&r["a"], "a")?)
+        }
+        Dialect::Coinbase => {
+            let b = &v["pricebook"];
+            let time = b["time"].as_str().and_then(crate::parse_rfc3339_ms);
+            let key = time.and_then(|t| u64::try_from(t).ok());
+            (key, side(&b["bids"], "bids")?, side(&b["asks"], "asks")?)
+        }
+        Dialect::Kraken | Dialect::Binance => return Err(WireError::Unsupported(dialect)),
+    };
+    let key =
+        key.ok_or_else(|| invalid(dialect, "the book says not where in the stream it stands"))?;
+    Ok(RestBook { key, bids, asks })
+}
+
 /// Rows one candle answer may hold.
 pub const MAX_CANDLES: usize = 2_000;
 
@@ -526,6 +620,41 @@ mod candle_tests {
             .contains("before=59999&after=600000"));
         let linear = candles_page(Dialect::Bybit, Market::Futures, "BTCUSDT", 60_000, None);
         assert!(linear.starts_with("/v5/market/kline?category=linear&symbol=BTCUSDT"), "{linear}");
+    }
+
+    /// The venues' REST books (the documented shapes) and where they stand in the stream.
+    #[test]
+    fn rest_books_say_where_in_the_stream_they_stand() {
+        let bybit = r#"{"retCode":0,"retMsg":"OK","result":{"s":"BTCUSDT","b":[["62710.2","5.52"]],"a":[["62710.3","0.01"]],"ts":1709199771584,"u":243781,"seq":3887177875},"retExtInfo":{},"time":1709199771643}"#;
+        let b = parse_book(Dialect::Bybit, bybit).unwrap();
+        assert_eq!(b.key, 3_887_177_875);
+        assert_eq!(
+            b.bids,
+            [shared::Level::new(Price::parse("62710.2").unwrap(), Qty::parse("5.52").unwrap())]
+        );
+        let okx = r#"{"code":"0","msg":"","data":[{"asks":[["41006.8","0.60038921","0","1"]],"bids":[["41006.3","0.30178218","0","2"]],"ts":"1629966436396"}]}"#;
+        let o = parse_book(Dialect::Okx, okx).unwrap();
+        assert_eq!((o.key, o.asks.len(), o.bids.len()), (1_629_966_436_396, 1, 1));
+        let coinbase = r#"{"pricebook":{"product_id":"BTC-USD","bids":[{"price":"27000.01","size":"0.5"}],"asks":[{"price":"27000.02","size":"1"}],"time":"2023-09-07T13:58:51.312Z"}}"#;
+        let c = parse_book(Dialect::Coinbase, coinbase).unwrap();
+        assert_eq!(c.key, 1_694_095_131_312);
+        assert_eq!(c.asks[0].price, Price::parse("27000.02").unwrap());
+        // no place in the stream, a bad number, a refusal, Kraken
+        assert!(parse_book(Dialect::Bybit, &bybit.replace(",\"seq\":3887177875", "")).is_err());
+        assert!(parse_book(Dialect::Okx, &okx.replace("41006.8", "4x"))
+            .unwrap_err()
+            .to_string()
+            .contains("4x"));
+        assert!(parse_book(
+            Dialect::Okx,
+            r#"{"code":"51001","msg":"Instrument ID does not exist","data":[]}"#
+        )
+        .is_err());
+        assert!(book_path(Dialect::Kraken, Market::Spot, "BTC/USD", 20).is_none());
+        assert_eq!(
+            book_path(Dialect::Bybit, Market::Futures, "BTCUSDT", 20).unwrap(),
+            "/v5/market/orderbook?category=linear&symbol=BTCUSDT&limit=20"
+        );
     }
 
     /// Bybit's linear list (the documented shape: `contractType`, `lotSizeFilter.qtyStep`,

@@ -19,7 +19,10 @@
 pub mod checksum;
 mod sync;
 
-pub use sync::{BookMessage, ConnectionSequence, ConnectionVerdict, VenueSync, VenueSyncConfig};
+pub use sync::{
+    differing_between, differing_levels, BookMessage, ConnectionSequence, ConnectionVerdict,
+    SideView, VenueSync, VenueSyncConfig,
+};
 
 use core::fmt;
 

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::book::{Level, OrderBook};
+use crate::book::{Level, OrderBook, Side};
 use crate::sync::{ResyncReason, SyncEvent, SyncState, SyncStats};
 
 use super::{checksum, ChecksumRule, NumberFormat, Printed, PrintedLevels, SequenceRule};
@@ -240,6 +240,31 @@ impl VenueSync {
         }
     }
 
+    /// A periodic verification compared the venue's REST book with this book at the same point
+    /// of the venue's stream (see [`differing_levels`]): `differing` levels disagreed. Equal is
+    /// a verification; any difference is drift, reported ([`SyncEvent::Drift`]) and resynced.
+    /// A book that is not synced (it resynced meanwhile) counts the verification as abandoned.
+    pub fn handle_verification(&mut self, differing: usize) {
+        if self.state != SyncState::Synced {
+            self.stats.verifications_abandoned += 1;
+            return;
+        }
+        self.stats.verifications += 1;
+        if differing > 0 {
+            self.stats.drift_events += 1;
+            self.stats.drift_levels += differing as u64;
+            let last_update_id = self.last_update_id();
+            self.events.push_back(SyncEvent::Drift { last_update_id, drift_levels: differing });
+            self.resync(ResyncReason::Drift);
+        }
+    }
+
+    /// A periodic verification could not be made (the REST book failed, or it was of a point of
+    /// the stream the book did not keep): counted.
+    pub fn handle_verification_abandoned(&mut self) {
+        self.stats.verifications_abandoned += 1;
+    }
+
     /// The connection dropped: the book waits for the snapshot its resubscription brings.
     pub fn handle_connection_lost(&mut self) {
         if self.state == SyncState::Synced {
@@ -391,6 +416,61 @@ impl VenueSync {
     }
 }
 
+/// How many of the best `n` levels a side of `bids` / `asks` (a venue's REST book, best first)
+/// and of `book` disagree, position by position (a price or a quantity that differs, or a level
+/// one has and the other not).
+pub fn differing_levels(book: &OrderBook, bids: &[Level], asks: &[Level], n: usize) -> usize {
+    let side = |ours: &crate::book::Ladder, theirs: &[Level]| {
+        let theirs = &theirs[..theirs.len().min(n)];
+        let mine = ours.len().min(n);
+        let same = ours.iter().take(n).zip(theirs).filter(|(a, b)| a == *b).count();
+        mine.max(theirs.len()) - same
+    };
+    side(book.side(Side::Bid), bids) + side(book.side(Side::Ask), asks)
+}
+
+/// One side of a book, best first, for [`differing_between`].
+#[derive(Debug, Clone, Copy)]
+pub struct SideView<'a> {
+    pub ours: &'a [Level],
+    pub theirs: &'a [Level],
+    /// Prices the venue's next message changed: the REST book may stand on either side of those
+    /// changes, so they are not compared.
+    pub touched: &'a [crate::fixed::Price],
+}
+
+/// How many levels of a venue's REST book of a point between two messages disagree with the
+/// book after the earlier one (`ours`), by price: a venue sends what changed up to a point in its
+/// next message, so a price that message did not change stood the same at every point between
+/// the two, and must be the same in the REST book; a price it changed is skipped. Each list is at
+/// most `n` levels long; a list of `n` is cut, so only prices at least as good as the better of
+/// the two lists' `n`-th levels (where both are complete) are compared. `bid` says how a side is ordered.
+pub fn differing_between(side: SideView<'_>, bid: bool, n: usize) -> usize {
+    let better_or_eq =
+        |a: crate::fixed::Price, b: crate::fixed::Price| if bid { a >= b } else { a <= b };
+    let cut = |l: &[Level]| (l.len() >= n).then(|| l[n - 1].price);
+    let edge = match (cut(side.ours), cut(side.theirs)) {
+        (Some(a), Some(b)) => Some(if better_or_eq(a, b) { a } else { b }),
+        (a, b) => a.or(b),
+    };
+    let in_range = |p: crate::fixed::Price| {
+        edge.is_none_or(|e| better_or_eq(p, e)) && !side.touched.contains(&p)
+    };
+    let qty = |l: &[Level], p: crate::fixed::Price| l.iter().find(|x| x.price == p).map(|x| x.qty);
+    let mut differing = 0;
+    for l in side.ours.iter().take(n).filter(|l| in_range(l.price)) {
+        if qty(side.theirs, l.price) != Some(l.qty) {
+            differing += 1;
+        }
+    }
+    for l in side.theirs.iter().take(n).filter(|l| in_range(l.price)) {
+        if qty(side.ours, l.price).is_none() {
+            differing += 1;
+        }
+    }
+    differing
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Continuity {
     Apply,
@@ -475,6 +555,65 @@ mod tests {
         s.handle_message(okx_msg(true, 20, None, &bids, &asks));
         assert!(s.is_synced());
         assert_eq!(s.book().best_bid(), Some(lv("100", "1")));
+    }
+
+    #[test]
+    fn a_rest_book_at_the_same_point_verifies_or_finds_drift() {
+        let mut s = okx();
+        let bids = [lv("100", "1"), lv("99", "3")];
+        let asks = [lv("101", "2")];
+        s.handle_message(okx_msg(true, 10, None, &bids, &asks));
+        events(&mut s);
+        // the same levels: equal within the levels compared
+        assert_eq!(differing_levels(s.book(), &bids, &asks, 20), 0);
+        assert_eq!(differing_levels(s.book(), &bids[..1], &asks, 1), 0);
+        s.handle_verification(0);
+        assert_eq!((s.stats().verifications, s.stats().drift_events), (1, 0));
+        assert!(s.is_synced());
+        // a phantom level in ours, a quantity that differs, a level missing on one side
+        let theirs_bids = [lv("100", "1"), lv("99", "4")];
+        assert_eq!(differing_levels(s.book(), &theirs_bids, &asks, 20), 1);
+        assert_eq!(differing_levels(s.book(), &bids, &[], 20), 1);
+        assert_eq!(differing_levels(s.book(), &[lv("100.5", "1")], &asks, 20), 2);
+        s.handle_verification(2);
+        let st = s.stats();
+        assert_eq!((st.verifications, st.drift_events, st.drift_levels, st.resyncs), (2, 1, 2, 1));
+        let ev = events(&mut s);
+        assert!(ev.contains(&SyncEvent::Drift { last_update_id: 1, drift_levels: 2 }), "{ev:?}");
+        assert!(ev.contains(&SyncEvent::NeedSnapshot { reason: ResyncReason::Drift }), "{ev:?}");
+        // while it resyncs, a verification's answer is abandoned
+        s.handle_verification(0);
+        s.handle_verification_abandoned();
+        assert_eq!(s.stats().verifications_abandoned, 2);
+        assert_eq!(s.stats().verifications, 2);
+    }
+
+    #[test]
+    fn a_rest_book_between_two_messages_is_compared_where_the_next_left_it_alone() {
+        let p = |s: &str| Price::parse(s).unwrap();
+        let ours = [lv("100", "1"), lv("99", "2"), lv("98", "3")];
+        // the next message changed 99: the REST book may show 99 either way
+        let theirs = [lv("100", "1"), lv("99", "7"), lv("98", "3")];
+        let touched = [p("99")];
+        let view = |theirs, touched| SideView { ours: &ours, theirs, touched };
+        assert_eq!(differing_between(view(&theirs, &touched), true, 20), 0);
+        // untouched prices must agree: a phantom level of ours, one missing, another quantity
+        assert_eq!(differing_between(view(&theirs, &[]), true, 20), 1);
+        let phantom = [lv("100", "1"), lv("99", "2")];
+        assert_eq!(differing_between(view(&phantom, &[]), true, 20), 1);
+        let extra = [lv("100", "1"), lv("99", "2"), lv("98", "3"), lv("97.5", "1")];
+        assert_eq!(differing_between(view(&extra, &[]), true, 20), 1);
+        let other = [lv("100", "2"), lv("99", "2"), lv("98", "3")];
+        assert_eq!(differing_between(view(&other, &touched), true, 20), 1);
+        // lists cut at n: only prices at least as good as the worse n-th level are compared
+        let cut = [lv("100", "1"), lv("99.5", "1")];
+        assert_eq!(differing_between(view(&cut, &[p("99.5")]), true, 2), 0);
+        // asks the other way round
+        let asks = [lv("101", "1"), lv("102", "2")];
+        let theirs = [lv("101", "1"), lv("102", "2"), lv("103", "1")];
+        let v = SideView { ours: &asks, theirs: &theirs, touched: &[] };
+        assert_eq!(differing_between(v, false, 2), 0, "103 is past both cuts");
+        assert_eq!(differing_between(v, false, 3), 1, "ours lacks 103");
     }
 
     #[test]

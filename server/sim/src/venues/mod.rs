@@ -502,9 +502,11 @@ fn book_tick<V: Venue>(srv: &Srv, venue: &V, f: &mut Feed, ctx: &mut Ctx, out: &
     let m = &srv.ex.markets[f.market];
     let spec = &m.spec;
     let depth = f.sub.depth.unwrap_or_else(|| venue.default_depth());
-    let (view, _) = m.book_and_time(depth);
+    // a book message carries the time of the book it shows (as a venue's "generation time"),
+    // the same the REST book of that moment says
+    let (view, book_ms) = m.book_and_time(depth);
     let symbol = f.sub.symbol.clone();
-    let now_ms = ctx.now_ms;
+    let now_ms = book_ms;
     let snapshot_out = |seq: u64, checksum: Option<u32>| BookOut {
         symbol: &symbol,
         spec,
@@ -544,7 +546,7 @@ fn book_tick<V: Venue>(srv: &Srv, venue: &V, f: &mut Feed, ctx: &mut Ctx, out: &
                 cross_seq: view.last_update_id,
                 checksum: checksum_of(venue, spec, &f.mirror),
                 depth,
-                time_ms: ctx.now_ms,
+                time_ms: book_ms,
             };
             out.extend(venue.book_heartbeat(&b, ctx));
         }
@@ -586,10 +588,11 @@ fn book_tick<V: Venue>(srv: &Srv, venue: &V, f: &mut Feed, ctx: &mut Ctx, out: &
         match sum {
             Some(s) => sum = Some(s.wrapping_add(1)),
             None => {
-                // no checksum to catch it: a phantom level one tick inside the worst bid
+                // no checksum to catch it: a phantom level half a tick inside the worst bid
+                // (within the depth the client keeps; only a REST book can show it)
                 if let Some(worst) = view.bids.last() {
                     extra_bids.push(Level::new(
-                        shared::Price::from_raw(worst.price.raw() - spec.tick.raw() / 2),
+                        shared::Price::from_raw(worst.price.raw() + spec.tick.raw() / 2),
                         spec.lot,
                     ));
                 }
@@ -607,7 +610,7 @@ fn book_tick<V: Venue>(srv: &Srv, venue: &V, f: &mut Feed, ctx: &mut Ctx, out: &
         cross_seq: view.last_update_id,
         checksum: sum,
         depth,
-        time_ms: ctx.now_ms,
+        time_ms: book_ms,
     };
     match decision {
         // lost on the way: written (the venue's sequences moved on), never sent
