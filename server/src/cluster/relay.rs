@@ -518,58 +518,49 @@ pub struct RelayFeed {
     poison: Arc<PoisonStats>,
 }
 
-impl RelayFeed {
+impl DiffFeed for RelayFeed {
     /// The next delta as the replica published it; an error ends the feed (the job then syncs
     /// from another replica).
-    pub async fn next_text(&mut self) -> Option<Result<Utf8Bytes, StreamError>> {
-        loop {
-            let silent_at = tokio::time::Instant::from_std(self.last_seen + self.silence);
-            tokio::select! {
-                m = self.deltas.next() => {
-                    let m = m?;
-                    self.last_seen = Instant::now();
-                    return Some(Utf8Bytes::try_from(m.payload).map_err(|e| StreamError::Io(e.to_string())));
-                }
-                m = self.alive.next() => {
-                    let m = m?;
-                    let alive: Alive = match serde_json::from_slice(&m.payload) {
-                        Ok(a) => a,
-                        Err(_) => {
-                            self.poison.record(Poison::Unparsable, format_args!("{}: not a worker's list of books", m.subject));
+    fn next_text(&mut self) -> BoxFuture<'_, Option<Result<Utf8Bytes, StreamError>>> {
+        Box::pin(async move {
+            loop {
+                let silent_at = tokio::time::Instant::from_std(self.last_seen + self.silence);
+                tokio::select! {
+                    m = self.deltas.next() => {
+                        let m = m?;
+                        self.last_seen = Instant::now();
+                        return Some(Utf8Bytes::try_from(m.payload).map_err(|e| StreamError::Io(e.to_string())));
+                    }
+                    m = self.alive.next() => {
+                        let m = m?;
+                        let alive: Alive = match serde_json::from_slice(&m.payload) {
+                            Ok(a) => a,
+                            Err(_) => {
+                                self.poison.record(Poison::Unparsable, format_args!("{}: not a worker's list of books", m.subject));
+                                continue;
+                            }
+                        };
+                        if alive.books.len() > MAX_ALIVE_BOOKS {
+                            self.poison.record(Poison::Unparsable, format_args!("{}: a list of too many books", m.subject));
                             continue;
                         }
-                    };
-                    if alive.books.len() > MAX_ALIVE_BOOKS {
-                        self.poison.record(Poison::Unparsable, format_args!("{}: a list of too many books", m.subject));
-                        continue;
+                        if !alive.books.contains(&self.instrument) {
+                            return Some(Err(StreamError::Io(format!(
+                                "worker {} no longer holds the book", self.worker
+                            ))));
+                        }
+                        self.last_seen = Instant::now();
                     }
-                    if !alive.books.contains(&self.instrument) {
-                        return Some(Err(StreamError::Io(format!(
-                            "worker {} no longer holds the book", self.worker
-                        ))));
+                    _ = tokio::time::sleep_until(silent_at) => {
+                        return Some(Err(StreamError::Stalled { silent_for: self.silence }));
                     }
-                    self.last_seen = Instant::now();
-                }
-                _ = tokio::time::sleep_until(silent_at) => {
-                    return Some(Err(StreamError::Stalled { silent_for: self.silence }));
                 }
             }
-        }
-    }
-
-    /// How long the feed has been open.
-    pub fn age(&self) -> Duration {
-        self.opened.elapsed()
-    }
-}
-
-impl DiffFeed for RelayFeed {
-    fn next_text(&mut self) -> BoxFuture<'_, Option<Result<Utf8Bytes, StreamError>>> {
-        Box::pin(RelayFeed::next_text(self))
+        })
     }
 
     fn age(&self) -> Duration {
-        RelayFeed::age(self)
+        self.opened.elapsed()
     }
 }
 

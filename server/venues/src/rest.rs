@@ -376,24 +376,22 @@ pub fn book_path(dialect: Dialect, market: Market, symbol: &str, levels: usize) 
 /// quoting it.
 pub fn parse_book(dialect: Dialect, body: &str) -> Result<RestBook, WireError> {
     let v = answer(dialect, body)?;
-    let price = |v: &Value, what: &'static str| {
+    fn number<T, E: std::fmt::Display>(
+        dialect: Dialect,
+        v: &Value,
+        what: &'static str,
+        parse: fn(&str) -> Result<T, E>,
+    ) -> Result<T, WireError> {
         let t = v.as_str().ok_or_else(|| invalid(dialect, format!("{what} is not a string")))?;
-        shared::Price::parse(t).map_err(|e| WireError::Number {
+        parse(t).map_err(|e| WireError::Number {
             dialect,
             field: what,
             value: clip(t).to_string(),
             detail: e.to_string(),
         })
-    };
-    let qty = |v: &Value, what: &'static str| {
-        let t = v.as_str().ok_or_else(|| invalid(dialect, format!("{what} is not a string")))?;
-        shared::Qty::parse(t).map_err(|e| WireError::Number {
-            dialect,
-            field: what,
-            value: clip(t).to_string(),
-            detail: e.to_string(),
-        })
-    };
+    }
+    let price = |v: &Value, what| number(dialect, v, what, shared::Price::parse);
+    let qty = |v: &Value, what| number(dialect, v, what, shared::Qty::parse);
     // rows of [price, size, …] (OKX, Bybit) or {"price","size"} objects (Coinbase)
     let side = |rows: &Value, what: &'static str| -> Result<Vec<shared::Level>, WireError> {
         let rows = listed(dialect, rows.as_array(), what, MAX_BOOK_LEVELS)?;
