@@ -206,6 +206,8 @@ struct Job {
     next_verify: tokio::time::Instant,
     /// The stream point of the last book message.
     last_key: Option<u64>,
+    /// The job's part of the shutdown (its REST requests run in it).
+    shutdown: crate::shutdown::Shutdown,
 }
 
 /// One verification against the venue's REST book (see the module docs).
@@ -252,6 +254,7 @@ pub async fn run(ctx: JobContext, deps: VenueBookDeps) {
         verify: None,
         next_verify: tokio::time::Instant::now(),
         last_key: None,
+        shutdown: ctx.shutdown.clone(),
         deps,
     };
     job.next_verify = tokio::time::Instant::now() + job.verify_every().unwrap_or_default();
@@ -454,7 +457,7 @@ impl Job {
         ) else {
             return;
         };
-        let task = tokio::spawn(async move {
+        let task = self.shutdown.spawn(async move {
             let body = source.get_text(&path).await.map_err(|e| e.to_string())?;
             venues::rest::parse_book(source.dialect, &body).map_err(|e| e.to_string())
         });
