@@ -75,6 +75,8 @@ pub enum StartError {
     Source(#[from] crate::sources::SourceError),
     #[error("cannot start the tick-by-tick books")]
     TickBooks(#[source] crate::l3::L3Error),
+    #[error("cannot start the recorder (record.dir)")]
+    Recording(#[source] std::io::Error),
 }
 
 /// The bus and the store the service runs on.
@@ -245,6 +247,8 @@ pub struct App {
     simulators: Vec<(String, SimHandle)>,
     /// What a layer around the service added (see [`Extension`]).
     extension: Option<Arc<dyn Extension>>,
+    /// The recorder of upstream frames (`[record]`).
+    recording: Arc<crate::recording::Recording>,
     /// The whole service's part of the shutdown; every subsystem's is a child of it.
     shutdown: Shutdown,
     /// The data directory's lock (SQLite store), released when the service is dropped.
@@ -301,11 +305,14 @@ impl App {
         let (endpoints, simulators) =
             start_simulators(&config, &store, &shutdown.token().child_token()).await?;
         let extra = simulated_venues(&config, &endpoints);
+        let recording = crate::recording::Recording::start(&config, &shutdown.child())
+            .map_err(StartError::Recording)?;
         let sources = Sources::start_with(
             &config.sources,
             endpoints,
             extra,
             &config.ingest.derived,
+            Some(&recording),
             &shutdown.child(),
         )
         .await?;
@@ -406,6 +413,7 @@ impl App {
             l3,
             simulators,
             extension: plugs.extension,
+            recording,
             shutdown,
             _data_lock: data_lock,
         })
@@ -422,6 +430,11 @@ impl App {
 
     pub fn bus(&self) -> &Arc<dyn Bus> {
         &self.bus
+    }
+
+    /// The recorder of upstream frames.
+    pub fn recording(&self) -> &Arc<crate::recording::Recording> {
+        &self.recording
     }
 
     pub fn sources(&self) -> &Arc<Sources> {

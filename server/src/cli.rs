@@ -85,6 +85,9 @@ pub enum ReplayCommand {
     Sse(replay::sse::SseArgs),
     /// Rebuild a LOBSTER book from a message file; prints LOBSTER's orderbook CSV.
     Lobster(replay::lobster::LobsterArgs),
+    /// Check millrace's own recording (`[record]`): every file's blocks and torn tail, and
+    /// another venue's books synced from it by the venue's rules; prints JSON per file and book.
+    Recording(replay::recording::RecordingArgs),
 }
 
 /// Arguments of `millrace serve`. Every flag overrides the configuration file and `MILLRACE_*`
@@ -168,6 +171,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ReplayCommand::Klines(a) => replay::klines::run(&a, &mut out)?,
                 ReplayCommand::Sse(a) => replay::sse::run(&a, &mut out)?,
                 ReplayCommand::Lobster(a) => replay::lobster::run(&a, &mut out)?,
+                ReplayCommand::Recording(a) => replay::recording::run(&a, &mut out)?,
             };
             out.flush()?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -21,6 +21,7 @@ pub mod lock;
 pub mod malloc;
 pub mod metrics;
 pub mod rate;
+pub mod recording;
 pub mod redact;
 pub mod shutdown;
 pub mod sources;

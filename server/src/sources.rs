@@ -91,6 +91,15 @@ pub struct Source {
     /// The exchange's clock as sampled by [`Sources::keep_clocks`] (a cluster's gateway bounds
     /// the times of what it reads from the bus by it).
     clock: ExchangeClock,
+    /// Where its frames are recorded (`[record]`), if they are.
+    tap: std::sync::OnceLock<crate::recording::Tap>,
+}
+
+impl Source {
+    /// The recording of this source's frames, if it is recorded.
+    pub fn tap(&self) -> Option<crate::recording::Tap> {
+        self.tap.get().cloned()
+    }
 }
 
 /// The exchange's clock as this process sees it: samples of the exchange's `/time` against the
@@ -292,7 +301,7 @@ impl Sources {
         derived: &[Timeframe],
         shutdown: &Shutdown,
     ) -> Result<Arc<Sources>, SourceError> {
-        Self::start_with(configs, endpoints, Vec::new(), derived, shutdown).await
+        Self::start_with(configs, endpoints, Vec::new(), derived, None, shutdown).await
     }
 
     /// [`Self::start`] with more venue sources than the configured ones (an embedded
@@ -302,6 +311,7 @@ impl Sources {
         endpoints: Vec<Endpoint>,
         extra: Vec<(SourceConfig, Endpoint)>,
         derived: &[Timeframe],
+        recording: Option<&crate::recording::Recording>,
         shutdown: &Shutdown,
     ) -> Result<Arc<Sources>, SourceError> {
         let mut list = Vec::new();
@@ -310,6 +320,11 @@ impl Sources {
         for (sc, endpoint) in all {
             if sc.kind.dialect() != shared::venue::Dialect::Binance {
                 let v = Arc::new(VenueSource::new(sc, endpoint));
+                // recorded from its first request on (its instrument list: a reader needs it)
+                if let Some(tap) = recording.and_then(|r| r.tap(&v.config.name)) {
+                    let _ = v.tap.set(tap);
+                    recording.expect("a tap").describe(&v.config.name, v.dialect, v.config.market);
+                }
                 v.start(shutdown).await;
                 venues.push(v);
                 continue;
@@ -333,7 +348,14 @@ impl Sources {
                 symbols: RwLock::default(),
                 status: Mutex::default(),
                 clock: ExchangeClock::default(),
+                tap: std::sync::OnceLock::new(),
             }));
+            if let (Some(r), Some(s)) = (recording, list.last()) {
+                if let Some(tap) = r.tap(&s.config.name) {
+                    let _ = s.tap.set(tap);
+                    r.describe(&s.config.name, s.config.kind.dialect(), s.config.market);
+                }
+            }
         }
         for s in &list {
             let span = tracing::info_span!("source", source = %s.config.name);

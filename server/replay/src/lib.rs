@@ -7,5 +7,6 @@ pub mod depth;
 pub mod input;
 pub mod klines;
 pub mod lobster;
+pub mod recording;
 pub mod sse;
 pub mod venue;

@@ -557,6 +557,53 @@ fn parse_line(origin: &Origin, line: &str, first: bool) -> anyhow::Result<Option
     Ok(Some((parse_secs(origin, ts)?, Line::Received(frame.to_string()))))
 }
 
+/// One event of millrace's own recording of a venue's connections (the `recording` crate):
+/// what it is, with the frame's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordedEvent {
+    Connected,
+    Sent(String),
+    Received(String),
+    /// A REST answer (its request, its body): the venue's instrument list gives the
+    /// instruments' precisions (Kraken's checksums print with them).
+    RestAnswer {
+        request: String,
+        body: String,
+    },
+}
+
+/// Replays a recording of `dialect`: `(receive time ns, connection index, where, event)` in
+/// receive order, each connection's frames as one capture file's. One report per instrument.
+pub fn replay_events(
+    dialect: Dialect,
+    connections: usize,
+    events: Vec<(i128, usize, Origin, RecordedEvent)>,
+) -> anyhow::Result<Vec<VenueReport>> {
+    let mut replay = Replay::new(dialect, connections.max(1));
+    for (ts_ns, file, origin, e) in events {
+        let line = match e {
+            RecordedEvent::Connected => Line::Connected,
+            RecordedEvent::Sent(s) => Line::Sent(s),
+            RecordedEvent::Received(s) => Line::Received(s),
+            RecordedEvent::RestAnswer { request, body } => {
+                let lists = [shared::protocol::Market::Spot, shared::protocol::Market::Futures]
+                    .map(|m| venues::rest::instruments_path(dialect, m));
+                let path = |p: &str| p.split('?').next().unwrap_or(p).to_string();
+                if lists.iter().any(|l| request.contains(&path(l))) {
+                    if let Ok(list) = venues::rest::parse_instruments(dialect, &body) {
+                        for i in list {
+                            replay.precisions.insert(i.symbol, (i.price_decimals, i.qty_decimals));
+                        }
+                    }
+                }
+                continue;
+            }
+        };
+        replay.on_line(Recorded { ts_ns, file, origin, line })?;
+    }
+    Ok(replay.finish())
+}
+
 /// Replays `files` of `dialect` and returns one report per instrument, in name order.
 pub fn replay(dialect: Dialect, files: &[PathBuf]) -> anyhow::Result<Vec<VenueReport>> {
     let mut lines = Vec::new();

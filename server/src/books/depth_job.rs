@@ -113,6 +113,8 @@ pub struct DepthJobDeps {
     pub source: Option<Arc<dyn DepthSource>>,
     /// Who hears every diff (a plug point).
     pub tap: Option<Arc<dyn DiffTap>>,
+    /// Where the exchange's frames are recorded (`[record]`), if they are.
+    pub recording: Option<crate::recording::Tap>,
 }
 
 /// A connected upstream.
@@ -319,6 +321,10 @@ impl<'a> Job<'a> {
             };
             self.health.connects.fetch_add(1, Relaxed);
             self.health.connected.store(true, Relaxed);
+            let rec = crate::recording::Conn::open(
+                self.deps.recording.clone(),
+                &format!("{}/stream?streams={stream}", self.deps.ws_base),
+            );
             let connected_at = std::time::Instant::now();
             let mut tick =
                 tokio::time::interval(Duration::from_millis(self.deps.depth.publish_interval_ms));
@@ -327,7 +333,12 @@ impl<'a> Job<'a> {
             let ended = loop {
                 let fetch_ready = self.want_snapshot && self.inflight.is_none() && !partial;
                 let ended = tokio::select! {
-                    ev = conn.next_text() => self.on_stream(ev, partial),
+                    ev = conn.next_text() => {
+                        if let Some(Ok(text)) = &ev {
+                            rec.received(text.as_str());
+                        }
+                        self.on_stream(ev, partial)
+                    }
                     res = join_inflight(&mut self.inflight) => {
                         self.inflight = None;
                         self.on_snapshot(res);
@@ -775,6 +786,7 @@ impl JobRunner for DepthRunner {
                         stats,
                         source: Some(source),
                         tap: None,
+                        recording: None,
                     };
                     with_trades(ctx, deps).await;
                 });
@@ -806,6 +818,7 @@ impl JobRunner for DepthRunner {
                 continuity: source.product.continuity_rule(),
                 books,
                 stats,
+                recording: depth_source.is_none().then(|| source.tap()).flatten(),
                 source: depth_source,
                 tap,
             };

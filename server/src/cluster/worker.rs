@@ -88,6 +88,8 @@ pub enum WorkerError {
     Source(#[from] crate::sources::SourceError),
     #[error("cannot start the tick-by-tick books this worker hosts (l3.host)")]
     TickBooks(#[source] crate::l3::L3Error),
+    #[error("cannot start the recorder (record.dir)")]
+    Recording(#[source] std::io::Error),
 }
 
 /// A worker's sessions: one jobs supervisor per kind it runs.
@@ -158,9 +160,18 @@ pub async fn run(
     // when a new epoch comes).
     let leases = (js.clone(), subjects.lease_bucket());
     let endpoints = crate::sources::remote_endpoints(&config.sources)?;
-    let sources =
-        Sources::start(&config.sources, endpoints, &config.ingest.derived, &shutdown.child())
-            .await?;
+    // The sessions it holds are recorded here (`[record]`), as on one process.
+    let recording = crate::recording::Recording::start(&config, &shutdown.child())
+        .map_err(WorkerError::Recording)?;
+    let sources = Sources::start_with(
+        &config.sources,
+        endpoints,
+        Vec::new(),
+        &config.ingest.derived,
+        Some(&recording),
+        &shutdown.child(),
+    )
+    .await?;
     // The tick-by-tick books, when this worker hosts them (`[l3] host = "worker:{id}"`): they
     // publish on the bus (their topics travel) and answer the gateways' requests.
     let l3 = if config.l3.worker_host() == Some(options.id.as_str()) {

@@ -143,6 +143,40 @@ pub struct Config {
     pub store: cluster::StoreConfig,
     /// `[cluster]`: seed 004's supervisor, workers and gateways.
     pub cluster: cluster::ClusterConfig,
+    /// `[record]`: the recorder of every upstream frame (docs/recording.md).
+    pub record: RecordConfig,
+}
+
+/// `[record]`: what the recorder keeps (docs/recording.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecordConfig {
+    /// Record at all (default false).
+    pub enabled: bool,
+    /// Where the files go; default `{server.data_dir}/recordings`.
+    pub dir: Option<PathBuf>,
+    /// The sources recorded, by name; empty: every source.
+    pub sources: Vec<String>,
+    /// The most the files may take, MiB; the oldest go first when it is reached.
+    pub budget_mb: u64,
+    /// Files whose hour ended longer ago than this are deleted.
+    pub retention_days: u64,
+    /// Frames waiting to be written before new ones are dropped from the recording (counted;
+    /// never from the live path).
+    pub queue: usize,
+}
+
+impl Default for RecordConfig {
+    fn default() -> Self {
+        RecordConfig {
+            enabled: false,
+            dir: None,
+            sources: Vec::new(),
+            budget_mb: 10_240,
+            retention_days: 7,
+            queue: 65_536,
+        }
+    }
 }
 
 /// `[server]`
@@ -601,6 +635,7 @@ impl Default for Config {
             bus: Default::default(),
             store: Default::default(),
             cluster: Default::default(),
+            record: Default::default(),
         }
     }
 }
@@ -689,6 +724,25 @@ impl Config {
                 )));
             }
             Ok(())
+        }
+        let r = &self.record;
+        range("record.budget_mb", r.budget_mb, 1, 100_000_000)?;
+        range("record.retention_days", r.retention_days, 1, 3_650)?;
+        range("record.queue", r.queue, 1, 10_000_000)?;
+        for (n, name) in r.sources.iter().enumerate() {
+            if !self.sources.iter().any(|s| &s.name == name) {
+                return Err(invalid(format!(
+                    "configuration key `record.sources[{n}]`: no source named {name:?}"
+                )));
+            }
+        }
+        for s in &self.sources {
+            if r.enabled && !recording::valid_source_name(&s.name) {
+                return Err(invalid(format!(
+                    "configuration key `sources.name`: {:?} cannot name a recording directory (letters, digits, '-', '_', '.')",
+                    s.name
+                )));
+            }
         }
         let i = &self.ingest;
         range("ingest.batch_max", i.batch_max, 1, 100_000)?;
@@ -902,6 +956,17 @@ impl Config {
     /// The SQLite file.
     pub fn db_path(&self) -> PathBuf {
         self.server.data_dir.join("millrace.db")
+    }
+
+    /// Where recordings go (`record.dir`, else `{server.data_dir}/recordings`).
+    pub fn record_dir(&self) -> PathBuf {
+        self.record.dir.clone().unwrap_or_else(|| self.server.data_dir.join("recordings"))
+    }
+
+    /// Whether the recorder keeps `source`'s frames.
+    pub fn records(&self, source: &str) -> bool {
+        self.record.enabled
+            && (self.record.sources.is_empty() || self.record.sources.iter().any(|s| s == source))
     }
 
     /// The backfill tasks with their series (checked by [`Config::validate`]).

@@ -29,6 +29,8 @@
 //!   sources' counters.
 //! - `GET /api/v1/ops/sources` — each source with its REST and WebSocket base URLs (an embedded
 //!   simulator's only with the admin token: its control endpoints take that token).
+//! - `GET /api/v1/ops/recording` — the recorder (`[record]`): whether it runs, its directory and
+//!   sources, frames queued, written and dropped (queue full, write failed), bytes, deleted files.
 //! - `GET /metrics` — Prometheus text format.
 //!
 //! Admin (`Authorization: Bearer <server.admin_token>`; disabled with 403 when no token is set;
@@ -79,6 +81,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/ops/jobs", get(ops_jobs))
         .route("/api/v1/ops/backfill", get(ops_backfill))
         .route("/api/v1/ops/sources", get(ops_sources))
+        .route("/api/v1/ops/recording", get(ops_recording))
         .route("/api/v1/ops/cluster", get(ops_cluster))
         .route("/metrics", get(metrics))
         .route("/fapi/v1/depth", get(rest_depth))
@@ -263,6 +266,10 @@ async fn ops_backfill(State(state): State<AppState>) -> Json<BackfillReport> {
 /// token) is shown only to a request carrying the admin token. A request carrying a wrong one
 /// is a failed admin attempt like any other: counted against its address, and refused (429)
 /// once the address used them up.
+async fn ops_recording(State(state): State<AppState>) -> Response {
+    Json(state.app.recording().report()).into_response()
+}
+
 async fn ops_sources(State(state): State<AppState>, request: Request) -> Response {
     let headers = request.headers();
     let reveal = match headers.contains_key(axum::http::header::AUTHORIZATION) {

@@ -155,6 +155,37 @@ pub async fn render(app: &App) -> String {
         "REST reads refused (503) after waiting too long for a store read connection.",
         app.store().admission().map_or(0, |a| a.refused()),
     );
+    let rec = app.recording().report();
+    for (name, help, v) in [
+        (
+            "millrace_recording_recorded_total",
+            "Upstream frames written to the recording.",
+            rec.recorded,
+        ),
+        (
+            "millrace_recording_dropped_queue_full_total",
+            "Frames left out of the recording because its queue was full (the live path has them).",
+            rec.dropped_queue_full,
+        ),
+        (
+            "millrace_recording_dropped_write_failed_total",
+            "Frames left out of the recording because their write failed (disk full or gone).",
+            rec.dropped_write_failed,
+        ),
+        (
+            "millrace_recording_write_errors_total",
+            "Failed writes of the recorder.",
+            rec.write_errors,
+        ),
+        ("millrace_recording_bytes_written_total", "Bytes the recorder wrote.", rec.bytes_written),
+        (
+            "millrace_recording_files_deleted_total",
+            "Recording files deleted for the budget or the retention.",
+            rec.files_deleted,
+        ),
+    ] {
+        e.single(name, "counter", help, v);
+    }
     let snap = app.supervisor().snapshot();
     e.single(
         "millrace_ingest_ondemand_jobs",

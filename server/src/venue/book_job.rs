@@ -309,8 +309,10 @@ impl Job {
         };
         ctx.health.connected.store(true, Relaxed);
         ctx.health.connects.fetch_add(1, Relaxed);
+        let rec = crate::recording::Conn::open(self.deps.source.tap(), url);
         self.seq.reset();
         for f in self.channel.subscribe.clone() {
+            rec.sent(&f);
             if let Err(e) = ws.send(WsMessage::Text(f.into())).await {
                 return End::Lost(format!("subscribe: {e}"));
             }
@@ -348,7 +350,10 @@ impl Job {
                 frame = ws.next() => {
                     last_frame = tokio::time::Instant::now();
                     match frame {
-                        Some(Ok(WsMessage::Text(t))) => self.on_frame(ctx, t.as_str(), &mut out),
+                        Some(Ok(WsMessage::Text(t))) => {
+                            rec.received(t.as_str());
+                            self.on_frame(ctx, t.as_str(), &mut out)
+                        }
                         Some(Ok(WsMessage::Binary(_))) => ctx.health.malformed.fetch_add(1, Relaxed),
                         Some(Ok(WsMessage::Close(c))) => return End::Lost(format!("closed by the venue: {c:?}")),
                         Some(Ok(_)) => 0,
@@ -358,6 +363,7 @@ impl Job {
                 }
             }
             for f in out.drain(..) {
+                rec.sent(&f);
                 if let Err(e) = ws.send(WsMessage::Text(f.into())).await {
                     return End::Lost(format!("send: {e}"));
                 }

@@ -144,7 +144,9 @@ async fn connection(
     };
     ctx.health.connects.fetch_add(1, Relaxed);
     ctx.health.connected.store(true, Relaxed);
+    let rec = crate::recording::Conn::open(deps.source.tap(), url);
     for f in subscribe {
+        rec.sent(f);
         if let Err(e) = ws.send(WsMessage::Text(f.clone().into())).await {
             return Some(format!("subscribe: {e}"));
         }
@@ -182,6 +184,7 @@ async fn connection(
             }
             _ = keepalive.tick() => {
                 if let Some(p) = ping {
+                    rec.sent(p);
                     if let Err(e) = ws.send(WsMessage::Text(p.to_string().into())).await {
                         return Some(format!("ping: {e}"));
                     }
@@ -192,7 +195,10 @@ async fn connection(
         };
         last_frame = tokio::time::Instant::now();
         let text = match frame {
-            Some(Ok(WsMessage::Text(t))) => t,
+            Some(Ok(WsMessage::Text(t))) => {
+                rec.received(t.as_str());
+                t
+            }
             Some(Ok(WsMessage::Close(c))) => return Some(format!("closed by the venue: {c:?}")),
             Some(Ok(_)) => continue,
             Some(Err(e)) => return Some(e.to_string()),

@@ -131,6 +131,8 @@ pub struct VenueSource {
     /// `BASE/QUOTE` → the venue's instrument.
     listings: RwLock<BTreeMap<String, Instrument>>,
     status: Mutex<Status>,
+    /// Where its frames are recorded (`[record]`), if they are.
+    pub tap: std::sync::OnceLock<crate::recording::Tap>,
     /// The venue's clock, sampled by `Sources::keep_clocks` (a cluster's bounds judge the
     /// times of this venue's candles on the bus by it).
     pub clock: crate::sources::ExchangeClock,
@@ -154,6 +156,7 @@ impl VenueSource {
             listings: RwLock::default(),
             status: Mutex::default(),
             clock: crate::sources::ExchangeClock::default(),
+            tap: std::sync::OnceLock::new(),
         }
     }
 
@@ -190,6 +193,11 @@ impl VenueSource {
             what: what.to_string(),
             reason: crate::redact::redact(&e.to_string()),
         };
+        let conn = crate::recording::next_conn();
+        if let Some(tap) = self.tap.get() {
+            let meta = format!("GET {}", crate::redact::redact(&url));
+            tap.record(recording::Kind::RestRequest, conn, meta, bytes::Bytes::new());
+        }
         let mut resp = self.http.get(&url).send().await.map_err(|e| transport(e, &what))?;
         let status = resp.status();
         let mut body = Vec::new();
@@ -198,6 +206,10 @@ impl VenueSource {
                 return Err(VenueRestError::TooLarge { venue, what, max: MAX_BODY_BYTES });
             }
             body.extend_from_slice(&chunk);
+        }
+        if let Some(tap) = self.tap.get() {
+            let body = bytes::Bytes::copy_from_slice(&body);
+            tap.record(recording::Kind::RestAnswer, conn, status.as_u16().to_string(), body);
         }
         let text = String::from_utf8_lossy(&body).into_owned();
         if matches!(status.as_u16(), 418 | 429) {
@@ -337,5 +349,12 @@ impl crate::sources::Clocked for VenueSource {
             let text = text.map_err(|e| e.to_string())?;
             venues::rest::parse_server_time(self.dialect, &text).map_err(|e| e.to_string())
         })
+    }
+}
+
+impl VenueSource {
+    /// The recording of this source's frames, if it is recorded.
+    pub fn tap(&self) -> Option<crate::recording::Tap> {
+        self.tap.get().cloned()
     }
 }

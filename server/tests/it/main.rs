@@ -34,6 +34,7 @@ mod l3_service;
 mod l3engine;
 mod log_spans;
 mod malloc_arenas;
+mod recording;
 mod seams;
 mod secrets;
 mod serve_pg_nats;

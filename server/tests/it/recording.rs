@@ -1,0 +1,138 @@
+//! The recorder (`[record]`, issue 30): a real server records every frame its venue sources
+//! receive and send, with their connections, into hourly zstd files; read back offline, the
+//! recording syncs the same books by each venue's rules. When the disk refuses the writes
+//! (the hour's file is `/dev/full`), the recording counts what it lost and the live books go on.
+//! The replay of a recording learns Kraken's precisions from the recorded instrument list (a REST
+//! answer), as the live job does.
+
+use std::time::Duration;
+
+use server::config::Config;
+use shared::protocol::BookHealth;
+use shared::venue::Dialect;
+use sim::SimHandle;
+use testkit::*;
+
+use crate::depth_faults::status;
+use crate::venue_books::venue_sources;
+
+fn config(sim: &SimHandle, dir: &std::path::Path) -> Config {
+    let mut c = test_config(venue_sources(sim));
+    c.depth.pinned = ["okx", "kraken", "coinbase"].map(|v| format!("{v}:spot:BTC/USDT")).into();
+    c.record.enabled = true;
+    c.record.dir = Some(dir.to_path_buf());
+    c.record.sources = vec!["okx".into(), "kraken".into(), "coinbase".into()];
+    c
+}
+
+async fn synced(server: &TestServer, instrument: &str) {
+    eventually(&format!("{instrument} synced"), || async {
+        (status(server, instrument).0.health == BookHealth::Synced).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
+    let sim = start_sim(5.0, 61).await;
+    let dir = temp_dir("recording");
+    let server = TestServer::start(config(&sim, &dir)).await;
+    for v in ["okx", "kraken", "coinbase"] {
+        synced(&server, &format!("{v}:spot:BTC/USDT")).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let live: Vec<u64> = ["okx", "kraken"]
+        .iter()
+        .map(|v| status(&server, &format!("{v}:spot:BTC/USDT")).0.sync.checksums_verified)
+        .collect();
+    let report = server.get_json("/api/v1/ops/recording").await;
+    assert_eq!(report["enabled"], true, "{report}");
+    assert_eq!(report["dropped_queue_full"], 0, "{report}");
+    server.stop().await; // the writer writes what is queued
+    sim.shutdown();
+
+    for (d, live_verified) in
+        [(Dialect::Okx, live[0]), (Dialect::Kraken, live[1]), (Dialect::Coinbase, 0)]
+    {
+        let source = d.as_str();
+        let (files, connections, events) = replay::recording::read_source(&dir, source).unwrap();
+        assert!(!files.is_empty(), "{source}: files");
+        for f in &files {
+            assert!(f.file.ends_with(".mrec.zst"), "{f:?}");
+            assert_eq!(f.torn, None, "{f:?}");
+        }
+        let kinds =
+            |k: &str| files.iter().map(|f| f.kinds.get(k).copied().unwrap_or(0)).sum::<u64>();
+        assert!(
+            kinds("connected") >= 1 && kinds("sent") >= 1 && kinds("received") > 10,
+            "{files:?}"
+        );
+        let described = std::fs::read_to_string(dir.join(source).join("source.json")).unwrap();
+        assert!(described.contains(&format!("\"dialect\":\"{source}\"")), "{described}");
+        let reports = replay::venue::replay_events(d, connections, events).unwrap();
+        let btc = reports.iter().find(|r| r.symbol.contains("BTC")).expect("the BTC book");
+        assert!(btc.ok, "{source}: {btc:?}");
+        let book = btc.books.last().expect("a book");
+        assert!(book.synced, "{source}: {book:?}");
+        assert!(book.applied > 10, "{source}: {book:?}");
+        // every checksum the live book verified is in the recording, and verifies again
+        assert!(book.checksums_verified >= live_verified, "{source}: {book:?} vs {live_verified}");
+        assert_eq!(book.checksums_failed, 0, "{source}: {book:?}");
+    }
+    // the command line reads it the same way
+    let out = std::process::Command::new(millrace_bin())
+        .args(["replay", "recording"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.lines().any(|l| l.contains("\"file\"") && l.contains("okx")), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The disk refuses the recording's writes: the recorder counts the frames it lost and the
+/// failed writes, and the live books are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_recording_not_the_books() {
+    let sim = start_sim(5.0, 67).await;
+    let dir = temp_dir("recording-full");
+    // the hour's file of okx, now and in the next hour, is /dev/full: every write fails (ENOSPC)
+    let now_ns = i64::try_from(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos(),
+    )
+    .unwrap();
+    for t in [now_ns, now_ns + 3_600_000_000_000] {
+        let path = recording::file_path(&dir, "okx", t).unwrap();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+    }
+    let server = TestServer::start(config(&sim, &dir)).await;
+    synced(&server, "okx:spot:BTC/USDT").await;
+    let report = eventually("the failed writes counted", || async {
+        let r = server.get_json("/api/v1/ops/recording").await;
+        (r["write_errors"].as_u64()? > 0 && r["dropped_write_failed"].as_u64()? > 0).then_some(r)
+    })
+    .await;
+    // the error names the file that could not be written
+    assert!(report["last_error"].as_str().is_some_and(|e| e.contains(".mrec.zst")), "{report}");
+    // the books go on: synced, moving, while the recording of okx keeps failing
+    let before = status(&server, "okx:spot:BTC/USDT").0.sync.deltas_applied;
+    eventually("okx's book moving on", || async {
+        let (s, _) = status(&server, "okx:spot:BTC/USDT");
+        (s.health == BookHealth::Synced && s.sync.deltas_applied > before + 10).then_some(())
+    })
+    .await;
+    // the other sources are still recorded
+    let (_, m) = server.get("/metrics").await;
+    assert!(m.contains("millrace_recording_write_errors_total"), "{m}");
+    let recorded = report["recorded"].as_u64().unwrap();
+    eventually("kraken and coinbase still recorded", || async {
+        let r = server.get_json("/api/v1/ops/recording").await;
+        (r["recorded"].as_u64()? > recorded).then_some(())
+    })
+    .await;
+    server.stop().await;
+    sim.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
