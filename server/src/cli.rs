@@ -45,6 +45,44 @@ pub enum Command {
     /// Run one of seed 004's workers (`[bus]` NATS, `[store]` PostgreSQL): holds the upstream
     /// sessions the leading supervisor assigns it.
     Worker(WorkerArgs),
+    /// Export stored history as a file: Parquet or CSV.
+    #[command(subcommand)]
+    Export(ExportCommand),
+}
+
+/// What `millrace export` writes.
+#[derive(Debug, clap::Subcommand)]
+pub enum ExportCommand {
+    /// A series' stored candles (from the store `--config` / `--data-dir` name, as `serve`
+    /// reads it; a server running on the same SQLite directory holds it: use its
+    /// `GET /api/v1/export/candles` then).
+    Candles(ExportArgs),
+}
+
+/// Arguments of `millrace export candles`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportArgs {
+    /// Configuration file (TOML), the same keys as `serve`'s.
+    #[arg(long, env = "MILLRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The data directory (the SQLite store), as `serve --data-dir`.
+    #[arg(long, env = "MILLRACE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The series, e.g. `sim:spot:BTC/USDT:1m`.
+    #[arg(long)]
+    pub series: String,
+    /// The first open time, ms (default: the first stored).
+    #[arg(long, default_value_t = 0)]
+    pub from: i64,
+    /// The last open time, ms (default: the last stored).
+    #[arg(long, default_value_t = i64::MAX)]
+    pub to: i64,
+    /// parquet or csv.
+    #[arg(long, default_value = "parquet")]
+    pub format: String,
+    /// The file to write.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 /// Arguments of `millrace worker`.
@@ -163,6 +201,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Some(Command::Supervisor(args)) => supervisor(&args),
         Some(Command::Worker(args)) => worker(&args),
+        Some(Command::Export(ExportCommand::Candles(args))) => export_candles(&args),
         Some(Command::Replay(cmd)) => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
@@ -177,6 +216,34 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
     }
+}
+
+/// `millrace export candles`: the series' candles from the configured store into `--out`.
+fn export_candles(args: &ExportArgs) -> anyhow::Result<ExitCode> {
+    let flags = Overrides { data_dir: args.data_dir.clone(), ..Overrides::default() };
+    let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
+    let series: shared::protocol::SeriesId =
+        args.series.parse().map_err(|e| anyhow::anyhow!("--series {:?}: {e}", args.series))?;
+    let format: crate::export::Format = args.format.parse()?;
+    anyhow::ensure!(args.from <= args.to, "--from {} is after --to {}", args.from, args.to);
+    let rt = runtime()?;
+    let stores = rt.block_on(crate::app::Stores::open(&config))?;
+    let file = std::fs::File::create(&args.out)
+        .with_context(|| format!("cannot create --out {}", args.out.display()))?;
+    let out = std::io::BufWriter::new(file);
+    let max = config.limits.max_export_rows;
+    let (rows, _) = crate::export::candles(
+        stores.store.as_ref(),
+        &series,
+        args.from,
+        args.to,
+        max,
+        format,
+        out,
+    )?;
+    eprintln!("{rows} candles of {series} written to {}", args.out.display());
+    stores.store.close();
+    Ok(ExitCode::SUCCESS)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

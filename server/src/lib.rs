@@ -13,6 +13,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod http;
 pub mod jitter;
 pub mod jobs;

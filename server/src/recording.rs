@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use recording::{Kind, Record, Recorder};
-use serde::Serialize;
 
 use crate::clock::{wall_clock_ms, wall_clock_ns};
 use crate::config::Config;
@@ -46,21 +45,7 @@ pub struct RecordingStats {
     pub files_deleted: AtomicU64,
 }
 
-/// The recorder's counters as `GET /api/v1/ops/recording` shows them.
-#[derive(Debug, Clone, Serialize)]
-pub struct RecordingReport {
-    pub enabled: bool,
-    pub dir: String,
-    pub sources: Vec<String>,
-    pub queued: u64,
-    pub recorded: u64,
-    pub dropped_queue_full: u64,
-    pub dropped_write_failed: u64,
-    pub write_errors: u64,
-    pub bytes_written: u64,
-    pub files_deleted: u64,
-    pub last_error: Option<String>,
-}
+pub use shared::protocol::ops::RecordingReport;
 
 /// One frame on its way to the writer.
 struct Item {

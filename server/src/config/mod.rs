@@ -262,6 +262,8 @@ pub struct LimitsConfig {
     pub send_timeout_ms: u64,
     /// Largest `limit` of `GET /api/v1/klines`.
     pub max_klines_limit: usize,
+    /// Most rows one export (`GET /api/v1/export/candles`, `millrace export`) may hold.
+    pub max_export_rows: u64,
     /// A request body the server reads (the admin requests') must arrive whole within this
     /// (ms) of the request's head; slower ones get 408 and their connection is closed.
     pub body_timeout_ms: u64,
@@ -295,6 +297,7 @@ impl Default for LimitsConfig {
             bus_capacity: 1024,
             send_timeout_ms: 10_000,
             max_klines_limit: 5000,
+            max_export_rows: 50_000_000,
             body_timeout_ms: 10_000,
             max_admin_failures_per_min_per_ip: 10,
             ws_ping_interval_ms: 20_000,
@@ -797,6 +800,7 @@ impl Config {
         range("limits.bus_capacity", l.bus_capacity, 1, 1 << 20)?;
         range("limits.send_timeout_ms", l.send_timeout_ms, 1, 3_600_000)?;
         range("limits.max_klines_limit", l.max_klines_limit, 1, 100_000)?;
+        range("limits.max_export_rows", l.max_export_rows, 1, 10_000_000_000)?;
         range("limits.body_timeout_ms", l.body_timeout_ms, 10, 3_600_000)?;
         range(
             "limits.max_admin_failures_per_min_per_ip",

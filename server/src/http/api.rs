@@ -76,6 +76,7 @@ use crate::store::blocking;
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/v1/klines", get(klines))
+        .route("/api/v1/export/candles", get(export_candles))
         .route("/api/v1/trades", get(trades))
         .route("/api/v1/series", get(series))
         .route("/api/v1/ops/jobs", get(ops_jobs))
@@ -223,6 +224,76 @@ async fn klines(
                 e => ApiError::internal(&e),
             })?;
     Ok(Json(rows.iter().map(|c| KlineRow::new(tf, c)).collect()))
+}
+
+#[derive(Deserialize)]
+struct ExportQuery {
+    series: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    format: Option<String>,
+}
+
+/// `GET /api/v1/export/candles?series=…&from=…&to=…&format=parquet|csv`: the stored candles of a
+/// series (open times `from` ..= `to`, ms; both optional) as a file, streamed while it is read
+/// from the store a chunk at a time (`crate::export`), at most `limits.max_export_rows` rows.
+async fn export_candles(
+    State(state): State<AppState>,
+    query: Result<Query<ExportQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let app = state.app.clone();
+    let bad = |e: ApiError| state.bad_request(e);
+    let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
+    let series_text = q.series.ok_or_else(|| {
+        bad(ApiError::bad(Code::Malformed, "series is required, e.g. series=sim:spot:BTC/USDT:1m"))
+    })?;
+    let series: SeriesId = series_text
+        .parse()
+        .map_err(|e| bad(ApiError::bad(Code::BadStream, format!("series {series_text:?}: {e}"))))?;
+    app.sources()
+        .validate_series(&series)
+        .map_err(|e| bad(ApiError::bad(Code::UnknownSeries, e.to_string())))?;
+    let from = int_param("from", q.from.as_deref()).map_err(bad)?.unwrap_or(0);
+    let to = int_param("to", q.to.as_deref()).map_err(bad)?.unwrap_or(i64::MAX);
+    if from > to {
+        return Err(bad(ApiError::bad(Code::Malformed, format!("from {from} is after to {to}"))));
+    }
+    let format: crate::export::Format = q.format.as_deref().unwrap_or("parquet").parse().map_err(
+        |e: crate::export::ExportError| bad(ApiError::bad(Code::Malformed, e.to_string())),
+    )?;
+    let max_rows = app.config().limits.max_export_rows;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    let name = format!("{}.{}", series.to_string().replace([':', '/'], "_"), format.extension());
+    let store = app.store().clone();
+    // read and written on the store's read connections, a chunk at a time; a failure after the
+    // first bytes ends the body with an error (the client sees it cut, never a short file)
+    app.shutdown().spawn(async move {
+        let failed = tx.clone();
+        let done = crate::store::read(&store, move |s| {
+            let out = crate::export::ChannelWriter::new(tx);
+            Ok(crate::export::candles(s, &series, from, to, max_rows, format, out).map(|_| ()))
+        })
+        .await;
+        let error = match done {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!("export of candles failed: {error}");
+        let _ = failed.send(Err(std::io::Error::other(error))).await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|piece| (piece, rx))
+    });
+    let body = axum::body::Body::from_stream(stream);
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
+            (axum::http::header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 async fn series(State(state): State<AppState>) -> Result<Json<Catalog>, ApiError> {

@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::Value;
 use shared::protocol::ops::{
     ApiErrorBody, AutoBalanceReply, BackfillReport, BooksReport, Catalog, Health, HotspotReply,
-    InstrumentReply, JobsReport, KlineRow, MigrateReply, SeriesReply, ShardsReport, SourcesReport,
-    TradesReport, VersionInfo,
+    InstrumentReply, JobsReport, KlineRow, MigrateReply, RecordingReport, SeriesReply,
+    ShardsReport, SourcesReport, TradesReport, VersionInfo,
 };
 use shared::protocol::RestDepthResponse;
 use testkit::*;
@@ -126,6 +126,11 @@ async fn every_answer_reads_back_into_its_shared_type() {
             }),
         ),
         (
+            // no `[record]` here: off, and says so
+            "/api/v1/ops/recording",
+            Box::new(|b| assert!(!round_trip::<RecordingReport>("ops/recording", b).enabled)),
+        ),
+        (
             "/api/v1/ops/sources",
             Box::new(|b| assert!(round_trip::<SourcesReport>("ops/sources", b).sources[0].ready)),
         ),
@@ -147,11 +152,13 @@ async fn every_answer_reads_back_into_its_shared_type() {
         assert_eq!(status, 200, "GET {path}: {body}");
         check(&body);
     }
-    // `/ws` and `/metrics` are not JSON: the WebSocket protocol is tested in http_ws.rs, the
-    // metrics text in api.rs. Every other GET route is checked above.
+    // `/ws`, `/metrics` and the exports are not JSON: the WebSocket protocol is tested in
+    // http_ws.rs, the metrics text in api.rs. Every other GET route is checked above.
     let mut covered: Vec<String> =
         checked.iter().map(|(p, _)| p.split('?').next().unwrap().to_string()).collect();
     covered.extend(["/ws".to_string(), "/metrics".to_string()]);
+    // exports are files (Parquet, CSV), read back by pyarrow in export.rs
+    covered.push("/api/v1/export/candles".to_string());
     // `/api/v1/ops/cluster` answers on a gateway only (its `ClusterReport` is read back in
     // cluster_workers.rs); here it is the error shape.
     let (status, body) = server.get("/api/v1/ops/cluster").await;

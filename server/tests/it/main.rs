@@ -24,6 +24,7 @@ mod crash;
 mod depth_api;
 mod depth_drift;
 mod depth_faults;
+mod export;
 mod fair_share;
 mod http_edge;
 mod http_hardening;

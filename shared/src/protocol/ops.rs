@@ -595,6 +595,31 @@ pub struct BackfillTask {
     pub updated_at_ms: i64,
 }
 
+/// `GET /api/v1/ops/recording`: the recorder of upstream frames (`[record]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordingReport {
+    /// Whether any source is recorded.
+    pub enabled: bool,
+    /// Where the files go.
+    pub dir: String,
+    /// The recorded sources.
+    pub sources: Vec<String>,
+    /// Frames handed to the writer, and written to files.
+    pub queued: u64,
+    pub recorded: u64,
+    /// Frames left out of the recording (never out of the live path): the queue was full, or
+    /// their write failed.
+    pub dropped_queue_full: u64,
+    pub dropped_write_failed: u64,
+    pub write_errors: u64,
+    pub bytes_written: u64,
+    /// Files deleted for the disk budget or the retention.
+    pub files_deleted: u64,
+    /// The last failed write's error.
+    pub last_error: Option<String>,
+}
+
 /// `GET /api/v1/ops/sources`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
