@@ -335,22 +335,36 @@ impl ClusterBooks {
         instrument: &InstrumentId,
     ) -> Result<(DepthSnapshot, Option<Price>, Option<Price>), RestError> {
         let subject = snapshot_subject(&self.subjects, instrument);
-        let fail = |reason: String, timeout: bool| RestError::Transport {
+        let answer = ask_workers(&self.client, &subject).await?;
+        let fail = |reason: String| RestError::Transport {
             url: format!("nats:{subject}"),
             reason,
-            timeout,
+            timeout: false,
         };
-        let ask = self.client.request(subject.clone(), Bytes::new());
-        let answer = tokio::time::timeout(SNAPSHOT_TIMEOUT, ask)
-            .await
-            .map_err(|_| fail("no synced worker answered".into(), true))?
-            .map_err(|e| fail(format!("no synced worker answered: {e}"), false))?;
         let r: BookSnapshotReply = serde_json::from_slice(&answer.payload)
-            .map_err(|e| fail(format!("the worker's snapshot did not parse: {e}"), false))?;
+            .map_err(|e| fail(format!("the worker's snapshot did not parse: {e}")))?;
         let snapshot =
             DepthSnapshot { last_update_id: r.last_update_id, bids: r.bids, asks: r.asks };
         Ok((snapshot, r.bid_floor, r.ask_ceiling))
     }
+}
+
+/// A snapshot request to the workers on `subject`: the first answer within [`SNAPSHOT_TIMEOUT`]
+/// (an unsynced worker stays silent).
+pub(super) async fn ask_workers(
+    client: &async_nats::Client,
+    subject: &str,
+) -> Result<async_nats::Message, RestError> {
+    let fail = |reason: String, timeout: bool| RestError::Transport {
+        url: format!("nats:{subject}"),
+        reason,
+        timeout,
+    };
+    let ask = client.request(subject.to_string(), Bytes::new());
+    tokio::time::timeout(SNAPSHOT_TIMEOUT, ask)
+        .await
+        .map_err(|_| fail("no synced worker answered".into(), true))?
+        .map_err(|e| fail(format!("no synced worker answered: {e}"), false))
 }
 
 /// The diffs of one instrument, de-duplicated and in order (see the module docs).

@@ -42,6 +42,7 @@ use crate::books::upstream::{DiffFeed, RangedSnapshot};
 use crate::books::{BookRegistry, MAX_REST_LEVELS};
 use crate::bus::nats::{token, untoken};
 use crate::bus::{Bounds, Bus, PoisonStats, Subscription};
+use crate::clock::wall_clock_ms;
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
 use crate::trades::TradeRegistry;
@@ -50,8 +51,6 @@ use crate::trades::TradeRegistry;
 pub const ALIVE_EVERY: Duration = Duration::from_millis(500);
 /// How long a gateway follows a replica it hears nothing from.
 pub const RELAY_SILENCE: Duration = Duration::from_secs(2);
-/// How long a gateway waits for a replica's snapshot.
-const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Frames queued for NATS before a worker drops them (counted).
 const RELAY_QUEUE: usize = 16_384;
 /// The most trades one relayed message may carry.
@@ -321,16 +320,12 @@ impl RelayBooks {
         worker: Option<&str>,
     ) -> Result<(BookSnapshotReply, String), RestError> {
         let subject = snapshot_subject(&self.prefix, instrument, worker);
+        let answer = super::depth::ask_workers(&self.client, &subject).await?;
         let fail = |reason: String, timeout: bool| RestError::Transport {
             url: format!("nats:{subject}"),
             reason,
             timeout,
         };
-        let ask = self.client.request(subject.clone(), Bytes::new());
-        let answer = tokio::time::timeout(SNAPSHOT_TIMEOUT, ask)
-            .await
-            .map_err(|_| fail("no synced worker answered".into(), true))?
-            .map_err(|e| fail(format!("no synced worker answered: {e}"), false))?;
         let who = answer
             .headers
             .as_ref()
@@ -441,10 +436,20 @@ impl RelayBooks {
                         continue;
                     }
                 };
+                let mut merge = TradeMerge::new(TRADE_HOLD_MS);
                 loop {
+                    let last = || registry.last_seq(&instrument).map(|(id, _)| id);
+                    let deadline = merge.deadline().map(|at| {
+                        let wait = u64::try_from(at - wall_clock_ms()).unwrap_or(0);
+                        tokio::time::Instant::now() + Duration::from_millis(wait)
+                    });
                     let m = tokio::select! {
                         m = sub.next() => match m { Some(m) => m, None => break },
                         () = shutdown.stopping() => return,
+                        () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                            registry.push(&instrument, merge.release(last(), wall_clock_ms()));
+                            continue;
+                        }
                     };
                     let Some(mut window) = bounds.window(&instrument) else { continue };
                     let estimated_end = window.latest_ms;
@@ -457,13 +462,94 @@ impl RelayBooks {
                         }
                     }
                     match checked {
-                        Ok(trades) => registry.push(&instrument, trades),
+                        Ok(trades) => {
+                            let out = merge.push(trades, last.map(|(id, _)| id), wall_clock_ms());
+                            registry.push(&instrument, out);
+                        }
                         Err(kind) => poison
                             .record(kind, format_args!("{}: relayed trades refused", m.subject)),
                     }
                 }
             }
         })
+    }
+}
+
+/// How long a relayed trade whose id does not follow the last one kept waits for the trades
+/// before it (another replica may be behind: a worker that joined after a fail-over starts at the
+/// venue's present while the surviving one still relays the moments before).
+pub const TRADE_HOLD_MS: i64 = 2_000;
+/// The most trades held waiting.
+const MAX_HELD: usize = 100_000;
+
+/// The replicas' copies of one market's trades merged in the order of their sequential ids (see
+/// [`TRADE_HOLD_MS`]): a trade that follows the last one kept goes on at once, with whatever
+/// follows it; one after a hole waits until the hole is filled or the hold ends (then the hole is
+/// a gap, counted by the registry). Copies of a held trade are handed on after it, for the
+/// registry to count as duplicates; trades without sequential ids are not held.
+#[derive(Debug, Default)]
+pub struct TradeMerge {
+    /// id → the trade, when it arrived (ms), and its extra copies.
+    held: std::collections::BTreeMap<u64, (shared::trade::Trade, i64, u32)>,
+    hold_ms: i64,
+}
+
+impl TradeMerge {
+    pub fn new(hold_ms: i64) -> Self {
+        TradeMerge { held: Default::default(), hold_ms }
+    }
+
+    /// Takes relayed `trades`; returns those to keep now, in id order. `last` is the highest
+    /// sequential id kept so far.
+    pub fn push(
+        &mut self,
+        trades: Vec<shared::trade::Trade>,
+        last: Option<u64>,
+        now_ms: i64,
+    ) -> Vec<shared::trade::Trade> {
+        let mut out = Vec::new();
+        for t in trades {
+            match t.id.seq() {
+                Some(id) if last.is_none_or(|l| id > l) => match self.held.entry(id) {
+                    std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().2 += 1,
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        e.insert((t, now_ms, 0));
+                    }
+                },
+                // already kept (the registry counts it a duplicate), or no sequential id
+                _ => out.push(t),
+            }
+        }
+        out.extend(self.release(last, now_ms));
+        out
+    }
+
+    /// The held trades that may go on now: those that follow the last one kept, and any whose
+    /// hold has ended (with the ones after them that follow).
+    pub fn release(&mut self, mut last: Option<u64>, now_ms: i64) -> Vec<shared::trade::Trade> {
+        let mut out = Vec::new();
+        loop {
+            let too_many = self.held.len() > MAX_HELD;
+            let Some(entry) = self.held.first_entry() else { break };
+            let id = *entry.key();
+            let (_, arrived, _) = entry.get();
+            let follows = last.is_none_or(|l| id == l + 1);
+            if !(follows || now_ms - arrived >= self.hold_ms || too_many) {
+                break;
+            }
+            let (t, _, copies) = entry.remove();
+            for _ in 0..copies {
+                out.push(t.clone());
+            }
+            out.insert(out.len() - copies as usize, t);
+            last = Some(id);
+        }
+        out
+    }
+
+    /// When the first held trade's hold ends (ms), if one is held.
+    pub fn deadline(&self) -> Option<i64> {
+        self.held.values().next().map(|(_, at, _)| at + self.hold_ms)
     }
 }
 
@@ -625,6 +711,32 @@ mod tests {
         // a minute later, a minute's worth more
         let later = pushed(&okx, vec![trade(2 + 60 * MAX_TRADES_PER_S, 100)]);
         assert!(check(&later, &okx, Some((2, now - 60_000))).is_ok());
+    }
+
+    /// A replica that joined after a fail-over relays the present while the other is still
+    /// behind: the merge waits for the hole, so no false gap is counted, and copies go on
+    /// after their original.
+    #[test]
+    fn replicas_trades_merge_in_id_order_and_a_real_hole_waits_its_hold() {
+        let mut m = TradeMerge::new(2_000);
+        let ids =
+            |v: &[shared::trade::Trade]| v.iter().map(|t| t.id.seq().unwrap()).collect::<Vec<_>>();
+        // kept up to 10; the new replica sends 14..=15 first
+        assert!(m.push(vec![trade(14, 1), trade(15, 1)], Some(10), 0).is_empty());
+        assert_eq!(m.deadline(), Some(2_000));
+        // the lagging replica's 11..=15: all go on, in order, 14 and 15 with their copies
+        let out = m.push((11..=15).map(|i| trade(i, 1)).collect(), Some(10), 500);
+        assert_eq!(ids(&out), [11, 12, 13, 14, 14, 15, 15]);
+        assert_eq!(m.deadline(), None);
+        // a real hole: 18 waits, then goes on when its hold ends
+        assert!(m.push(vec![trade(18, 1)], Some(15), 1_000).is_empty());
+        assert!(m.release(Some(15), 2_999).is_empty());
+        assert_eq!(ids(&m.release(Some(15), 3_000)), [18]);
+        // ids already kept pass straight on (the registry counts them duplicates)
+        assert_eq!(ids(&m.push(vec![trade(3, 1)], Some(18), 3_000)), [3]);
+        // the first trade ever goes on at once
+        let mut fresh = TradeMerge::new(2_000);
+        assert_eq!(ids(&fresh.push(vec![trade(7, 1), trade(9, 1)], None, 0)), [7]);
     }
 
     #[test]

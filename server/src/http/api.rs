@@ -185,15 +185,7 @@ async fn klines(
     app.metrics().http_klines_requests.fetch_add(1, Relaxed);
     let bad = |e: ApiError| state.bad_request(e);
     let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
-    let series_text = q.series.ok_or_else(|| {
-        bad(ApiError::bad(Code::Malformed, "series is required, e.g. series=sim:spot:BTC/USDT:1m"))
-    })?;
-    let series: SeriesId = series_text
-        .parse()
-        .map_err(|e| bad(ApiError::bad(Code::BadStream, format!("series {series_text:?}: {e}"))))?;
-    app.sources()
-        .validate_series(&series)
-        .map_err(|e| bad(ApiError::bad(Code::UnknownSeries, e.to_string())))?;
+    let series = served_series(app, q.series.as_deref()).map_err(bad)?;
     let start = int_param("startTime", q.start_time.as_deref()).map_err(bad)?;
     let end = int_param("endTime", q.end_time.as_deref()).map_err(bad)?;
     let max = app.config().limits.max_klines_limit;
@@ -226,6 +218,20 @@ async fn klines(
     Ok(Json(rows.iter().map(|c| KlineRow::new(tf, c)).collect()))
 }
 
+/// The `series` parameter of a read: given, well formed, and one the sources serve.
+fn served_series(app: &crate::app::App, text: Option<&str>) -> Result<SeriesId, ApiError> {
+    let text = text.ok_or_else(|| {
+        ApiError::bad(Code::Malformed, "series is required, e.g. series=sim:spot:BTC/USDT:1m")
+    })?;
+    let series: SeriesId = text
+        .parse()
+        .map_err(|e| ApiError::bad(Code::BadStream, format!("series {text:?}: {e}")))?;
+    app.sources()
+        .validate_series(&series)
+        .map_err(|e| ApiError::bad(Code::UnknownSeries, e.to_string()))?;
+    Ok(series)
+}
+
 #[derive(Deserialize)]
 struct ExportQuery {
     series: Option<String>,
@@ -244,15 +250,7 @@ async fn export_candles(
     let app = state.app.clone();
     let bad = |e: ApiError| state.bad_request(e);
     let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
-    let series_text = q.series.ok_or_else(|| {
-        bad(ApiError::bad(Code::Malformed, "series is required, e.g. series=sim:spot:BTC/USDT:1m"))
-    })?;
-    let series: SeriesId = series_text
-        .parse()
-        .map_err(|e| bad(ApiError::bad(Code::BadStream, format!("series {series_text:?}: {e}"))))?;
-    app.sources()
-        .validate_series(&series)
-        .map_err(|e| bad(ApiError::bad(Code::UnknownSeries, e.to_string())))?;
+    let series = served_series(&app, q.series.as_deref()).map_err(bad)?;
     let from = int_param("from", q.from.as_deref()).map_err(bad)?.unwrap_or(0);
     let to = int_param("to", q.to.as_deref()).map_err(bad)?.unwrap_or(i64::MAX);
     if from > to {

@@ -24,9 +24,10 @@
 //!   Coinbase's book time): the book as it stood at that point (its best [`verify_levels`] a
 //!   side) is compared with it — after a message of that very point, all of it; between two
 //!   messages, the prices the next message left alone (`shared::venue::differing_between`).
-//!   Equal is a verification; a difference is drift (counted with its levels, and the book
-//!   resynced); an answer of a point before what the job kept, or while it resynced, is
-//!   abandoned (counted). Kraken's `Depth` says neither, and its checksum checks every update.
+//!   Equal is a verification; a difference is looked at again at once, and drift (counted with
+//!   its levels, and the book resynced) when it is found twice in a row; an answer of a point
+//!   before what the job kept, or while it resynced, or a first difference, is abandoned
+//!   (counted). Kraken's `Depth` says neither, and its checksum checks every update.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -74,6 +75,9 @@ pub fn verify_levels(dialect: Dialect) -> usize {
 }
 /// Book states kept while a verification is in flight.
 const VERIFY_STATES: usize = 512;
+/// How soon a verification that found a difference is made again (drift is a difference found
+/// twice in a row).
+const RECHECK: Duration = Duration::from_millis(200);
 /// How long a REST book ahead of the stream waits for the stream to reach it.
 const VERIFY_WAIT: Duration = Duration::from_secs(5);
 
@@ -206,6 +210,8 @@ struct Job {
     next_verify: tokio::time::Instant,
     /// The stream point of the last book message.
     last_key: Option<u64>,
+    /// The last verification found a difference: the next one, soon, decides.
+    suspect: bool,
     /// The job's part of the shutdown (its REST requests run in it).
     shutdown: crate::shutdown::Shutdown,
 }
@@ -254,6 +260,7 @@ pub async fn run(ctx: JobContext, deps: VenueBookDeps) {
         verify: None,
         next_verify: tokio::time::Instant::now(),
         last_key: None,
+        suspect: false,
         shutdown: ctx.shutdown.clone(),
         deps,
     };
@@ -557,8 +564,17 @@ impl Job {
         let bids = SideView { ours: &before.bids, theirs: &book.bids, touched: touched_bids };
         let asks = SideView { ours: &before.asks, theirs: &book.asks, touched: touched_asks };
         let differing = differing_between(bids, true, n) + differing_between(asks, false, n);
+        if differing > 0 && !self.suspect {
+            // one difference may be the REST book's own moment; drift is a difference found
+            // twice in a row: look again at once
+            self.suspect = true;
+            self.next_verify = tokio::time::Instant::now() + RECHECK;
+            self.sync.handle_verification_abandoned();
+            return;
+        }
+        self.suspect = false;
         if differing > 0 {
-            tracing::warn!(stream = %self.channel.name, key = book.key, differing, "venue book drifted from its REST book: resyncing");
+            tracing::warn!(stream = %self.channel.name, key = book.key, differing, "venue book drifted from its REST book (twice in a row): resyncing");
         }
         self.sync.handle_verification(differing);
     }

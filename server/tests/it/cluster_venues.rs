@@ -47,6 +47,9 @@ fn configure(sim: &SimHandle, config: &mut Config) {
     config.depth.verify_interval_ms = 0;
     config.ingest.reconnect_base_ms = 100;
     config.ingest.reconnect_cap_ms = 500;
+    // a loaded test machine must not make a live replica's connection look stalled (its
+    // reconnect would be a hole no replica covers, which this test is not about)
+    config.ingest.stall_timeout_ms = 15_000;
 }
 
 /// Waits until the gateway's published book of `instrument` is synced and its best [`TOP`]

@@ -479,6 +479,9 @@ async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
     let sim = start_sim(1.0, 59).await;
     let mut c = config(&sim);
     c.depth.verify_interval_ms = 300;
+    // a loaded machine must not make a connection look stalled: its reconnect would take the
+    // phantom level away before a verification finds it
+    c.ingest.stall_timeout_ms = 15_000;
     let server = TestServer::start(c).await;
     let verified = [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase];
     for d in verified {

@@ -588,11 +588,12 @@ fn book_tick<V: Venue>(srv: &Srv, venue: &V, f: &mut Feed, ctx: &mut Ctx, out: &
         match sum {
             Some(s) => sum = Some(s.wrapping_add(1)),
             None => {
-                // no checksum to catch it: a phantom level half a tick inside the worst bid
-                // (within the depth the client keeps; only a REST book can show it)
-                if let Some(worst) = view.bids.last() {
+                // no checksum to catch it: a phantom level half a tick below the best bid
+                // (off the tick grid, so no later message names it, and far from the depth cut
+                // that would drop it; only a REST book can show it)
+                if let Some(best) = view.bids.first() {
                     extra_bids.push(Level::new(
-                        shared::Price::from_raw(worst.price.raw() + spec.tick.raw() / 2),
+                        shared::Price::from_raw(best.price.raw() - spec.tick.raw() / 2),
                         spec.lot,
                     ));
                 }
