@@ -20,8 +20,8 @@
 //!   job's errors and answered with the reconnect back-off.
 //! - **Publishing** every `depth.publish_interval_ms`: `Synced` only while the machine is.
 //! - **Verification against the venue's REST book**, every `depth.verify_interval_ms`, where
-//!   the REST book says where in the stream it stands (Bybit's cross sequence `seq`, OKX's and
-//!   Coinbase's book time): the book as it stood at that point (its best [`verify_levels`] a
+//!   the REST book says where in the stream it stands (Bybit's cross sequence `seq`, OKX's book
+//!   time; Coinbase's comparison by time gave false differences on a loaded machine and is off): the book as it stood at that point (its best [`verify_levels`] a
 //!   side) is compared with it — after a message of that very point, all of it; between two
 //!   messages, the prices the next message left alone (`shared::venue::differing_between`).
 //!   Equal is a verification; a difference is looked at again at once, and drift (counted with

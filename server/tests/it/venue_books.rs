@@ -470,10 +470,10 @@ async fn bybit_linear_perpetuals_are_a_futures_source() {
 }
 
 /// Periodic verification against the venue's REST book, where it says where in the stream it
-/// stands (Bybit's cross sequence, OKX's and Coinbase's book time): a synced book verifies equal;
-/// a phantom level the venue slipped into its stream — which neither Bybit nor Coinbase can show
-/// by a checksum — is found as drift and the book resynced, alone. Kraken, whose REST book says
-/// neither, is not verified this way (its checksum checks every update).
+/// stands (Bybit's cross sequence, OKX's book time): a synced book verifies equal; a phantom
+/// level the venue slipped into its stream — which Bybit cannot show by a checksum — is found as
+/// drift and the book resynced, alone. Kraken, whose REST book says neither, and Coinbase (its
+/// comparison by time is off until understood) are not verified this way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
     let sim = start_sim(1.0, 59).await;
@@ -483,7 +483,7 @@ async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
     // phantom level away before a verification finds it
     c.ingest.stall_timeout_ms = 15_000;
     let server = TestServer::start(c).await;
-    let verified = [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase];
+    let verified = [Dialect::Okx, Dialect::Bybit];
     for d in verified {
         btc_until(&server, d, "two REST verifications, equal", |s| {
             s.verifications >= 2 && s.drift_events == 0
@@ -496,17 +496,28 @@ async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
     }
     let kraken = stats(&server, Dialect::Kraken, "BTC").1;
     assert_eq!(kraken.verifications, 0, "Kraken's REST book says not where it stands");
-    for d in [Dialect::Bybit, Dialect::Coinbase] {
+    let coinbase = stats(&server, Dialect::Coinbase, "BTC").1;
+    assert_eq!(coinbase.verifications, 0, "Coinbase is not verified by its REST book (yet)");
+    for d in [Dialect::Bybit] {
         let before = stats(&server, d, "BTC").1;
         let eth_before = stats(&server, d, "ETH").1;
         sim.faults().apply(fault("corrupt", d));
-        btc_until(&server, d, "the phantom level found by the REST book and resynced", |s| {
+        // (a loaded machine abandons verifications whose point its job did not keep: a minute)
+        let found = |s: &SyncStats| {
             s.drift_events > before.drift_events
                 && s.drift_levels > before.drift_levels
                 && s.resyncs > before.resyncs
                 && s.verifications > before.verifications
-        })
-        .await;
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (st, sync) = stats(&server, d, "BTC");
+            if st.health == BookHealth::Synced && found(&sync) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{d}: phantom not found: {sync:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let eth = stats(&server, d, "ETH").1;
         assert_eq!(eth.drift_events, eth_before.drift_events, "{d} ETH saw nothing");
         assert_eq!(eth.resyncs, eth_before.resyncs, "{d} ETH saw nothing");
