@@ -274,7 +274,7 @@ impl Writer {
             self.retire(&item.source);
             self.failed(&e.to_string(), lost);
         }
-        self.count();
+        // (the counters are brought up to date with each flush, not per frame)
     }
 
     fn flush_all(&mut self) {
