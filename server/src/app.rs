@@ -77,6 +77,14 @@ pub enum StartError {
     TickBooks(#[source] crate::l3::L3Error),
     #[error("cannot start the recorder (record.dir)")]
     Recording(#[source] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot play the recording of source {name}")]
+    Playback {
+        name: String,
+        #[source]
+        source: crate::playback::PlaybackError,
+    },
 }
 
 /// The bus and the store the service runs on.
@@ -245,6 +253,8 @@ pub struct App {
     depth_runner: Arc<DepthRunner>,
     /// The simulators this process runs for its `sim` sources, by source name.
     simulators: Vec<(String, SimHandle)>,
+    /// The recordings played back as sources (`kind = "recording"`).
+    players: Vec<crate::playback::Player>,
     /// What a layer around the service added (see [`Extension`]).
     extension: Option<Arc<dyn Extension>>,
     /// The recorder of upstream frames (`[record]`).
@@ -300,10 +310,13 @@ impl App {
         layer: Option<Box<dyn Layer + Send>>,
     ) -> Result<App, StartError> {
         let Backends { bus, store, backfill_store, data_lock } = backends;
+        let mut config = config;
+        config.resolve_recordings()?;
         let shutdown = Shutdown::new();
         // The simulators stop with the service, after everything that talks to them.
-        let (endpoints, simulators) =
+        let (mut endpoints, simulators) =
             start_simulators(&config, &store, &shutdown.token().child_token()).await?;
+        let players = start_players(&config, &mut endpoints, &shutdown.child()).await?;
         let extra = simulated_venues(&config, &endpoints);
         let recording = crate::recording::Recording::start(&config, &shutdown.child())
             .map_err(StartError::Recording)?;
@@ -412,6 +425,7 @@ impl App {
             depth_runner,
             l3,
             simulators,
+            players,
             extension: plugs.extension,
             recording,
             shutdown,
@@ -473,6 +487,11 @@ impl App {
     /// What a layer around the service added, if any.
     pub fn extension(&self) -> Option<&Arc<dyn Extension>> {
         self.extension.as_ref()
+    }
+
+    /// The recordings played back as sources.
+    pub fn players(&self) -> &[crate::playback::Player] {
+        &self.players
     }
 
     /// The embedded simulator of source `name`, if millrace runs it.
@@ -592,6 +611,25 @@ async fn start_simulators(
         endpoints.push(endpoint);
     }
     Ok((endpoints, simulators))
+}
+
+/// Starts a player for every `recording` source and points its endpoint at it.
+async fn start_players(
+    config: &Config,
+    endpoints: &mut [Endpoint],
+    shutdown: &Shutdown,
+) -> Result<Vec<crate::playback::Player>, StartError> {
+    let mut players = Vec::new();
+    for (sc, endpoint) in config.sources.iter().zip(endpoints.iter_mut()) {
+        let Some(playback) = &sc.playback else { continue };
+        let player = crate::playback::Player::start(&sc.name, playback, shutdown)
+            .await
+            .map_err(|source| StartError::Playback { name: sc.name.clone(), source })?;
+        *endpoint =
+            Endpoint { rest_base: player.rest_base(), ws_base: player.ws_base(), embedded: true };
+        players.push(player);
+    }
+    Ok(players)
 }
 
 /// The other venues an embedded simulator serves (`venues = true`): a source per dialect,

@@ -21,6 +21,7 @@ pub mod l3;
 pub mod lock;
 pub mod malloc;
 pub mod metrics;
+pub mod playback;
 pub mod rate;
 pub mod recording;
 pub mod redact;

@@ -205,6 +205,7 @@ impl Recording {
             bytes_written: s.bytes_written.load(Relaxed),
             files_deleted: s.files_deleted.load(Relaxed),
             last_error: crate::lock::lock(&self.last_error).clone(),
+            playback: Vec::new(),
         }
     }
 }

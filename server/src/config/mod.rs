@@ -569,6 +569,114 @@ pub struct SourceConfig {
     /// fills, snapshots, job starts); calls past it wait for the next minute. Default: 80 % of
     /// Binance's limit (spot 4800 of 6000, futures 1920 of 2400).
     pub rest_weight_budget_1m: Option<u32>,
+    /// `recording` only: the recorded source's directory (`{record.dir}/{source}`, with its
+    /// `source.json`).
+    pub dir: Option<PathBuf>,
+    /// `recording` only: the time range played (RFC 3339 or Unix ms; default: all of it).
+    pub from: Option<String>,
+    pub to: Option<String>,
+    /// `recording` only: start again at the end.
+    #[serde(rename = "loop")]
+    pub looped: bool,
+    /// Set when the configuration loads: the recording this source plays back.
+    #[serde(skip)]
+    pub playback: Option<Playback>,
+}
+
+/// A recording played back as a source, as its `[[sources]]` entry resolves: the recorded
+/// source's dialect and market (its `source.json`), the range, the speed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Playback {
+    pub dir: PathBuf,
+    pub dialect: shared::venue::Dialect,
+    pub from_ms: Option<i64>,
+    pub to_ms: Option<i64>,
+    /// Recorded seconds per second; `None`: as fast as possible (`speed = 0`).
+    pub speed: Option<f64>,
+    pub looped: bool,
+}
+
+impl SourceConfig {
+    /// Resolves a `recording` source to the recorded source's kind and market (from its
+    /// `source.json`), keeping what to play in [`SourceConfig::playback`]; other sources are
+    /// left as they are. The error names the key.
+    pub fn resolve_recording(&mut self, key: &str) -> Result<(), ConfigError> {
+        if self.kind != SourceKind::Recording {
+            return Ok(());
+        }
+        let dir = self.dir.clone().ok_or_else(|| {
+            invalid(format!("configuration key `{key}.dir`: a recording source needs the recorded source's directory"))
+        })?;
+        let described = dir.join("source.json");
+        let text = std::fs::read_to_string(&described).map_err(|e| {
+            invalid(format!(
+                "configuration key `{key}.dir`: {} is not a recorded source's directory: {e}",
+                described.display()
+            ))
+        })?;
+        #[derive(Deserialize)]
+        struct Described {
+            dialect: String,
+            market: String,
+        }
+        let d: Described = serde_json::from_str(&text).map_err(|e| {
+            invalid(format!("configuration key `{key}.dir`: {}: {e}", described.display()))
+        })?;
+        let dialect = d.dialect.parse::<shared::venue::Dialect>().map_err(|_| {
+            invalid(format!(
+                "configuration key `{key}.dir`: {} names no venue ({:?})",
+                described.display(),
+                d.dialect
+            ))
+        })?;
+        if dialect == shared::venue::Dialect::Binance {
+            return Err(invalid(format!(
+                "configuration key `{key}.dir`: a recording of a Binance-protocol source cannot be played back yet (its REST snapshots are not recorded); OKX, Bybit, Coinbase and Kraken recordings can"
+            )));
+        }
+        let market = d.market.parse::<Market>().map_err(|()| {
+            invalid(format!(
+                "configuration key `{key}.dir`: {} names no market ({:?})",
+                described.display(),
+                d.market
+            ))
+        })?;
+        let time = |k: &str, v: &Option<String>| -> Result<Option<i64>, ConfigError> {
+            v.as_deref()
+                .map(|t| {
+                    t.parse::<i64>().ok().or_else(|| venues::parse_rfc3339_ms(t)).ok_or_else(|| {
+                        invalid(format!(
+                            "configuration key `{key}.{k}`: {t:?} is neither RFC 3339 nor Unix ms"
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        let (from_ms, to_ms) = (time("from", &self.from)?, time("to", &self.to)?);
+        if let (Some(f), Some(t)) = (from_ms, to_ms) {
+            if f > t {
+                return Err(invalid(format!("configuration key `{key}.to`: before `from`")));
+            }
+        }
+        if !(self.speed.is_finite() && (0.0..=100_000.0).contains(&self.speed)) {
+            return Err(invalid(format!(
+                "configuration key `{key}.speed`: must be between 0 (as fast as possible) and 100000, got {}",
+                self.speed
+            )));
+        }
+        self.playback = Some(Playback {
+            dir,
+            dialect,
+            from_ms,
+            to_ms,
+            speed: (self.speed > 0.0).then_some(self.speed),
+            looped: self.looped,
+        });
+        self.kind = SourceKind::of_dialect(dialect);
+        self.market = market;
+        self.venues = false;
+        Ok(())
+    }
 }
 
 impl Default for SourceConfig {
@@ -584,6 +692,11 @@ impl Default for SourceConfig {
             sim_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             venues: true,
             rest_weight_budget_1m: None,
+            dir: None,
+            from: None,
+            to: None,
+            looped: false,
+            playback: None,
         }
     }
 }
@@ -709,8 +822,17 @@ impl Config {
                 s.speed = speed;
             }
         }
+        config.resolve_recordings()?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Resolves every `recording` source ([`SourceConfig::resolve_recording`]).
+    pub fn resolve_recordings(&mut self) -> Result<(), ConfigError> {
+        for (n, s) in self.sources.iter_mut().enumerate() {
+            s.resolve_recording(&format!("sources[{n}]"))?;
+        }
+        Ok(())
     }
 
     /// Checks ranges and cross-references; the error names the key.
@@ -1124,6 +1246,65 @@ mod tests {
         assert_eq!(c.ingest.reconnect_base_ms, 2000);
         assert_eq!(c.sources[0].kind, SourceKind::Sim);
         assert_eq!(c.backfill[0].max_expired_batches, 3);
+    }
+
+    #[test]
+    fn a_recording_source_becomes_the_recorded_venue_or_says_what_is_wrong() {
+        let rec = std::env::temp_dir().join(format!("millrace-config-rec-{}", std::process::id()));
+        let okx = rec.join("okx");
+        std::fs::create_dir_all(&okx).unwrap();
+        std::fs::write(
+            okx.join("source.json"),
+            r#"{"format":"millrace-recording","version":1,"source":"okx","dialect":"okx","market":"spot"}"#,
+        )
+        .unwrap();
+        let source = |extra: &str| {
+            format!(
+                "[[sources]]\nname = \"sim\"\n[[sources]]\nname = \"okx\"\nkind = \"recording\"\ndir = {:?}\n{extra}",
+                okx.display().to_string()
+            )
+        };
+        let c = load(&source("from = \"2026-11-28T14:00:00Z\"\nspeed = 0.0\nloop = true\n"), &[])
+            .unwrap();
+        let s = &c.sources[1];
+        assert_eq!((s.kind, s.market), (SourceKind::Okx, Market::Spot));
+        let p = s.playback.as_ref().unwrap();
+        assert_eq!(p.dialect, shared::venue::Dialect::Okx);
+        assert_eq!(
+            (p.from_ms, p.to_ms, p.speed, p.looped),
+            (Some(1_795_874_400_000), None, None, true)
+        );
+        assert_eq!(
+            load(&source("speed = 2.0\n"), &[]).unwrap().sources[1]
+                .playback
+                .as_ref()
+                .unwrap()
+                .speed,
+            Some(2.0)
+        );
+        for (extra, says) in [
+            ("from = \"noon\"\n", "sources[1].from"),
+            ("from = \"2000\"\nto = \"1000\"\n", "sources[1].to"),
+            ("speed = -1.0\n", "sources[1].speed"),
+        ] {
+            let e = load(&source(extra), &[]).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}: {e}");
+        }
+        let e = load(
+            "[[sources]]\nname = \"sim\"\n[[sources]]\nname = \"r\"\nkind = \"recording\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("sources[1].dir"), "{e}");
+        let e =
+            load("[[sources]]\nname = \"sim\"\n[[sources]]\nname = \"r\"\nkind = \"recording\"\ndir = \"/nonexistent\"\n", &[])
+                .unwrap_err();
+        assert!(e.to_string().contains("not a recorded source's directory"), "{e}");
+        std::fs::write(okx.join("source.json"), r#"{"dialect":"binance","market":"spot"}"#)
+            .unwrap();
+        let e = load(&source(""), &[]).unwrap_err().to_string();
+        assert!(e.contains("cannot be played back yet"), "{e}");
+        let _ = std::fs::remove_dir_all(&rec);
     }
 
     #[test]

@@ -336,7 +336,9 @@ async fn ops_backfill(State(state): State<AppState>) -> Json<BackfillReport> {
 /// is a failed admin attempt like any other: counted against its address, and refused (429)
 /// once the address used them up.
 async fn ops_recording(State(state): State<AppState>) -> Response {
-    Json(state.app.recording().report()).into_response()
+    let mut report = state.app.recording().report();
+    report.playback = state.app.players().iter().map(|p| p.report()).collect();
+    Json(report).into_response()
 }
 
 async fn ops_sources(State(state): State<AppState>, request: Request) -> Response {

@@ -20,10 +20,12 @@
 //!   job's errors and answered with the reconnect back-off.
 //! - **Publishing** every `depth.publish_interval_ms`: `Synced` only while the machine is.
 //! - **Verification against the venue's REST book**, every `depth.verify_interval_ms`, where
-//!   the REST book says where in the stream it stands (Bybit's cross sequence `seq`, OKX's book
-//!   time; Coinbase's comparison by time gave false differences on a loaded machine and is off): the book as it stood at that point (its best [`verify_levels`] a
-//!   side) is compared with it — after a message of that very point, all of it; between two
-//!   messages, the prices the next message left alone (`shared::venue::differing_between`).
+//!   the REST book says where in the stream it stands (Bybit's cross sequence `seq`, OKX's and
+//!   Coinbase's book time: a Coinbase update's newest `event_time`, not the time it was sent):
+//!   the book as it stood at that point (its best [`verify_levels`] a side) is compared with it
+//!   — after a message of that very sequence, all of it; at a millisecond some messages share,
+//!   the prices they left alone; between two messages, the prices the next one left alone
+//!   (`shared::venue::differing_between`).
 //!   Equal is a verification; a difference is looked at again at once, and drift (counted with
 //!   its levels, and the book resynced) when it is found twice in a row; an answer of a point
 //!   before what the job kept, or while it resynced, or a first difference, is abandoned
@@ -210,6 +212,8 @@ struct Job {
     next_verify: tokio::time::Instant,
     /// The stream point of the last book message.
     last_key: Option<u64>,
+    /// [`book_digest`] of every book message handled.
+    digest: u64,
     /// The last verification found a difference: the next one, soon, decides.
     suspect: bool,
     /// The job's part of the shutdown (its REST requests run in it).
@@ -229,6 +233,9 @@ struct Verification {
 /// The book after the message(s) of one point of the stream, and the prices they changed.
 struct BookState {
     key: u64,
+    /// Whether `touched_*` hold what every message of this point changed (the state the
+    /// verification starts from holds none of the messages before it).
+    complete: bool,
     bids: Vec<Level>,
     asks: Vec<Level>,
     touched_bids: Vec<Price>,
@@ -236,13 +243,38 @@ struct BookState {
 }
 
 /// Where a book message stands in the venue's stream, as its REST book says it
-/// ([`venues::rest::RestBook::key`]): Bybit's cross sequence, OKX's and Coinbase's time.
+/// ([`venues::rest::RestBook::key`]): Bybit's cross sequence, OKX's and Coinbase's time (a
+/// Coinbase update's newest `event_time`; its snapshot's is the time it was sent).
 fn stream_key(dialect: Dialect, f: &venues::BookFrame) -> Option<u64> {
     match dialect {
         Dialect::Bybit => f.cross_seq,
         Dialect::Okx | Dialect::Coinbase => f.time_ms.and_then(|t| u64::try_from(t).ok()),
         Dialect::Kraken | Dialect::Binance => None,
     }
+}
+
+const DIGEST_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// `digest` (FNV-1a) folded with a book message — its sequence fields, snapshot flag and levels
+/// — and the sync machine's `state` after it: equal over two runs only if every message and
+/// every outcome was (`DepthJobStatus::book_digest`).
+fn book_digest(digest: u64, f: &venues::BookFrame, state: SyncState) -> u64 {
+    fn fold(h: u64, bytes: &[u8]) -> u64 {
+        bytes.iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    }
+    let mut h = digest;
+    for n in [f.seq, f.prev_seq, f.cross_seq] {
+        h = fold(h, &n.unwrap_or(u64::MAX).to_le_bytes());
+    }
+    h = fold(h, &[u8::from(f.snapshot), state as u8]);
+    for (side, levels) in [(b'b', &f.bids), (b'a', &f.asks)] {
+        h = fold(h, &[side]);
+        for l in levels.iter() {
+            h = fold(h, &l.price.raw().to_le_bytes());
+            h = fold(h, &l.qty.raw().to_le_bytes());
+        }
+    }
+    h
 }
 
 /// Runs the job until `ctx` stops it.
@@ -261,6 +293,7 @@ pub async fn run(ctx: JobContext, deps: VenueBookDeps) {
         next_verify: tokio::time::Instant::now(),
         last_key: None,
         suspect: false,
+        digest: DIGEST_START,
         shutdown: ctx.shutdown.clone(),
         deps,
     };
@@ -279,6 +312,7 @@ pub async fn run(ctx: JobContext, deps: VenueBookDeps) {
         }
         ctx.health.connected.store(false, Relaxed);
         job.abandon_verification();
+        job.last_key = None;
         job.sync.handle_connection_lost();
         job.drain(&mut Vec::new());
         job.publish();
@@ -398,8 +432,12 @@ impl Job {
                 },
                 Message::Book(f) if f.symbol == self.deps.listing.symbol => {
                     self.sync.handle_message(f.message());
+                    self.digest = book_digest(self.digest, &f, self.sync.state());
+                    // kept in order: a message stamped before the one it follows (a
+                    // snapshot's send time, then updates of the book's earlier moments) counts
+                    // at that one's point
                     if let Some(key) = stream_key(dialect, &f) {
-                        self.record_state(key, &f.bids, &f.asks);
+                        self.record_state(key.max(self.last_key.unwrap_or(0)), &f.bids, &f.asks);
                     }
                 }
                 Message::Trades { symbol, trades } if symbol == self.deps.listing.symbol => {
@@ -426,6 +464,9 @@ impl Job {
                 SyncEvent::NeedSnapshot { reason } => {
                     tracing::info!(stream = %self.channel.name, ?reason, "venue book resync: resubscribing");
                     resubscribe = true;
+                    // the states kept are of the book being replaced
+                    self.abandon_verification();
+                    self.last_key = None;
                 }
                 SyncEvent::ChecksumMismatch { expected, computed, .. } => {
                     tracing::info!(stream = %self.channel.name, expected, computed, "venue checksum mismatch");
@@ -481,6 +522,9 @@ impl Job {
         });
         if let Some(key) = self.last_key {
             self.record_state(key, &[], &[]);
+            if let Some(first) = self.verify.as_mut().and_then(|v| v.states.back_mut()) {
+                first.complete = false;
+            }
         }
     }
 
@@ -496,6 +540,7 @@ impl Job {
             let (top_bids, top_asks) = self.sync.book().top(levels);
             let mut state = BookState {
                 key,
+                complete: true,
                 bids: top_bids,
                 asks: top_asks,
                 touched_bids: bids.iter().map(|l| l.price).collect(),
@@ -504,6 +549,7 @@ impl Job {
             if v.states.back().is_some_and(|s| s.key == key) {
                 // the last message of a point counts; what each changed, together
                 let earlier = v.states.pop_back().expect("checked");
+                state.complete = earlier.complete;
                 state.touched_bids.extend(earlier.touched_bids);
                 state.touched_asks.extend(earlier.touched_asks);
             }
@@ -551,7 +597,17 @@ impl Job {
         };
         let before = &v.states[at];
         let (touched_bids, touched_asks): (&[Price], &[Price]) = if before.key == book.key {
-            (&[], &[])
+            match self.deps.source.dialect {
+                // a sequence names one message: the book after it, all of it
+                Dialect::Bybit => (&[], &[]),
+                // several messages may share a millisecond, and the REST book may stand between
+                // them: the prices they changed are left out
+                _ if before.complete => (&before.touched_bids, &before.touched_asks),
+                _ => {
+                    self.sync.handle_verification_abandoned();
+                    return;
+                }
+            }
         } else {
             match v.states.get(at + 1) {
                 Some(next) => (&next.touched_bids, &next.touched_asks),
@@ -623,6 +679,7 @@ impl Job {
             s.crossed_publishes += 1;
         }
         s.sync.clone_from(stats);
+        s.book_digest = self.digest;
         self.deps.stats.set(s);
     }
 }

@@ -35,6 +35,7 @@ mod l3_service;
 mod l3engine;
 mod log_spans;
 mod malloc_arenas;
+mod playback;
 mod recording;
 mod seams;
 mod secrets;

@@ -470,10 +470,10 @@ async fn bybit_linear_perpetuals_are_a_futures_source() {
 }
 
 /// Periodic verification against the venue's REST book, where it says where in the stream it
-/// stands (Bybit's cross sequence, OKX's book time): a synced book verifies equal; a phantom
-/// level the venue slipped into its stream — which Bybit cannot show by a checksum — is found as
-/// drift and the book resynced, alone. Kraken, whose REST book says neither, and Coinbase (its
-/// comparison by time is off until understood) are not verified this way.
+/// stands (Bybit's cross sequence, OKX's and Coinbase's book time): a synced book verifies equal;
+/// a phantom level the venue slipped into its stream — which neither Bybit nor Coinbase can show
+/// by a checksum — is found as drift and the book resynced, alone. Kraken, whose REST book says
+/// neither, is not verified this way (its checksum checks every update).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
     let sim = start_sim(1.0, 59).await;
@@ -483,7 +483,7 @@ async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
     // phantom level away before a verification finds it
     c.ingest.stall_timeout_ms = 15_000;
     let server = TestServer::start(c).await;
-    let verified = [Dialect::Okx, Dialect::Bybit];
+    let verified = [Dialect::Okx, Dialect::Bybit, Dialect::Coinbase];
     for d in verified {
         btc_until(&server, d, "two REST verifications, equal", |s| {
             s.verifications >= 2 && s.drift_events == 0
@@ -496,9 +496,7 @@ async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
     }
     let kraken = stats(&server, Dialect::Kraken, "BTC").1;
     assert_eq!(kraken.verifications, 0, "Kraken's REST book says not where it stands");
-    let coinbase = stats(&server, Dialect::Coinbase, "BTC").1;
-    assert_eq!(coinbase.verifications, 0, "Coinbase is not verified by its REST book (yet)");
-    for d in [Dialect::Bybit] {
+    for d in [Dialect::Bybit, Dialect::Coinbase] {
         let before = stats(&server, d, "BTC").1;
         let eth_before = stats(&server, d, "ETH").1;
         sim.faults().apply(fault("corrupt", d));

@@ -254,7 +254,7 @@ fn read(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
     };
     match channel {
         "l2_data" => {
-            let time_ms = time_ms()?;
+            let sent_ms = time_ms()?;
             let events = f.events.ok_or_else(needs_events)?.read(D)?;
             let mut levels = 0;
             for e in events.0 {
@@ -281,7 +281,8 @@ fn read(frame: &str, out: &mut Vec<Message>) -> Result<(), WireError> {
                     asks: e.updates.asks,
                     checksum: None,
                     printed: Some(e.updates.printed),
-                    time_ms,
+                    // the book's own time where the updates say it, else the time it was sent
+                    time_ms: e.updates.newest_ms.or(sent_ms),
                 }));
             }
         }
@@ -396,6 +397,9 @@ struct Updates {
     bids: Vec<Level>,
     asks: Vec<Level>,
     printed: PrintedLevels,
+    /// The newest `event_time` (ms) of the updates: the moment of the book they bring it to, as
+    /// a REST `product_book`'s `time` says it. A snapshot's say `1970-01-01T00:00:00Z`: none.
+    newest_ms: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -406,6 +410,8 @@ struct Update<'a> {
     price_level: &'a str,
     #[serde(borrow)]
     new_quantity: &'a str,
+    #[serde(borrow, default)]
+    event_time: Option<Cow<'a, str>>,
 }
 
 impl<'de> Deserialize<'de> for Updates {
@@ -422,7 +428,23 @@ impl<'de> Deserialize<'de> for Updates {
             ) -> Result<Updates, A::Error> {
                 use serde::de::Error;
                 let mut out = Updates::default();
+                // the updates of one event mostly share one time: read each new one once
+                let mut last_time: Option<Cow<'de, str>> = None;
                 while let Some(u) = seq.next_element::<Update<'de>>()? {
+                    if let Some(t) = u.event_time.filter(|t| !t.is_empty()) {
+                        if last_time.as_deref() != Some(&*t) {
+                            let ms = parse_rfc3339_ms(&t).ok_or_else(|| {
+                                Error::custom(format_args!(
+                                    "event_time {:?} is not RFC 3339",
+                                    clip(&t)
+                                ))
+                            })?;
+                            if ms > 0 {
+                                out.newest_ms = out.newest_ms.max(Some(ms));
+                            }
+                            last_time = Some(t);
+                        }
+                    }
                     if out.bids.len() + out.asks.len() == MAX_LEVELS {
                         return Err(Error::custom(format_args!(
                             "more than {MAX_LEVELS} book levels"

@@ -356,9 +356,8 @@ pub struct RestBook {
 }
 
 /// The path and query of `symbol`'s REST book, its best `levels` a side, for a venue whose REST
-/// book says where in the stream it stands and is verified against (OKX, Bybit); `None` for
-/// Kraken, whose `Depth` carries no book time or id (its checksum verifies every update
-/// instead), and for Coinbase (see below). [`parse_book`] still reads Coinbase's.
+/// book says where in the stream it stands (OKX, Bybit, Coinbase); `None` for Kraken, whose
+/// `Depth` carries no book time or id (its checksum verifies every update instead).
 pub fn book_path(dialect: Dialect, market: Market, symbol: &str, levels: usize) -> Option<String> {
     match dialect {
         Dialect::Okx => Some(format!("/api/v5/market/books?instId={symbol}&sz={levels}")),
@@ -366,10 +365,10 @@ pub fn book_path(dialect: Dialect, market: Market, symbol: &str, levels: usize) 
             "/v5/market/orderbook?category={}&symbol={symbol}&limit={levels}",
             bybit_category(market)
         )),
-        // Coinbase's `product_book` says its time, but comparing it with the stream by time gave
-        // differences that were not there on a loaded machine: not verified this way until that
-        // is understood (a difference taken for drift would resync a good book)
-        Dialect::Coinbase | Dialect::Kraken | Dialect::Binance => None,
+        Dialect::Coinbase => Some(format!(
+            "/api/v3/brokerage/market/product_book?product_id={symbol}&limit={levels}"
+        )),
+        Dialect::Kraken | Dialect::Binance => None,
     }
 }
 

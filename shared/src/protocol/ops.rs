@@ -328,6 +328,11 @@ pub struct DepthJobStatus {
     pub crossed_publishes: u64,
     /// The sync machine's own counters.
     pub sync: SyncStats,
+    /// A running hash (FNV-1a) of every book message the job handled: its sequence, its
+    /// levels and the machine's state after it. Two runs over the same frames (a live run and
+    /// its recording played back) show the same, frame for frame; 0 where not kept.
+    #[serde(default)]
+    pub book_digest: u64,
 }
 
 /// `GET /api/v1/ops/books`: every book millrace publishes.
@@ -596,7 +601,7 @@ pub struct BackfillTask {
 }
 
 /// `GET /api/v1/ops/recording`: the recorder of upstream frames (`[record]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordingReport {
     /// Whether any source is recorded.
@@ -618,6 +623,36 @@ pub struct RecordingReport {
     pub files_deleted: u64,
     /// The last failed write's error.
     pub last_error: Option<String>,
+    /// The recordings played back as sources (`kind = "recording"`).
+    #[serde(default)]
+    pub playback: Vec<PlaybackReport>,
+}
+
+/// One recording played back as a source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlaybackReport {
+    /// The source it serves, and the recorded source's directory.
+    pub source: String,
+    pub dir: String,
+    /// Recorded seconds played per second; `None`: as fast as possible.
+    pub speed: Option<f64>, // float: not a market value
+    pub looped: bool,
+    /// The recorded WebSocket connections in the time range, and how many were played (a
+    /// connection of the job that subscribed as it did takes the next one).
+    pub connections: usize,
+    pub connections_played: u64,
+    /// Connections whose every frame was sent.
+    pub connections_finished: u64,
+    pub frames_played: u64,
+    /// Connections that asked for what the recording does not hold (they are kept open, silent).
+    pub unmatched_connections: u64,
+    /// REST answers served from the recording, and requests it held no answer for.
+    pub rest_answered: u64,
+    pub rest_unmatched: u64,
+    /// The frames' time range, Unix ns.
+    pub first_ns: Option<i64>,
+    pub last_ns: Option<i64>,
 }
 
 /// `GET /api/v1/ops/sources`.
@@ -643,6 +678,10 @@ pub enum SourceKind {
     Coinbase,
     /// Kraken (WebSocket v2).
     Kraken,
+    /// A recording of another source's frames played back as that source (`kind =
+    /// "recording"`): the configuration resolves it to the recorded source's kind when it loads
+    /// (its `source.json`), so a running source is never of this kind.
+    Recording,
 }
 
 impl SourceKind {
@@ -650,7 +689,8 @@ impl SourceKind {
     pub fn dialect(self) -> crate::venue::Dialect {
         use crate::venue::Dialect;
         match self {
-            SourceKind::Sim | SourceKind::Binance => Dialect::Binance,
+            // (a recording's kind is resolved when the configuration loads)
+            SourceKind::Sim | SourceKind::Binance | SourceKind::Recording => Dialect::Binance,
             SourceKind::Okx => Dialect::Okx,
             SourceKind::Bybit => Dialect::Bybit,
             SourceKind::Coinbase => Dialect::Coinbase,

@@ -27,7 +27,12 @@ fn envelope(channel: &str, events: Value, ctx: &mut Ctx) -> String {
     .to_string()
 }
 
+/// A price with the tick's places; one off the tick grid (a `corrupt` fault's phantom level)
+/// with all of its digits, so it reads as the very price sent.
 fn px(spec: &SymbolSpec, p: shared::Price) -> String {
+    if p.raw() % spec.tick.raw().max(1) != 0 {
+        return p.to_string();
+    }
     p.to_string_fixed(u32::from(places(spec.tick.raw())))
 }
 
@@ -92,7 +97,9 @@ impl Venue for Coinbase {
     }
 
     fn book(&self, b: &BookOut<'_>, ctx: &mut Ctx) -> String {
-        let t = time(b.time_ms);
+        // an update's levels carry the time of the book they bring it to (the time its REST
+        // `product_book` says); a snapshot's, as Coinbase sends them, the epoch
+        let t = if b.snapshot { "1970-01-01T00:00:00Z".to_string() } else { time(b.time_ms) };
         let mut updates: Vec<Value> = Vec::with_capacity(b.bids.len() + b.asks.len());
         for (side, levels) in [("bid", b.bids), ("offer", b.asks)] {
             for l in levels {

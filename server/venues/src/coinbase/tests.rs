@@ -77,13 +77,17 @@ fn a_book_syncs_and_a_lost_message_of_any_channel_resyncs_it() {
     assert_eq!(b.printed.unwrap().price.format(), Some(shared::venue::NumberFormat::Shortest));
     assert!(c.book.is_synced());
 
-    // an update: new_quantity is absolute, "0" removes the level
-    c.receive(&l2(
+    // an update: new_quantity is absolute, "0" removes the level; its time is the newest of
+    // its updates' (the book's), not the time it was sent
+    let out = c.receive(&l2(
         1,
         "update",
-        r#"{"side":"bid","event_time":"2023-02-09T20:32:50.714964855Z","price_level":"21921.73","new_quantity":"0"},
-           {"side":"offer","event_time":"2023-02-09T20:32:50.714964855Z","price_level":"21921.74","new_quantity":"0.5"}"#,
+        r#"{"side":"bid","event_time":"2023-02-09T20:32:50.700964855Z","price_level":"21921.73","new_quantity":"0"},
+           {"side":"offer","event_time":"2023-02-09T20:32:50.701Z","price_level":"21921.74","new_quantity":"0.5"},
+           {"side":"offer","event_time":"2023-02-09T20:32:50.701Z","price_level":"21921.75","new_quantity":"0.5"}"#,
     ));
+    let Message::Book(b) = &out[1] else { panic!("{out:?}") };
+    assert_eq!(b.time_ms, Some(1_675_974_770_701));
     assert!(c.book.is_synced());
     assert_eq!(c.book.book().best_bid(), Some(lv("21921.3", "0.02")));
     assert_eq!(c.book.book().best_ask(), Some(lv("21921.74", "0.5")));
@@ -210,6 +214,10 @@ fn bad_frames_are_errors_naming_what_is_wrong_and_leave_nothing() {
         (l2(1, "update", r#"{"side":"middle","price_level":"1","new_quantity":"1"}"#), "book side"),
         (l2(1, "update", r#"{"side":"bid","new_quantity":"1"}"#), "`price_level`"),
         (l2(1, "later", ""), "book event type"),
+        (
+            l2(1, "update", r#"{"side":"bid","event_time":"today","price_level":"1","new_quantity":"1"}"#),
+            "event_time",
+        ),
         (
             l2(1, "update", "").replace("2023-02-09T20:32:50.714964855Z", "yesterday"),
             "timestamp",

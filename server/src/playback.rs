@@ -1,0 +1,493 @@
+//! A recording played back as the venue it recorded (`[[sources]] kind = "recording"`).
+//!
+//! The player is a local WebSocket and REST server on 127.0.0.1 that speaks what the recording
+//! holds, and the source is an ordinary venue source of the recorded dialect pointed at it: the
+//! frames go through the very connector code of a live source (the venue's reader, its sync
+//! machine, the candle and trade pipelines), and books, candles and trades are rebuilt, stored
+//! and served as they were.
+//!
+//! - **Connections.** A connection that opens and sends its first frame (its subscription)
+//!   takes the earliest recorded connection, not yet played, whose first sent frame was the
+//!   same; its received frames are sent at their recorded pace (times the speed; as fast as
+//!   possible at speed 0) and it is closed where the recorded one ended. What the job sends
+//!   meanwhile (a resubscription, a ping) is read and left: the recording already holds the
+//!   venue's answer to it. A connection that asks for what the recording does not hold (or for
+//!   more of it than it holds) is kept open and silent, and counted.
+//! - **REST.** A request takes the earliest recorded answer, not yet served, to the same path
+//!   and query; else the last recorded answer to the same path; else a 404 saying so.
+//! - **Loop.** With `loop = true` a subscription whose recorded connections were all played
+//!   starts again from its first, and a connection that played its last frame is closed so the
+//!   job comes back for it.
+//! - **Bounds.** The recording is read once at start, the time range only, at most
+//!   [`MAX_BYTES`] of frames (a longer range is refused: narrow `from`/`to`); a torn file tail is
+//!   skipped as the replay tools skip it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ws::{Message, WebSocket};
+use axum::extract::{FromRequestParts, Request, State, WebSocketUpgrade};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use recording::{FileReader, Kind};
+use shared::protocol::ops::PlaybackReport;
+
+use crate::config::Playback;
+use crate::lock::lock;
+use crate::shutdown::Shutdown;
+
+/// The most bytes of frames and answers a played range may hold.
+pub const MAX_BYTES: u64 = 2 << 30;
+/// How long a connection may take to send its subscription.
+const FIRST_FRAME_WAIT: Duration = Duration::from_secs(30);
+
+/// Why a recording cannot be played.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaybackError {
+    #[error("{dir}: {source}")]
+    Read {
+        dir: String,
+        #[source]
+        source: recording::RecordingError,
+    },
+    #[error("{dir}: the range holds more than {max} bytes of frames: narrow `from`/`to`")]
+    TooLarge { dir: String, max: u64 },
+    #[error("{dir}: no recorded frame in the range")]
+    Empty { dir: String },
+    #[error("cannot listen for the player: {0}")]
+    Listen(#[source] std::io::Error),
+}
+
+/// One recorded WebSocket connection.
+#[derive(Debug, Default)]
+struct RecordedConn {
+    /// Its first sent frame (its subscription): what a new connection is matched by.
+    first_sent: Option<String>,
+    /// When it opened (its first record), Unix ns.
+    start_ns: i64,
+    frames: Vec<Frame>,
+}
+
+#[derive(Debug)]
+enum Frame {
+    Text { time_ns: i64, text: String },
+    Close { time_ns: i64 },
+}
+
+/// One recorded REST answer.
+#[derive(Debug)]
+struct RecordedAnswer {
+    /// The request's path and query.
+    target: String,
+    status: u16,
+    body: bytes::Bytes,
+}
+
+impl RecordedAnswer {
+    fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or(&self.target)
+    }
+}
+
+/// What the player has given out.
+#[derive(Debug, Default)]
+struct Claims {
+    conns: Vec<bool>,
+    answers: Vec<bool>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    played: AtomicU64,
+    finished: AtomicU64,
+    frames: AtomicU64,
+    unmatched: AtomicU64,
+    answered: AtomicU64,
+    rest_unmatched: AtomicU64,
+}
+
+struct Recorded {
+    source: String,
+    playback: Playback,
+    conns: Vec<RecordedConn>,
+    answers: Vec<RecordedAnswer>,
+    claims: Mutex<Claims>,
+    counters: Counters,
+    first_ns: Option<i64>,
+    last_ns: Option<i64>,
+}
+
+/// A recording being played back; stops with the shutdown it was started under.
+pub struct Player {
+    addr: SocketAddr,
+    recorded: Arc<Recorded>,
+}
+
+impl Player {
+    /// Reads the recording's range and starts serving it on an ephemeral port of 127.0.0.1.
+    pub async fn start(
+        source: &str,
+        playback: &Playback,
+        shutdown: &Shutdown,
+    ) -> Result<Player, PlaybackError> {
+        let p = playback.clone();
+        let name = source.to_string();
+        let read = tokio::task::spawn_blocking(move || read(&name, p))
+            .await
+            .map_err(|e| PlaybackError::Listen(std::io::Error::other(e.to_string())))??;
+        let recorded = Arc::new(read);
+        let listener =
+            tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.map_err(PlaybackError::Listen)?;
+        let addr = listener.local_addr().map_err(PlaybackError::Listen)?;
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(Played { recorded: recorded.clone(), shutdown: shutdown.clone() });
+        let stop = shutdown.token().clone();
+        shutdown.spawn(async move {
+            let served =
+                axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
+            if let Err(e) = served {
+                tracing::warn!("recording player: {e}");
+            }
+        });
+        tracing::info!(source, %addr, connections = recorded.conns.len(), answers = recorded.answers.len(), "recording player started");
+        Ok(Player { addr, recorded })
+    }
+
+    /// The REST base the source reads (`http://127.0.0.1:port`).
+    pub fn rest_base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The WebSocket URL the source's jobs connect to.
+    pub fn ws_base(&self) -> String {
+        format!("ws://{}/ws", self.addr)
+    }
+
+    pub fn report(&self) -> PlaybackReport {
+        let r = &self.recorded;
+        let c = &r.counters;
+        PlaybackReport {
+            source: r.source.clone(),
+            dir: r.playback.dir.display().to_string(),
+            speed: r.playback.speed,
+            looped: r.playback.looped,
+            connections: r.conns.len(),
+            connections_played: c.played.load(Relaxed),
+            connections_finished: c.finished.load(Relaxed),
+            frames_played: c.frames.load(Relaxed),
+            unmatched_connections: c.unmatched.load(Relaxed),
+            rest_answered: c.answered.load(Relaxed),
+            rest_unmatched: c.rest_unmatched.load(Relaxed),
+            first_ns: r.first_ns,
+            last_ns: r.last_ns,
+        }
+    }
+}
+
+/// Reads the recorded source at `p.dir` in its range.
+fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
+    let dir_text = p.dir.display().to_string();
+    let err = |source| PlaybackError::Read { dir: dir_text.clone(), source };
+    let recorded_name = p.dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    let parent = p.dir.parent().unwrap_or(Path::new("."));
+    let files: Vec<_> = recording::list_files(parent)
+        .map_err(err)?
+        .into_iter()
+        .filter(|f| Some(&f.source) == recorded_name.as_ref())
+        .collect();
+    const HOUR_MS: i64 = 3_600_000;
+    let (from_ns, to_ns) = (
+        p.from_ms.map_or(i64::MIN, |ms| ms.saturating_mul(1_000_000)),
+        p.to_ms.map_or(i64::MAX, |ms| ms.saturating_mul(1_000_000)),
+    );
+    let mut conns: Vec<RecordedConn> = Vec::new();
+    // a connection id's index; a second `connected` of one id (another process run) is another
+    let mut index: HashMap<u64, usize> = HashMap::new();
+    let mut requests: HashMap<u64, String> = HashMap::new();
+    let mut answers = Vec::new();
+    let (mut bytes, mut first_ns, mut last_ns) = (0u64, None, None);
+    for f in files {
+        let (hour_from, hour_to) = (f.hour_ms, f.hour_ms + HOUR_MS);
+        if p.to_ms.is_some_and(|t| hour_from > t) || p.from_ms.is_some_and(|t| hour_to <= t) {
+            continue;
+        }
+        let mut reader = FileReader::open(&f.path).map_err(err)?;
+        while let Some(block) = reader.next_block().map_err(err)? {
+            for r in block {
+                if r.time_ns < from_ns || r.time_ns > to_ns {
+                    continue;
+                }
+                bytes += (r.body.len() + r.meta.len()) as u64;
+                if bytes > MAX_BYTES {
+                    return Err(PlaybackError::TooLarge { dir: dir_text, max: MAX_BYTES });
+                }
+                let mut conn = |index: &mut HashMap<u64, usize>, fresh: bool| {
+                    let n = conns.len();
+                    let at = *index.entry(r.conn).or_insert(n);
+                    if at == n || fresh {
+                        conns.push(RecordedConn { start_ns: r.time_ns, ..RecordedConn::default() });
+                        index.insert(r.conn, conns.len() - 1);
+                        return conns.len() - 1;
+                    }
+                    at
+                };
+                match r.kind {
+                    Kind::Connected => {
+                        let fresh = index.contains_key(&r.conn);
+                        conn(&mut index, fresh);
+                    }
+                    Kind::Sent => {
+                        let at = conn(&mut index, false);
+                        let c = &mut conns[at];
+                        if c.first_sent.is_none() {
+                            c.first_sent = Some(String::from_utf8_lossy(&r.body).into_owned());
+                        }
+                    }
+                    Kind::Received => {
+                        let at = conn(&mut index, false);
+                        let text = String::from_utf8_lossy(&r.body).into_owned();
+                        conns[at].frames.push(Frame::Text { time_ns: r.time_ns, text });
+                        first_ns.get_or_insert(r.time_ns);
+                        last_ns = Some(r.time_ns);
+                    }
+                    Kind::Closed => {
+                        let at = conn(&mut index, false);
+                        conns[at].frames.push(Frame::Close { time_ns: r.time_ns });
+                    }
+                    Kind::RestRequest => {
+                        requests.insert(r.conn, r.meta);
+                    }
+                    Kind::RestAnswer => {
+                        let Some(request) = requests.remove(&r.conn) else { continue };
+                        answers.push(RecordedAnswer {
+                            target: target_of(&request),
+                            status: r.meta.parse().unwrap_or(200),
+                            body: bytes::Bytes::from(r.body),
+                        });
+                    }
+                }
+            }
+        }
+        if let Some(t) = reader.torn() {
+            tracing::warn!(file = %f.path.display(), offset = t.offset, reason = %t.reason, "recording player: a torn tail is skipped");
+        }
+    }
+    // a REST request's connection id is never a WebSocket's: only connections that sent or
+    // received a frame are played
+    conns.retain(|c| c.first_sent.is_some() || !c.frames.is_empty());
+    if conns.is_empty() && answers.is_empty() {
+        return Err(PlaybackError::Empty { dir: dir_text });
+    }
+    let claims =
+        Mutex::new(Claims { conns: vec![false; conns.len()], answers: vec![false; answers.len()] });
+    Ok(Recorded {
+        source: source.to_string(),
+        playback: p,
+        conns,
+        answers,
+        claims,
+        counters: Counters::default(),
+        first_ns,
+        last_ns,
+    })
+}
+
+/// The path and query of a recorded request (`GET https://host/path?query`), its host left out.
+fn target_of(request: &str) -> String {
+    let url = request.strip_prefix("GET ").unwrap_or(request);
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    match rest.find('/') {
+        Some(i) => rest[i..].to_string(),
+        None => "/".to_string(),
+    }
+}
+
+#[derive(Clone)]
+struct Played {
+    recorded: Arc<Recorded>,
+    shutdown: Shutdown,
+}
+
+async fn serve(State(p): State<Played>, req: Request) -> Response {
+    let wants_ws = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if wants_ws {
+        let (mut parts, _) = req.into_parts();
+        return match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+            Ok(ws) => ws.on_upgrade(move |socket| play(socket, p)).into_response(),
+            Err(e) => e.into_response(),
+        };
+    }
+    let target = req.uri().path_and_query().map_or("/", |t| t.as_str()).to_string();
+    let r = &p.recorded;
+    let found = {
+        let mut claims = lock(&r.claims);
+        // the same request, earliest not yet served; else the last answer of the same path
+        let exact = r
+            .answers
+            .iter()
+            .enumerate()
+            .position(|(i, a)| !claims.answers[i] && recorded_ends_with(&a.target, &target));
+        match exact {
+            Some(i) => {
+                claims.answers[i] = true;
+                Some(i)
+            }
+            None => {
+                let path = target.split('?').next().unwrap_or(&target);
+                r.answers.iter().rposition(|a| recorded_ends_with(a.path(), path))
+            }
+        }
+    };
+    let Some(i) = found else {
+        tracing::debug!(source = %r.source, %target, "recording player: no recorded answer");
+        r.counters.rest_unmatched.fetch_add(1, Relaxed);
+        let body = serde_json::json!({"error": format!("{target}: not in the recording")});
+        return (StatusCode::NOT_FOUND, axum::Json(body)).into_response();
+    };
+    r.counters.answered.fetch_add(1, Relaxed);
+    let a = &r.answers[i];
+    let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::OK);
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(a.body.clone()))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// Whether a recorded target (a venue's path, perhaps under a simulator's prefix such as
+/// `/okx`) ends with the requested one at a path boundary.
+fn recorded_ends_with(recorded: &str, asked: &str) -> bool {
+    recorded.ends_with(asked)
+        && (recorded.len() == asked.len()
+            || asked.starts_with('/')
+            || recorded.as_bytes()[recorded.len() - asked.len() - 1] == b'/')
+}
+
+/// Plays one connection: its subscription picks the recorded connection (see the module docs).
+async fn play(mut socket: WebSocket, p: Played) {
+    let stop = p.shutdown.token().clone();
+    let first = tokio::select! {
+        () = stop.cancelled() => return,
+        first = tokio::time::timeout(FIRST_FRAME_WAIT, socket.recv()) => first,
+    };
+    let first = match first {
+        Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
+        _ => return,
+    };
+    let r = &p.recorded;
+    let claimed = {
+        let mut claims = lock(&r.claims);
+        let same = |i: usize| r.conns[i].first_sent.as_deref() == Some(first.as_str());
+        let mut at = (0..r.conns.len()).find(|&i| same(i) && !claims.conns[i]);
+        if at.is_none() && r.playback.looped {
+            // played through: again from the first
+            for i in (0..r.conns.len()).filter(|&i| same(i)) {
+                claims.conns[i] = false;
+            }
+            at = (0..r.conns.len()).find(|&i| same(i));
+        }
+        if let Some(i) = at {
+            claims.conns[i] = true;
+        }
+        at
+    };
+    let Some(at) = claimed else {
+        tracing::debug!(source = %r.source, first = %first, "recording player: no recorded connection subscribed so");
+        r.counters.unmatched.fetch_add(1, Relaxed);
+        idle(socket, &stop).await;
+        return;
+    };
+    r.counters.played.fetch_add(1, Relaxed);
+    let conn = &r.conns[at];
+    tracing::debug!(source = %r.source, at, frames = conn.frames.len(), first = %first, "recording player: a connection plays");
+    let started = tokio::time::Instant::now();
+    let due = |time_ns: i64| {
+        let speed = r.playback.speed?;
+        let ns = (time_ns - conn.start_ns).max(0) as f64 / speed;
+        Some(started + Duration::from_nanos(ns as u64))
+    };
+    for frame in &conn.frames {
+        let (time_ns, text) = match frame {
+            Frame::Text { time_ns, text } => (*time_ns, Some(text)),
+            Frame::Close { time_ns } => (*time_ns, None),
+        };
+        if let Some(at) = due(time_ns) {
+            // what the job sends meanwhile is read and left
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep_until(at) => break,
+                    m = socket.recv() => match m {
+                        Some(Ok(_)) => {}
+                        _ => return,
+                    },
+                }
+            }
+        }
+        let Some(text) = text else {
+            // ended as the recorded one did; the client reads every frame before the close
+            // and answers it (a socket dropped at once could fail a send of the client's
+            // before it read them)
+            r.counters.finished.fetch_add(1, Relaxed);
+            if socket.send(Message::Close(None)).await.is_ok() {
+                let _ = tokio::time::timeout(FIRST_FRAME_WAIT, idle(socket, &stop)).await;
+            }
+            return;
+        };
+        let sent = tokio::select! {
+            () = stop.cancelled() => return,
+            sent = socket.send(Message::Text(text.as_str().into())) => sent,
+        };
+        if sent.is_err() {
+            return;
+        }
+        r.counters.frames.fetch_add(1, Relaxed);
+    }
+    r.counters.finished.fetch_add(1, Relaxed);
+    if r.playback.looped && socket.send(Message::Close(None)).await.is_ok() {
+        let _ = tokio::time::timeout(FIRST_FRAME_WAIT, idle(socket, &stop)).await;
+        return;
+    }
+    idle(socket, &stop).await;
+}
+
+/// Keeps a connection open and silent until its client leaves or the player stops.
+async fn idle(mut socket: WebSocket, stop: &tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            m = socket.recv() => match m {
+                Some(Ok(_)) => {}
+                _ => return,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_request_is_matched_by_its_path_and_query_under_any_prefix() {
+        assert_eq!(
+            target_of("GET http://127.0.0.1:4000/okx/api/v5/market/books?instId=BTC-USDT&sz=400"),
+            "/okx/api/v5/market/books?instId=BTC-USDT&sz=400"
+        );
+        assert_eq!(target_of("GET https://www.okx.com"), "/");
+        assert!(recorded_ends_with("/okx/api/v5/public/time", "/api/v5/public/time"));
+        assert!(recorded_ends_with("/api/v5/public/time", "/api/v5/public/time"));
+        assert!(!recorded_ends_with("/okx/api/v5/public/time", "/v5/public/times"));
+        assert!(!recorded_ends_with("/okx/xapi/v5", "api/v5"));
+    }
+}
