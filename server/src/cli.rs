@@ -57,6 +57,36 @@ pub enum ExportCommand {
     /// reads it; a server running on the same SQLite directory holds it: use its
     /// `GET /api/v1/export/candles` then).
     Candles(ExportArgs),
+    /// An instrument's trades, from the recording (`[record]`; `record.dir` of `--config`, else
+    /// `{data_dir}/recordings`): millrace keeps no trades table, and the recording holds every
+    /// trade it received, with when.
+    Trades(TradesExportArgs),
+}
+
+/// Arguments of `millrace export trades`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TradesExportArgs {
+    /// Configuration file (TOML), the same keys as `serve`'s.
+    #[arg(long, env = "MILLRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The data directory, as `serve --data-dir` (its `recordings` unless `record.dir` says).
+    #[arg(long, env = "MILLRACE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The instrument, e.g. `okx:spot:BTC/USDT` (its source is the recorded one).
+    #[arg(long)]
+    pub instrument: String,
+    /// The first trade time, ms (default: the first recorded).
+    #[arg(long, default_value_t = 0)]
+    pub from: i64,
+    /// The last trade time, ms (default: the last recorded).
+    #[arg(long, default_value_t = i64::MAX)]
+    pub to: i64,
+    /// parquet or csv.
+    #[arg(long, default_value = "parquet")]
+    pub format: String,
+    /// The file to write.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 /// Arguments of `millrace export candles`.
@@ -202,6 +232,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Supervisor(args)) => supervisor(&args),
         Some(Command::Worker(args)) => worker(&args),
         Some(Command::Export(ExportCommand::Candles(args))) => export_candles(&args),
+        Some(Command::Export(ExportCommand::Trades(args))) => export_trades(&args),
         Some(Command::Replay(cmd)) => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
@@ -243,6 +274,32 @@ fn export_candles(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     )?;
     eprintln!("{rows} candles of {series} written to {}", args.out.display());
     stores.store.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `millrace export trades`: the instrument's recorded trades into `--out`.
+fn export_trades(args: &TradesExportArgs) -> anyhow::Result<ExitCode> {
+    let flags = Overrides { data_dir: args.data_dir.clone(), ..Overrides::default() };
+    let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
+    let instrument: shared::protocol::InstrumentId = args
+        .instrument
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--instrument {:?}: {e}", args.instrument))?;
+    let format: crate::export::Format = args.format.parse()?;
+    anyhow::ensure!(args.from <= args.to, "--from {} is after --to {}", args.from, args.to);
+    let file = std::fs::File::create(&args.out)
+        .with_context(|| format!("cannot create --out {}", args.out.display()))?;
+    let out = std::io::BufWriter::new(file);
+    let (rows, _) = crate::export::trades(
+        &config.record_dir(),
+        &instrument,
+        args.from,
+        args.to,
+        config.limits.max_export_rows,
+        format,
+        out,
+    )?;
+    eprintln!("{rows} trades of {instrument} written to {}", args.out.display());
     Ok(ExitCode::SUCCESS)
 }
 

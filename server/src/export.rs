@@ -1,6 +1,7 @@
 //! History out as files (issue 30): a series' stored candles as Parquet or CSV, read from the
 //! store in chunks of [`CHUNK`] rows so memory stays flat for any range, for
-//! `millrace export candles` and `GET /api/v1/export/candles`.
+//! `millrace export candles` and `GET /api/v1/export/candles`; an instrument's trades from the
+//! recording ([`trades`], `millrace export trades`).
 //!
 //! **Parquet** (the Arrow and Parquet crates): typed columns — `open_time` a timestamp (ms, UTC),
 //! prices and the volume decimals of scale 8 (millrace's fixed point, exactly), `trades` and
@@ -12,7 +13,8 @@ use std::io::Write;
 use std::sync::Arc;
 
 use arrow_array::{
-    Decimal128Array, RecordBatch, TimestampMillisecondArray, UInt32Array, UInt64Array,
+    Decimal128Array, RecordBatch, StringArray, TimestampMillisecondArray, TimestampNanosecondArray,
+    UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use parquet::arrow::ArrowWriter;
@@ -20,11 +22,12 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use shared::candle::Candle;
-use shared::protocol::SeriesId;
+use shared::protocol::{InstrumentId, SeriesId};
+use shared::trade::{TakerSide, Trade};
 
 use crate::store::{CandleStore, StoreError};
 
-/// Rows read from the store and written as one row group at a time.
+/// ExportRows read from the store and written as one row group at a time.
 pub const CHUNK: usize = 65_536;
 /// Decimal precision of a price (an `i64` of 10^-8 units: at most 19 digits).
 const PRICE_PRECISION: u8 = 19;
@@ -80,102 +83,199 @@ pub enum ExportError {
     Io(#[from] std::io::Error),
     #[error("more than {max} rows in the range (narrow it, or raise limits.max_export_rows)")]
     TooMany { max: u64 },
+    #[error(transparent)]
+    Recorded(#[from] crate::recorded::RecordedError),
+    #[error("{0}")]
+    NotRecorded(String),
+}
+
+/// What an export writes a row of: its Arrow columns and its CSV line.
+pub trait ExportRows: Sized {
+    /// The CSV header (with its newline).
+    const CSV_HEADER: &'static [u8];
+    /// The Arrow schema.
+    fn schema() -> Arc<Schema>;
+    /// One chunk as Arrow columns.
+    fn batch(schema: &Arc<Schema>, rows: &[Self]) -> Result<RecordBatch, ExportError>;
+    /// Appends its CSV line (with its newline) to `line`.
+    fn csv(&self, line: &mut String);
+}
+
+fn utc_ms() -> DataType {
+    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
+}
+
+fn price_type() -> DataType {
+    DataType::Decimal128(PRICE_PRECISION, 8)
+}
+
+/// A column of fixed-point values (10^-8 units) as decimals of scale 8.
+fn decimals(
+    values: impl Iterator<Item = i128>,
+    precision: u8,
+) -> Result<arrow_array::ArrayRef, ExportError> {
+    Ok(Arc::new(Decimal128Array::from_iter_values(values).with_precision_and_scale(precision, 8)?))
+}
+
+fn times(values: impl Iterator<Item = i64>) -> arrow_array::ArrayRef {
+    Arc::new(TimestampMillisecondArray::from_iter_values(values).with_timezone("UTC"))
+}
+
+impl ExportRows for Candle {
+    const CSV_HEADER: &'static [u8] = b"open_time,open,high,low,close,volume,trades,minutes\n";
+
+    fn schema() -> Arc<Schema> {
+        Arc::new(Schema::new(vec![
+            Field::new("open_time", utc_ms(), false),
+            Field::new("open", price_type(), false),
+            Field::new("high", price_type(), false),
+            Field::new("low", price_type(), false),
+            Field::new("close", price_type(), false),
+            Field::new("volume", DataType::Decimal128(VOLUME_PRECISION, 8), false),
+            Field::new("trades", DataType::UInt64, false),
+            Field::new("minutes", DataType::UInt32, false),
+        ]))
+    }
+
+    fn batch(schema: &Arc<Schema>, candles: &[Candle]) -> Result<RecordBatch, ExportError> {
+        let price = |f: fn(&Candle) -> i64| {
+            decimals(candles.iter().map(|c| i128::from(f(c))), PRICE_PRECISION)
+        };
+        let columns: Vec<arrow_array::ArrayRef> = vec![
+            times(candles.iter().map(|c| c.open_time)),
+            price(|c| c.open.raw())?,
+            price(|c| c.high.raw())?,
+            price(|c| c.low.raw())?,
+            price(|c| c.close.raw())?,
+            decimals(candles.iter().map(|c| c.volume.raw()), VOLUME_PRECISION)?,
+            Arc::new(UInt64Array::from_iter_values(candles.iter().map(|c| c.trades))),
+            Arc::new(UInt32Array::from_iter_values(candles.iter().map(|c| c.minutes))),
+        ];
+        Ok(RecordBatch::try_new(schema.clone(), columns)?)
+    }
+
+    fn csv(&self, line: &mut String) {
+        use std::fmt::Write as _;
+        venues::write_rfc3339(line, self.open_time);
+        let c = self;
+        let _ = writeln!(
+            line,
+            ",{},{},{},{},{},{},{}",
+            c.open, c.high, c.low, c.close, c.volume, c.trades, c.minutes
+        );
+    }
 }
 
 /// The Arrow schema of exported candles.
 pub fn candle_schema() -> Arc<Schema> {
-    let price = || DataType::Decimal128(PRICE_PRECISION, 8);
-    Arc::new(Schema::new(vec![
-        Field::new(
-            "open_time",
-            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
-            false,
-        ),
-        Field::new("open", price(), false),
-        Field::new("high", price(), false),
-        Field::new("low", price(), false),
-        Field::new("close", price(), false),
-        Field::new("volume", DataType::Decimal128(VOLUME_PRECISION, 8), false),
-        Field::new("trades", DataType::UInt64, false),
-        Field::new("minutes", DataType::UInt32, false),
-    ]))
+    Candle::schema()
 }
 
-/// One chunk of candles as Arrow columns.
-fn batch(schema: &Arc<Schema>, candles: &[Candle]) -> Result<RecordBatch, ExportError> {
-    let price = |f: fn(&Candle) -> i64| {
-        Decimal128Array::from_iter_values(candles.iter().map(|c| i128::from(f(c))))
-            .with_precision_and_scale(PRICE_PRECISION, 8)
-    };
-    let columns: Vec<arrow_array::ArrayRef> = vec![
-        Arc::new(
-            TimestampMillisecondArray::from_iter_values(candles.iter().map(|c| c.open_time))
-                .with_timezone("UTC"),
-        ),
-        Arc::new(price(|c| c.open.raw())?),
-        Arc::new(price(|c| c.high.raw())?),
-        Arc::new(price(|c| c.low.raw())?),
-        Arc::new(price(|c| c.close.raw())?),
-        Arc::new(
-            Decimal128Array::from_iter_values(candles.iter().map(|c| c.volume.raw()))
-                .with_precision_and_scale(VOLUME_PRECISION, 8)?,
-        ),
-        Arc::new(UInt64Array::from_iter_values(candles.iter().map(|c| c.trades))),
-        Arc::new(UInt32Array::from_iter_values(candles.iter().map(|c| c.minutes))),
-    ];
-    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+/// A trade as exported: the venue's trade with the time millrace received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TradeRow {
+    /// When millrace received it (Unix ns).
+    pub received_ns: i64,
+    pub trade: Trade,
+}
+
+impl ExportRows for TradeRow {
+    const CSV_HEADER: &'static [u8] = b"time,id,price,qty,taker,received_ns\n";
+
+    fn schema() -> Arc<Schema> {
+        Arc::new(Schema::new(vec![
+            Field::new("time", utc_ms(), false),
+            Field::new("id", DataType::Utf8, false),
+            Field::new("price", price_type(), false),
+            Field::new("qty", DataType::Decimal128(PRICE_PRECISION, 8), false),
+            Field::new("taker", DataType::Utf8, true),
+            Field::new(
+                "received",
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+                false,
+            ),
+        ]))
+    }
+
+    fn batch(schema: &Arc<Schema>, rows: &[TradeRow]) -> Result<RecordBatch, ExportError> {
+        let columns: Vec<arrow_array::ArrayRef> = vec![
+            times(rows.iter().map(|r| r.trade.time_ms)),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.trade.id.to_string()))),
+            decimals(rows.iter().map(|r| i128::from(r.trade.price.raw())), PRICE_PRECISION)?,
+            decimals(rows.iter().map(|r| i128::from(r.trade.qty.raw())), PRICE_PRECISION)?,
+            Arc::new(StringArray::from_iter(rows.iter().map(|r| r.trade.taker.map(taker)))),
+            Arc::new(
+                TimestampNanosecondArray::from_iter_values(rows.iter().map(|r| r.received_ns))
+                    .with_timezone("UTC"),
+            ),
+        ];
+        Ok(RecordBatch::try_new(schema.clone(), columns)?)
+    }
+
+    fn csv(&self, line: &mut String) {
+        use std::fmt::Write as _;
+        let t = &self.trade;
+        venues::write_rfc3339(line, t.time_ms);
+        let side = t.taker.map(taker).unwrap_or_default();
+        let _ = writeln!(line, ",{},{},{},{side},{}", t.id, t.price, t.qty, self.received_ns);
+    }
+}
+
+fn taker(side: TakerSide) -> &'static str {
+    match side {
+        TakerSide::Buy => "buy",
+        TakerSide::Sell => "sell",
+    }
 }
 
 /// A file being written, chunk by chunk.
-pub enum CandleFile<W: Write + Send> {
+pub enum ExportFile<W: Write + Send, R: ExportRows> {
     Parquet { writer: Box<ArrowWriter<W>>, schema: Arc<Schema> },
-    Csv(W),
+    Csv(W, std::marker::PhantomData<R>),
 }
 
-impl<W: Write + Send> CandleFile<W> {
-    /// Starts a file of `series` in `format` on `out`.
-    pub fn new(format: Format, series: &SeriesId, mut out: W) -> Result<Self, ExportError> {
+/// A file of candles.
+pub type CandleFile<W> = ExportFile<W, Candle>;
+
+impl<W: Write + Send, R: ExportRows> ExportFile<W, R> {
+    /// Starts a file of `what` (a series, an instrument: the Parquet file's `millrace.{key}`
+    /// metadata) in `format` on `out`.
+    pub fn new(format: Format, key: &str, what: &str, mut out: W) -> Result<Self, ExportError> {
         Ok(match format {
             Format::Parquet => {
-                let schema = candle_schema();
+                let schema = R::schema();
                 let props = WriterProperties::builder()
                     .set_compression(Compression::ZSTD(ZstdLevel::default()))
                     .set_key_value_metadata(Some(vec![KeyValue::new(
-                        "millrace.series".to_string(),
-                        series.to_string(),
+                        format!("millrace.{key}"),
+                        what.to_string(),
                     )]))
                     .build();
                 let writer = ArrowWriter::try_new(out, schema.clone(), Some(props))?;
-                CandleFile::Parquet { writer: Box::new(writer), schema }
+                ExportFile::Parquet { writer: Box::new(writer), schema }
             }
             Format::Csv => {
-                out.write_all(b"open_time,open,high,low,close,volume,trades,minutes\n")?;
-                CandleFile::Csv(out)
+                out.write_all(R::CSV_HEADER)?;
+                ExportFile::Csv(out, std::marker::PhantomData)
             }
         })
     }
 
     /// Writes one chunk (one row group in Parquet).
-    pub fn write(&mut self, candles: &[Candle]) -> Result<(), ExportError> {
-        if candles.is_empty() {
+    pub fn write(&mut self, rows: &[R]) -> Result<(), ExportError> {
+        if rows.is_empty() {
             return Ok(());
         }
         match self {
-            CandleFile::Parquet { writer, schema } => {
-                writer.write(&batch(schema, candles)?)?;
+            ExportFile::Parquet { writer, schema } => {
+                writer.write(&R::batch(schema, rows)?)?;
                 writer.flush()?; // the chunk's row group, out
             }
-            CandleFile::Csv(out) => {
+            ExportFile::Csv(out, _) => {
                 let mut line = String::with_capacity(128);
-                for c in candles {
+                for r in rows {
                     line.clear();
-                    venues::write_rfc3339(&mut line, c.open_time);
-                    use std::fmt::Write as _;
-                    let _ = writeln!(
-                        line,
-                        ",{},{},{},{},{},{},{}",
-                        c.open, c.high, c.low, c.close, c.volume, c.trades, c.minutes
-                    );
+                    r.csv(&mut line);
                     out.write_all(line.as_bytes())?;
                 }
                 out.flush()?;
@@ -187,8 +287,8 @@ impl<W: Write + Send> CandleFile<W> {
     /// Ends the file; returns the writer.
     pub fn finish(self) -> Result<W, ExportError> {
         match self {
-            CandleFile::Parquet { writer, .. } => Ok(writer.into_inner()?),
-            CandleFile::Csv(mut out) => {
+            ExportFile::Parquet { writer, .. } => Ok(writer.into_inner()?),
+            ExportFile::Csv(mut out, _) => {
                 out.flush()?;
                 Ok(out)
             }
@@ -207,7 +307,7 @@ pub fn candles<W: Write + Send>(
     format: Format,
     out: W,
 ) -> Result<(u64, W), ExportError> {
-    let mut file = CandleFile::new(format, series, out)?;
+    let mut file = CandleFile::new(format, "series", &series.to_string(), out)?;
     let (mut start, mut rows) = (from, 0u64);
     while start <= to {
         let chunk = store.candles(series, Some(start), Some(to), CHUNK)?;
@@ -265,4 +365,90 @@ impl Write for ChannelWriter {
     fn flush(&mut self) -> std::io::Result<()> {
         self.send()
     }
+}
+
+/// How far a trade's receive time may lie from its own time and still be looked for: a trade
+/// of the range is read from the recording of the range widened by this much each side.
+const RECEIVE_SLACK_MS: i64 = 60_000;
+/// Trade ids remembered to drop one recorded twice (a duplicate frame, a replica's).
+const DEDUP_WINDOW: usize = 100_000;
+
+/// Writes `instrument`'s trades with `from <= time <= to` (the venue's trade times, ms) from
+/// the recording at `record_dir` (`[record]`; millrace keeps no trades table: every trade it
+/// received is in the recording, with when it came) to `out` in `format`, [`CHUNK`] rows a row
+/// group, in the order they were received, a trade recorded twice written once; at most
+/// `max_rows`. Returns the rows written and the writer.
+pub fn trades<W: Write + Send>(
+    record_dir: &std::path::Path,
+    instrument: &InstrumentId,
+    from: i64,
+    to: i64,
+    max_rows: u64,
+    format: Format,
+    out: W,
+) -> Result<(u64, W), ExportError> {
+    let source = &instrument.exchange;
+    let (dialect, market) = crate::recorded::describe(record_dir, source)?;
+    if market != instrument.market {
+        return Err(ExportError::NotRecorded(format!(
+            "{instrument}: the recording of {source} is of the {} market",
+            market.as_str()
+        )));
+    }
+    let symbol = crate::recorded::venue_symbol(record_dir, source, dialect, instrument)?
+        .ok_or_else(|| {
+            ExportError::NotRecorded(format!(
+                "{instrument}: the recording of {source} lists no such instrument"
+            ))
+        })?;
+    let mut file =
+        ExportFile::<W, TradeRow>::new(format, "instrument", &instrument.to_string(), out)?;
+    let mut chunk: Vec<TradeRow> = Vec::with_capacity(CHUNK);
+    let mut seen = std::collections::HashSet::new();
+    let mut order = std::collections::VecDeque::new();
+    let mut rows = 0u64;
+    let mut failed: Option<ExportError> = None;
+    let channels = crate::recorded::Channels::parse("trade")?;
+    let (lo, hi) = (from.saturating_sub(RECEIVE_SLACK_MS), to.saturating_add(RECEIVE_SLACK_MS));
+    crate::recorded::read(record_dir, source, Some(lo), Some(hi), channels, &mut |line| {
+        let shared::protocol::replay::ReplayLine::Trade { time_ns, symbol: s, trades, .. } = line
+        else {
+            return true;
+        };
+        if s != symbol {
+            return true;
+        }
+        for trade in trades {
+            if trade.time_ms < from || trade.time_ms > to || !seen.insert(trade.id.clone()) {
+                continue;
+            }
+            order.push_back(trade.id.clone());
+            if order.len() > DEDUP_WINDOW {
+                if let Some(old) = order.pop_front() {
+                    seen.remove(&old);
+                }
+            }
+            rows += 1;
+            if rows > max_rows {
+                failed = Some(ExportError::TooMany { max: max_rows });
+                return false;
+            }
+            chunk.push(TradeRow { received_ns: time_ns, trade });
+            if chunk.len() == CHUNK {
+                if let Err(e) = file.write(&chunk) {
+                    failed = Some(e);
+                    return false;
+                }
+                chunk.clear();
+            }
+        }
+        true
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    file.write(&chunk)?;
+    let mut out = file.finish()?;
+    out.flush()?;
+    Ok((rows, out))
 }

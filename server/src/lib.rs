@@ -23,6 +23,7 @@ pub mod malloc;
 pub mod metrics;
 pub mod playback;
 pub mod rate;
+pub mod recorded;
 pub mod recording;
 pub mod redact;
 pub mod shutdown;

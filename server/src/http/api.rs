@@ -77,6 +77,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/v1/klines", get(klines))
         .route("/api/v1/export/candles", get(export_candles))
+        .route("/api/v1/replay", get(replay))
         .route("/api/v1/trades", get(trades))
         .route("/api/v1/series", get(series))
         .route("/api/v1/ops/jobs", get(ops_jobs))
@@ -238,6 +239,99 @@ struct ExportQuery {
     from: Option<String>,
     to: Option<String>,
     format: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayQuery {
+    source: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    channels: Option<String>,
+}
+
+/// Replays streaming at once; another is refused until one ends (each reads files and parses
+/// every frame of its range).
+static REPLAYS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+
+/// `GET /api/v1/replay?source=…&from=…&to=…&channels=…`: a time range (receive times, ms, both
+/// optional) of the recording of `source` (`record.dir`), as normalized messages, one JSON
+/// object per line (`shared::protocol::replay::ReplayLine`), streamed as it is read
+/// (`crate::recorded`).
+async fn replay(
+    State(state): State<AppState>,
+    query: Result<Query<ReplayQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let app = state.app.clone();
+    let bad = |e: ApiError| state.bad_request(e);
+    let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
+    let source = q
+        .source
+        .ok_or_else(|| bad(ApiError::bad(Code::Malformed, "source is required".to_string())))?;
+    let from = int_param("from", q.from.as_deref()).map_err(bad)?;
+    let to = int_param("to", q.to.as_deref()).map_err(bad)?;
+    if let (Some(f), Some(t)) = (from, to) {
+        if f > t {
+            return Err(bad(ApiError::bad(Code::Malformed, format!("from {f} is after to {t}"))));
+        }
+    }
+    let channels = crate::recorded::Channels::parse(q.channels.as_deref().unwrap_or(""))
+        .map_err(|e| bad(ApiError::bad(Code::Malformed, e.to_string())))?;
+    let dir = app.config().record_dir();
+    match crate::recorded::describe(&dir, &source) {
+        Ok(_) => {}
+        Err(e @ crate::recorded::RecordedError::Name(_)) => {
+            return Err(bad(ApiError::bad(Code::Malformed, e.to_string())))
+        }
+        Err(e) => return Err(ApiError::not_found(Code::NotFound, e.to_string())),
+    }
+    let permit = REPLAYS.try_acquire().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable,
+            "as many replays as may run are streaming; try again when one ends",
+        )
+    })?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    app.shutdown().spawn(async move {
+        let failed = tx.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let mut buf = Vec::with_capacity(64 << 10);
+            let mut gone = false;
+            let summary = crate::recorded::read(&dir, &source, from, to, channels, &mut |line| {
+                if serde_json::to_writer(&mut buf, &line).is_err() {
+                    return true;
+                }
+                buf.push(b'\n');
+                if buf.len() >= 64 << 10 {
+                    let piece = bytes::Bytes::from(std::mem::take(&mut buf));
+                    gone = tx.blocking_send(Ok(piece)).is_err();
+                }
+                !gone
+            });
+            if !buf.is_empty() && !gone {
+                let _ = tx.blocking_send(Ok(bytes::Bytes::from(buf)));
+            }
+            summary
+        })
+        .await;
+        let error = match read {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!("replay failed: {error}");
+        let _ = failed.send(Err(std::io::Error::other(error))).await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|piece| (piece, rx))
+    });
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 /// `GET /api/v1/export/candles?series=…&from=…&to=…&format=parquet|csv`: the stored candles of a

@@ -165,6 +165,12 @@ async fn every_answer_reads_back_into_its_shared_type() {
     assert_eq!(status, 404, "{body}");
     round_trip::<ApiErrorBody>("ops/cluster", &body);
     covered.push("/api/v1/ops/cluster".to_string());
+    // `/api/v1/replay` is NDJSON of `ReplayLine`, read back line by line in playback.rs; with
+    // no recording here it is the error shape
+    let (status, body) = server.get("/api/v1/replay?source=sim").await;
+    assert_eq!(status, 404, "{body}");
+    round_trip::<ApiErrorBody>("replay", &body);
+    covered.push("/api/v1/replay".to_string());
     covered.sort();
     assert_eq!(covered, get_routes_in_source(), "a GET route without a shape check");
 

@@ -150,6 +150,8 @@ async fn a_recorded_run_with_faults_plays_back_to_the_same_books_candles_and_tra
         .collect();
     let mut c = test_config(sources);
     pinned(&mut c);
+    // (not recording: the replay API reads this directory)
+    c.record.dir = Some(dir.clone());
     let played = TestServer::start(c).await;
     for (d, l) in PLAYED.iter().zip(&live) {
         let instrument = format!("{d}:spot:BTC/USDT");
@@ -181,6 +183,162 @@ async fn a_recorded_run_with_faults_plays_back_to_the_same_books_candles_and_tra
         // for what it holds no answer to)
         assert!(p["rest_answered"].as_u64().unwrap() >= 1, "{p}");
     }
+    replay_api(&played, &live[0]).await;
+    trades_export(&dir, &live[0]);
     played.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `GET /api/v1/replay` streams the recording of OKX as normalized lines in receive order: its
+/// connections, its books (with their sequence fields and checksums) and every trade the live
+/// run kept; a range gives only its part; a bad request says what is wrong.
+async fn replay_api(server: &TestServer, live: &Seen) {
+    use shared::protocol::replay::ReplayLine;
+    let lines = |body: &str| -> Vec<ReplayLine> {
+        body.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    };
+    let (status, body) =
+        server.get("/api/v1/replay?source=okx&channels=book,trade,connection").await;
+    assert_eq!(status, 200, "{body}");
+    let all = lines(&body);
+    let time = |l: &ReplayLine| match l {
+        ReplayLine::Book { time_ns, .. }
+        | ReplayLine::Trade { time_ns, .. }
+        | ReplayLine::Connection { time_ns, .. }
+        | ReplayLine::Candle { time_ns, .. }
+        | ReplayLine::Ticker { time_ns, .. }
+        | ReplayLine::Rest { time_ns, .. }
+        | ReplayLine::Error { time_ns, .. } => *time_ns,
+    };
+    assert!(all.windows(2).all(|w| time(&w[0]) <= time(&w[1])), "receive order");
+    let connected = all.iter().filter(|l| matches!(l, ReplayLine::Connection { .. })).count();
+    assert!(connected >= 4, "connections opened and closed: {connected}");
+    let books: Vec<_> = all
+        .iter()
+        .filter_map(|l| match l {
+            ReplayLine::Book { symbol, snapshot, seq, checksum, .. } if symbol == "BTC-USDT" => {
+                Some((*snapshot, *seq, *checksum))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        books.iter().filter(|b| b.0).count() as u64,
+        live.counts.0,
+        "a snapshot line for each snapshot the live book applied"
+    );
+    assert!(books.iter().all(|b| b.1.is_some() && b.2.is_some()), "seqId and checksum kept");
+    let mut ids = std::collections::BTreeSet::new();
+    for l in &all {
+        if let ReplayLine::Trade { symbol, trades, .. } = l {
+            if symbol == "BTC-USDT" {
+                ids.extend(trades.iter().map(|t| t.id.to_string()));
+            }
+        }
+    }
+    for t in live.trades.as_array().unwrap() {
+        assert!(ids.contains(t["id"].as_str().unwrap()), "live trade {t} in the replay");
+    }
+    assert!(!all.iter().any(|l| matches!(l, ReplayLine::Error { .. })), "no refused frame");
+    // a range: only its part, and only the channels asked for
+    let mid_ms = time(&all[all.len() / 2]) / 1_000_000;
+    let (_, body) =
+        server.get(&format!("/api/v1/replay?source=okx&from={mid_ms}&channels=trade")).await;
+    let part = lines(&body);
+    assert!(!part.is_empty() && part.len() < all.len(), "{} of {}", part.len(), all.len());
+    assert!(part
+        .iter()
+        .all(|l| matches!(l, ReplayLine::Trade { .. }) && time(l) >= mid_ms * 1_000_000));
+    for (query, status) in [
+        ("source=okx&channels=orders", 400),
+        ("source=..%2Fokx", 400),
+        ("source=kraken", 404),
+        ("channels=book", 400),
+        ("source=okx&from=2&to=1", 400),
+    ] {
+        let (got, body) = server.get(&format!("/api/v1/replay?{query}")).await;
+        assert_eq!(got, status, "{query}: {body}");
+    }
+}
+
+/// `millrace export trades` writes OKX's recorded trades as Parquet and CSV: read back by
+/// pyarrow and Python's csv module, every trade the live run kept is there, equal (time, id,
+/// price, size, taker side), each once.
+fn trades_export(dir: &std::path::Path, live: &Seen) {
+    use shared::fixed::{Price, Qty};
+    let script = r#"
+import csv, json, sys, datetime
+kind, path = sys.argv[1], sys.argv[2]
+if kind == "parquet":
+    import pyarrow.parquet as pq
+    schema = pq.read_schema(path)
+    # (`received` is ns: datetime holds µs, so it is left out of the rows here)
+    t = pq.read_table(path, columns=["time", "id", "price", "qty", "taker"])
+    rows = [[int(r["time"].timestamp() * 1000), r["id"], str(r["price"]), str(r["qty"]), r["taker"]] for r in t.to_pylist()]
+    print(json.dumps({"schema": str(schema), "rows": rows}))
+else:
+    with open(path, newline="") as fh:
+        r = list(csv.DictReader(fh))
+    ms = lambda s: int(datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp() * 1000)
+    print(json.dumps({"rows": [[ms(x["time"]), x["id"], x["price"], x["qty"], x["taker"] or None] for x in r]}))
+"#;
+    for format in ["parquet", "csv"] {
+        let out = dir.join(format!("okx-trades.{format}"));
+        let run = std::process::Command::new(millrace_bin())
+            .args(["export", "trades", "--instrument", "okx:spot:BTC/USDT", "--format", format])
+            .arg("--out")
+            .arg(&out)
+            .env("MILLRACE_RECORD__DIR", dir)
+            .env("MILLRACE_DATA_DIR", dir.join("export-data"))
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        let read = std::process::Command::new("python3")
+            .args(["-c", script, format])
+            .arg(&out)
+            .output()
+            .expect("python3 (scripts/setup installs pyarrow)");
+        assert!(read.status.success(), "python: {}", String::from_utf8_lossy(&read.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+        if format == "parquet" {
+            let schema = v["schema"].as_str().unwrap();
+            assert!(schema.contains("time: timestamp[ms, tz=UTC]"), "{schema}");
+            assert!(schema.contains("price: decimal128(19, 8)"), "{schema}");
+            assert!(schema.contains("received: timestamp[ns, tz=UTC]"), "{schema}");
+        }
+        let rows = v["rows"].as_array().unwrap();
+        let mut ids = std::collections::HashSet::new();
+        let by_id: std::collections::HashMap<String, &serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                assert!(ids.insert(r[1].as_str().unwrap().to_string()), "{format}: {r} twice");
+                (r[1].as_str().unwrap().to_string(), r)
+            })
+            .collect();
+        let kept = live.trades.as_array().unwrap();
+        assert!(rows.len() >= kept.len(), "{format}: {} rows, {} kept", rows.len(), kept.len());
+        for t in kept {
+            let r = by_id
+                .get(t["id"].as_str().unwrap())
+                .unwrap_or_else(|| panic!("{format}: live trade {t} not exported"));
+            assert_eq!(r[0].as_i64(), t["time_ms"].as_i64(), "{format}: time of {t}");
+            let p = |v: &serde_json::Value| Price::parse(v.as_str().unwrap()).unwrap();
+            let q = |v: &serde_json::Value| Qty::parse(v.as_str().unwrap()).unwrap();
+            assert_eq!((p(&r[2]), q(&r[3])), (p(&t["price"]), q(&t["qty"])), "{format}: {t}");
+            assert_eq!(r[4].as_str(), t["taker"].as_str(), "{format}: side of {t}");
+        }
+    }
+    // an instrument the recording does not hold says so
+    let run = std::process::Command::new(millrace_bin())
+        .args(["export", "trades", "--instrument", "okx:spot:NOPE/USDT", "--out"])
+        .arg(dir.join("nope.parquet"))
+        .env("MILLRACE_RECORD__DIR", dir)
+        .env("MILLRACE_DATA_DIR", dir.join("export-data"))
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("lists no such instrument"), "{err}");
 }

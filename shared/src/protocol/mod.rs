@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod frame;
 pub mod ops;
+pub mod replay;
 
 pub use frame::{PushData, ServerFrame};
 
