@@ -73,6 +73,21 @@ pub fn next_conn() -> u64 {
     NEXT_CONN.fetch_add(1, Relaxed)
 }
 
+/// A Binance source's REST requests and answers, recorded (a request and its answer share a
+/// connection number, as a venue source's do in `VenueSource::get_text`).
+impl binance::rest::RestObserver for Tap {
+    fn request(&self, url: &str) -> u64 {
+        let conn = next_conn();
+        let meta = format!("GET {}", crate::redact::redact(url));
+        self.record(Kind::RestRequest, conn, meta, Bytes::new());
+        conn
+    }
+
+    fn answer(&self, token: u64, status: u16, body: &[u8]) {
+        self.record(Kind::RestAnswer, token, status.to_string(), Bytes::copy_from_slice(body));
+    }
+}
+
 impl Tap {
     /// Queues one record of this source, timed now; dropped (and counted) when the queue is full.
     pub fn record(&self, kind: Kind, conn: u64, meta: impl Into<String>, body: Bytes) {

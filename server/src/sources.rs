@@ -352,6 +352,8 @@ impl Sources {
             }));
             if let (Some(r), Some(s)) = (recording, list.last()) {
                 if let Some(tap) = r.tap(&s.config.name) {
+                    // its REST answers too (snapshots, gap fills, the symbol list, the clock)
+                    s.rest.observe(Arc::new(tap.clone()));
                     let _ = s.tap.set(tap);
                     r.describe(&s.config.name, s.config.kind.dialect(), s.config.market);
                 }

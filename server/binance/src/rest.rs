@@ -271,8 +271,16 @@ pub fn klines_query(
     q
 }
 
+/// Sees every request a [`RestClient`] sends and its answer (millrace's recorder keeps them).
+pub trait RestObserver: Send + Sync {
+    /// A request to `url` goes out; what is returned is handed back with its answer.
+    fn request(&self, url: &str) -> u64;
+    /// The answer of request `token`: its status and body (empty when it was not read: a rate
+    /// limit).
+    fn answer(&self, token: u64, status: u16, body: &[u8]);
+}
+
 /// A REST client for one product and base URL. Methods take `&self`; share it behind an `Arc`.
-#[derive(Debug)]
 pub struct RestClient {
     /// The connection pool; reqwest keeps connections alive between calls.
     http: reqwest::Client,
@@ -291,6 +299,18 @@ pub struct RestClient {
     ledger: Mutex<Ledger>,
     /// Calls refused by the budget.
     budget_refusals: AtomicU64,
+    /// Who sees the requests and answers, if anyone ([`RestClient::observe`]).
+    observer: std::sync::OnceLock<std::sync::Arc<dyn RestObserver>>,
+}
+
+impl std::fmt::Debug for RestClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestClient")
+            .field("base_url", &self.base_url)
+            .field("product", &self.product)
+            .field("observed", &self.observer.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RestClient {
@@ -315,7 +335,14 @@ impl RestClient {
             budget: config.weight_budget_1m,
             ledger: Mutex::new(Ledger::default()),
             budget_refusals: AtomicU64::new(0),
+            observer: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Shows every request from now on, and its answer, to `observer` (once; a second is
+    /// refused and returns `false`).
+    pub fn observe(&self, observer: std::sync::Arc<dyn RestObserver>) -> bool {
+        self.observer.set(observer).is_ok()
     }
 
     /// The product this client talks to.
@@ -461,9 +488,15 @@ impl RestClient {
             reason: e.to_string(),
             timeout: e.is_timeout(),
         };
+        let observed = self.observer.get().map(|o| (o, o.request(&url)));
         let response = self.http.get(&url).send().await.map_err(|e| transport(e, &url))?;
         let status = response.status();
         self.note_weight(response.headers());
+        let seen = |body: &[u8]| {
+            if let Some((o, token)) = observed {
+                o.answer(token, status.as_u16(), body);
+            }
+        };
         if status == StatusCode::TOO_MANY_REQUESTS || status.as_u16() == 418 {
             let header = response.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok());
             let wait = retry_after(status.as_u16(), header);
@@ -475,9 +508,11 @@ impl RestClient {
                 retry_after_s = wait.as_secs(),
                 "Binance rate limit; backing off"
             );
+            seen(b"");
             return Err(RestError::RateLimited { status: status.as_u16(), retry_after: wait });
         }
         let body = response.text().await.map_err(|e| transport(e, &url))?;
+        seen(body.as_bytes());
         if !status.is_success() {
             return Err(api_error(status.as_u16(), &body));
         }

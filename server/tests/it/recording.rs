@@ -17,11 +17,14 @@ use crate::depth_faults::status;
 use crate::venue_books::venue_sources;
 
 fn config(sim: &SimHandle, dir: &std::path::Path) -> Config {
-    let mut c = test_config(venue_sources(sim));
-    c.depth.pinned = ["okx", "kraken", "coinbase"].map(|v| format!("{v}:spot:BTC/USDT")).into();
+    let mut sources = vec![external_sim_source(sim)];
+    sources.extend(venue_sources(sim));
+    let mut c = test_config(sources);
+    c.depth.pinned =
+        ["okx", "kraken", "coinbase", "sim"].map(|v| format!("{v}:spot:BTC/USDT")).into();
     c.record.enabled = true;
     c.record.dir = Some(dir.to_path_buf());
-    c.record.sources = vec!["okx".into(), "kraken".into(), "coinbase".into()];
+    c.record.sources = vec!["okx".into(), "kraken".into(), "coinbase".into(), "sim".into()];
     c
 }
 
@@ -37,7 +40,7 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
     let sim = start_sim(5.0, 61).await;
     let dir = temp_dir("recording");
     let server = TestServer::start(config(&sim, &dir)).await;
-    for v in ["okx", "kraken", "coinbase"] {
+    for v in ["okx", "kraken", "coinbase", "sim"] {
         synced(&server, &format!("{v}:spot:BTC/USDT")).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -79,6 +82,17 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
         assert!(book.checksums_verified >= live_verified, "{source}: {book:?} vs {live_verified}");
         assert_eq!(book.checksums_failed, 0, "{source}: {book:?}");
     }
+    // a Binance-protocol source's REST answers are recorded too: its symbol list and the
+    // depth job's snapshot, each after its request
+    let (files, _, events) = replay::recording::read_source(&dir, "sim").unwrap();
+    let answered = |path: &str| {
+        events.iter().any(|(_, _, _, e)| {
+            matches!(e, replay::venue::RecordedEvent::RestAnswer { request, body }
+                if request.contains(path) && !body.is_empty())
+        })
+    };
+    assert!(answered("/api/v3/exchangeInfo"), "{files:?}");
+    assert!(answered("/api/v3/depth?symbol=BTCUSDT"), "{files:?}");
     // the command line reads it the same way
     let out = std::process::Command::new(millrace_bin())
         .args(["replay", "recording"])

@@ -1,0 +1,212 @@
+//! Replay of a recording as fast as possible through the depth path, against live ingest of the
+//! same frames (issue 30: "at least 1 M frames/s through the depth path on one core (parse,
+//! sync, publish), reported against live ingest of the same frames").
+//!
+//! Frames: the recorded Binance stream of `binance --bench depth_parse` (11 minutes of ETHUSDT
+//! spot `depth@100ms` from testdata/binance-ws/hftbacktest: 6,470 diffs, ~42 levels each, and
+//! its REST snapshot), written once into a millrace recording (`recording::Recorder`: zstd
+//! blocks, each frame with its receive time) in a temporary directory.
+//!
+//! - `live_ingest`: the frames from memory, as a depth job gets them off its socket:
+//!   `DepthDecoder::decode_into` into the real `BookSync`, its events drained, and the book
+//!   published through a `BookPublisher` (in-process bus) every 100 ms of the frames' time, as
+//!   `depth.publish_interval_ms` does live;
+//! - `replay_recording`: the same, with every frame read from the recording file first (its
+//!   blocks read, CRC-checked and decompressed, its records decoded), the REST snapshot taken
+//!   from its recorded answer.
+//!
+//! Each runs on one thread; group `replay` measures wall time, `replay_cpu` the thread's CPU
+//! time. `cargo bench -p server --bench replay`
+
+use std::hint::black_box;
+use std::io::BufRead;
+use std::path::Path;
+use std::sync::Arc;
+
+use binance::fastdepth::{Decoded, DepthDecoder, Parsed};
+use binance::wire::{self, DepthBody};
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use recording::{FileReader, Kind, Record, Recorder};
+use server::books::BookRegistry;
+use server::bus::InProcessBus;
+use shared::protocol::{BookHealth, BookStatus, InstrumentId};
+use shared::sync::{BookSync, ContinuityRule, SyncConfig};
+
+const PUBLISH_NS: i64 = 100_000_000;
+
+/// The capture's lines in order: (receive time ns, depth frame or REST snapshot body).
+fn capture() -> Vec<(i64, Kind, String)> {
+    let dir = replay::input::testdata_dir().join("binance-ws/hftbacktest");
+    let mut out = Vec::new();
+    for name in ["spot_ethusdt_20240808.gz", "spot_ethusdt_20240809.gz"] {
+        let reader = replay::input::open(&dir.join(name)).expect("the hftbacktest capture");
+        for line in reader.lines() {
+            let line = line.expect("readable capture");
+            let Some((ts, json)) = line.split_once(' ') else { continue };
+            let ns = ts.parse::<i64>().unwrap_or(0);
+            if json.contains("\"depthUpdate\"") {
+                out.push((ns, Kind::Received, json.to_string()));
+            } else if json.contains("\"lastUpdateId\"") {
+                out.push((ns, Kind::RestAnswer, json.to_string()));
+            }
+        }
+    }
+    out
+}
+
+fn record(dir: &Path, lines: &[(i64, Kind, String)]) -> std::path::PathBuf {
+    let mut rec = Recorder::new(dir, "binance").unwrap();
+    for (ns, kind, text) in lines {
+        let meta = if *kind == Kind::RestAnswer { "200" } else { "" };
+        rec.append(&Record { kind: *kind, time_ns: *ns, conn: 1, meta, body: text.as_bytes() })
+            .unwrap();
+    }
+    rec.flush().unwrap();
+    let path = rec.current_file().unwrap().to_path_buf();
+    drop(rec);
+    path
+}
+
+/// A depth job's work on one book: the frames and the snapshot in, published at its cadence.
+struct Job {
+    sync: BookSync,
+    decoder: DepthDecoder,
+    publisher: server::books::BookPublisher,
+    next_publish: i64,
+    frames: u64,
+}
+
+impl Job {
+    fn new(books: &Arc<BookRegistry>) -> Job {
+        let mut config = SyncConfig::new(ContinuityRule::Spot);
+        config.verify_interval_ms = None;
+        let instrument: InstrumentId = "binance:spot:ETH/USDT".parse().unwrap();
+        Job {
+            sync: BookSync::new(config),
+            decoder: DepthDecoder::new(),
+            publisher: books.publisher(&instrument, "binance_depth", 0),
+            next_publish: 0,
+            frames: 0,
+        }
+    }
+
+    fn on(&mut self, ns: i64, kind: Kind, text: &str) {
+        if kind == Kind::RestAnswer {
+            let body: DepthBody = wire::parse_body(text).expect("the REST snapshot");
+            self.sync.handle_snapshot(body.into_snapshot(), 0);
+            return;
+        }
+        self.frames += 1;
+        match self.decoder.decode_into(text, &mut self.sync, |s| s.eq_ignore_ascii_case("ethusdt"))
+        {
+            Ok(Parsed::Applied) => {}
+            Ok(Parsed::Decoded(Decoded::Depth)) => {
+                self.sync.handle_delta_ref(self.decoder.delta(), 0)
+            }
+            other => panic!("not our diff: {other:?}"),
+        }
+        while self.sync.poll_event().is_some() {}
+        if ns >= self.next_publish {
+            self.next_publish = ns + PUBLISH_NS;
+            let synced = self.sync.is_synced();
+            let status = BookStatus {
+                health: if synced { BookHealth::Synced } else { BookHealth::Resyncing },
+                ..BookStatus::default()
+            };
+            black_box(self.publisher.publish(self.sync.book(), status, ns / 1_000_000));
+        }
+    }
+}
+
+fn live(books: &Arc<BookRegistry>, lines: &[(i64, Kind, String)]) -> Job {
+    let mut job = Job::new(books);
+    for (ns, kind, text) in lines {
+        job.on(*ns, *kind, text);
+    }
+    job
+}
+
+fn replayed(books: &Arc<BookRegistry>, file: &Path) -> Job {
+    let mut job = Job::new(books);
+    let mut reader = FileReader::open(file).unwrap();
+    while let Some(block) = reader.next_block().unwrap() {
+        for r in block {
+            // a recorded frame is the text it was received as
+            let text = std::str::from_utf8(&r.body).expect("UTF-8");
+            job.on(r.time_ns, r.kind, text);
+        }
+    }
+    job
+}
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let t = cpu_time::ThreadTime::try_now().expect("the thread CPU clock");
+    u64::try_from(t.as_duration().as_nanos()).expect("fits")
+}
+
+struct ThreadCpu;
+
+impl Measurement for ThreadCpu {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, start: u64) -> u64 {
+        thread_cpu_ns() - start
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        static WALL: WallTime = WallTime;
+        WALL.formatter()
+    }
+}
+
+fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+    let lines = capture();
+    let dir = testkit::temp_dir("replay-bench");
+    let file = record(&dir, &lines);
+    let books = BookRegistry::new(Arc::new(InProcessBus::new(1024)));
+    // both rebuild the same book, synced, from every diff
+    let (a, b) = (live(&books, &lines), replayed(&books, &file));
+    assert_eq!(a.frames, 6470);
+    assert_eq!((b.frames, b.sync.stats().deltas_applied), (6470, 6468));
+    assert!(b.sync.is_synced() && b.sync.stats().gaps == 0);
+    assert_eq!(a.sync.book(), b.sync.book());
+
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::Elements(6470));
+    g.sample_size(20);
+    g.bench_function("live_ingest", |bn| bn.iter(|| black_box(live(&books, &lines).frames)));
+    g.bench_function("replay_recording", |bn| {
+        bn.iter(|| black_box(replayed(&books, &file).frames))
+    });
+    g.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn bench_wall(c: &mut Criterion) {
+    bench(c, "replay");
+}
+
+fn bench_cpu(c: &mut Criterion<ThreadCpu>) {
+    bench(c, "replay_cpu");
+}
+
+criterion_group!(wall, bench_wall);
+criterion_group! {
+    name = cpu;
+    config = Criterion::default().with_measurement(ThreadCpu);
+    targets = bench_cpu
+}
+criterion_main!(wall, cpu);
