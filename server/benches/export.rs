@@ -5,7 +5,8 @@
 //! whole with [`server::export::candles`] into a sink, three times: Parquet (the target), and
 //! CSV beside it; the store's own read of the same rows (in the same 65,536-row chunks, nothing
 //! written) is the anchor of each run. PostgreSQL is `MILLRACE_TEST_PG` (as for the tests) and
-//! skipped, saying so, when it cannot be reached.
+//! skipped, saying so, when it cannot be reached; its table is analyzed after the load (as
+//! autovacuum does within a minute of one).
 //!
 //! `cargo bench -p server --bench export` (`MILLRACE_EXPORT_BENCH=rows=…` to change the run).
 
@@ -61,9 +62,10 @@ fn export(store: &dyn CandleStore, series: &SeriesId, format: Format) -> (u64, f
     (rows, t0.elapsed().as_secs_f64(), out.0)
 }
 
-fn run(name: &str, store: &dyn CandleStore, series: &SeriesId, rows: usize) {
+fn run(name: &str, store: &dyn CandleStore, series: &SeriesId, rows: usize, after_fill: &dyn Fn()) {
     let t0 = Instant::now();
     fill(store, series, rows);
+    after_fill();
     println!("  {name}: {rows} candles written in {:.1} s", t0.elapsed().as_secs_f64());
     for round in 1..=3 {
         let (n, read) = read_only(store, series);
@@ -98,13 +100,16 @@ fn main() {
     );
     let dir = testkit::temp_dir("export-bench");
     let sqlite = server::store::sqlite::SqliteStore::open(&dir.join("candles.db")).unwrap();
-    run("SQLite", &sqlite, &series, rows);
+    run("SQLite", &sqlite, &series, rows, &|| {});
     drop(sqlite);
     let _ = std::fs::remove_dir_all(&dir);
     match std::panic::catch_unwind(|| testkit::PgDb::fresh("bench_export")) {
         Ok(db) => {
             let store = server::store::postgres::PostgresStore::open(db.url()).unwrap();
-            run("PostgreSQL", &store, &series, rows);
+            // the statistics autovacuum gathers a minute after a bulk load, at once: without
+            // them PostgreSQL plans a sort of the whole series for every chunk
+            let analyze = || db.client().batch_execute("ANALYZE candles").unwrap();
+            run("PostgreSQL", &store, &series, rows, &analyze);
         }
         Err(_) => println!("  PostgreSQL: not reachable (MILLRACE_TEST_PG), skipped"),
     }

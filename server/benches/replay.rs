@@ -15,8 +15,11 @@
 //!   blocks read, CRC-checked and decompressed, its records decoded), the REST snapshot taken
 //!   from its recorded answer.
 //!
-//! Each runs on one thread; group `replay` measures wall time, `replay_cpu` the thread's CPU
-//! time. `cargo bench -p server --bench replay`
+//! Each runs twice: `recorded_cadence` publishes every 100 ms of the frames' own time (the live
+//! run's deltas exactly; these frames are 100 ms apart, so a publish per frame), `wall_cadence`
+//! every 100 ms of the run's own time (as fast as possible, a publish coalesces what came
+//! between). Each runs on one thread; group `replay` measures wall time, `replay_cpu` the
+//! thread's CPU time. `cargo bench -p server --bench replay`
 
 use std::hint::black_box;
 use std::io::BufRead;
@@ -55,7 +58,8 @@ fn capture() -> Vec<(i64, Kind, String)> {
     out
 }
 
-fn record(dir: &Path, lines: &[(i64, Kind, String)]) -> std::path::PathBuf {
+/// Writes the lines as a recording under `dir`; returns its files, oldest hour first.
+fn record(dir: &Path, lines: &[(i64, Kind, String)]) -> Vec<std::path::PathBuf> {
     let mut rec = Recorder::new(dir, "binance").unwrap();
     for (ns, kind, text) in lines {
         let meta = if *kind == Kind::RestAnswer { "200" } else { "" };
@@ -63,13 +67,16 @@ fn record(dir: &Path, lines: &[(i64, Kind, String)]) -> std::path::PathBuf {
             .unwrap();
     }
     rec.flush().unwrap();
-    let path = rec.current_file().unwrap().to_path_buf();
     drop(rec);
-    path
+    recording::list_files(dir).unwrap().into_iter().map(|f| f.path).collect()
 }
 
 /// A depth job's work on one book: the frames and the snapshot in, published at its cadence.
 struct Job {
+    /// Publish by the frames' own time (`true`: every 100 ms of it, the live run's deltas) or
+    /// by the wall clock (every 100 ms of the replay's own time).
+    recorded_cadence: bool,
+    wall_next: std::time::Instant,
     sync: BookSync,
     decoder: DepthDecoder,
     publisher: server::books::BookPublisher,
@@ -78,11 +85,13 @@ struct Job {
 }
 
 impl Job {
-    fn new(books: &Arc<BookRegistry>) -> Job {
+    fn new(books: &Arc<BookRegistry>, recorded_cadence: bool) -> Job {
         let mut config = SyncConfig::new(ContinuityRule::Spot);
         config.verify_interval_ms = None;
         let instrument: InstrumentId = "binance:spot:ETH/USDT".parse().unwrap();
         Job {
+            recorded_cadence,
+            wall_next: std::time::Instant::now(),
             sync: BookSync::new(config),
             decoder: DepthDecoder::new(),
             publisher: books.publisher(&instrument, "binance_depth", 0),
@@ -107,8 +116,21 @@ impl Job {
             other => panic!("not our diff: {other:?}"),
         }
         while self.sync.poll_event().is_some() {}
-        if ns >= self.next_publish {
-            self.next_publish = ns + PUBLISH_NS;
+        let due = if self.recorded_cadence {
+            let due = ns >= self.next_publish;
+            if due {
+                self.next_publish = ns + PUBLISH_NS;
+            }
+            due
+        } else {
+            let now = std::time::Instant::now();
+            let due = now >= self.wall_next;
+            if due {
+                self.wall_next = now + std::time::Duration::from_nanos(PUBLISH_NS as u64);
+            }
+            due
+        };
+        if due {
             let synced = self.sync.is_synced();
             let status = BookStatus {
                 health: if synced { BookHealth::Synced } else { BookHealth::Resyncing },
@@ -119,22 +141,24 @@ impl Job {
     }
 }
 
-fn live(books: &Arc<BookRegistry>, lines: &[(i64, Kind, String)]) -> Job {
-    let mut job = Job::new(books);
+fn live(books: &Arc<BookRegistry>, lines: &[(i64, Kind, String)], recorded: bool) -> Job {
+    let mut job = Job::new(books, recorded);
     for (ns, kind, text) in lines {
         job.on(*ns, *kind, text);
     }
     job
 }
 
-fn replayed(books: &Arc<BookRegistry>, file: &Path) -> Job {
-    let mut job = Job::new(books);
-    let mut reader = FileReader::open(file).unwrap();
-    while let Some(block) = reader.next_block().unwrap() {
-        for r in block {
-            // a recorded frame is the text it was received as
-            let text = std::str::from_utf8(&r.body).expect("UTF-8");
-            job.on(r.time_ns, r.kind, text);
+fn replayed(books: &Arc<BookRegistry>, files: &[std::path::PathBuf], recorded: bool) -> Job {
+    let mut job = Job::new(books, recorded);
+    for file in files {
+        let mut reader = FileReader::open(file).unwrap();
+        while let Some(block) = reader.next_block().unwrap() {
+            for r in block {
+                // a recorded frame is the text it was received as
+                let text = std::str::from_utf8(&r.body).expect("UTF-8");
+                job.on(r.time_ns, r.kind, text);
+            }
         }
     }
     job
@@ -175,10 +199,10 @@ impl Measurement for ThreadCpu {
 fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let lines = capture();
     let dir = testkit::temp_dir("replay-bench");
-    let file = record(&dir, &lines);
+    let files = record(&dir, &lines);
     let books = BookRegistry::new(Arc::new(InProcessBus::new(1024)));
     // both rebuild the same book, synced, from every diff
-    let (a, b) = (live(&books, &lines), replayed(&books, &file));
+    let (a, b) = (live(&books, &lines, true), replayed(&books, &files, true));
     assert_eq!(a.frames, 6470);
     assert_eq!((b.frames, b.sync.stats().deltas_applied), (6470, 6468));
     assert!(b.sync.is_synced() && b.sync.stats().gaps == 0);
@@ -187,10 +211,14 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(6470));
     g.sample_size(20);
-    g.bench_function("live_ingest", |bn| bn.iter(|| black_box(live(&books, &lines).frames)));
-    g.bench_function("replay_recording", |bn| {
-        bn.iter(|| black_box(replayed(&books, &file).frames))
-    });
+    for (name, recorded) in [("recorded_cadence", true), ("wall_cadence", false)] {
+        g.bench_function(format!("live_ingest/{name}"), |bn| {
+            bn.iter(|| black_box(live(&books, &lines, recorded).frames))
+        });
+        g.bench_function(format!("replay_recording/{name}"), |bn| {
+            bn.iter(|| black_box(replayed(&books, &files, recorded).frames))
+        });
+    }
     g.finish();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -297,7 +297,9 @@ impl<W: Write + Send, R: ExportRows> ExportFile<W, R> {
 }
 
 /// Writes `series`' stored candles with `from <= open_time <= to` to `out` in `format`, reading
-/// [`CHUNK`] rows at a time; at most `max_rows`. Returns the rows written and the writer.
+/// [`CHUNK`] rows at a time; at most `max_rows`. The next chunk is read (on a thread of its own,
+/// joined before this returns) while one is written, two chunks at most held. Returns the rows
+/// written and the writer.
 pub fn candles<W: Write + Send>(
     store: &dyn CandleStore,
     series: &SeriesId,
@@ -308,20 +310,37 @@ pub fn candles<W: Write + Send>(
     out: W,
 ) -> Result<(u64, W), ExportError> {
     let mut file = CandleFile::new(format, "series", &series.to_string(), out)?;
-    let (mut start, mut rows) = (from, 0u64);
-    while start <= to {
-        let chunk = store.candles(series, Some(start), Some(to), CHUNK)?;
-        let Some(last) = chunk.last() else { break };
-        rows += chunk.len() as u64;
-        if rows > max_rows {
-            return Err(ExportError::TooMany { max: max_rows });
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Candle>, StoreError>>(1);
+    let rows = std::thread::scope(|scope| -> Result<u64, ExportError> {
+        scope.spawn(move || {
+            let mut start = from;
+            while start <= to {
+                let chunk = store.candles(series, Some(start), Some(to), CHUNK);
+                let (last, full) = match &chunk {
+                    Ok(c) => (c.last().map(|c| c.open_time), c.len() == CHUNK),
+                    Err(_) => (None, false),
+                };
+                let failed = chunk.is_err();
+                if (last.is_some() || failed) && tx.send(chunk).is_err() {
+                    return; // the writer stopped
+                }
+                match last.and_then(|t| t.checked_add(1)) {
+                    Some(next) if full && !failed => start = next,
+                    _ => return,
+                }
+            }
+        });
+        let mut rows = 0u64;
+        for chunk in rx {
+            let chunk = chunk?;
+            rows += chunk.len() as u64;
+            if rows > max_rows {
+                return Err(ExportError::TooMany { max: max_rows });
+            }
+            file.write(&chunk)?;
         }
-        start = last.open_time + 1;
-        file.write(&chunk)?;
-        if chunk.len() < CHUNK {
-            break;
-        }
-    }
+        Ok(rows)
+    })?;
     let mut out = file.finish()?;
     out.flush()?;
     Ok((rows, out))

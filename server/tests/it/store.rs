@@ -311,6 +311,10 @@ pub(crate) fn range_and_limit(store: &dyn CandleStore) {
     assert_eq!(store.candles(&sid("binance:spot:ETH/USDT:1m"), None, None, 10).unwrap(), vec![]);
     // Extreme bounds.
     assert_eq!(store.candles(&s, Some(i64::MIN), Some(i64::MAX), usize::MAX).unwrap(), cs);
+    // A read as large as an export's chunk (PostgreSQL reads it through COPY) answers the same.
+    assert_eq!(store.candles(&s, None, Some(t(50)), 65_536).unwrap(), slice(0, 51));
+    assert_eq!(store.candles(&s, Some(t(10)), Some(t(19)), 65_536).unwrap(), slice(10, 20));
+    assert_eq!(store.candles(&s, Some(t(10)), None, 65_536).unwrap(), slice(10, 100));
     // Each series sees only its own rows.
     assert_eq!(store.candles(&other, Some(t(0)), Some(t(0)), 10).unwrap(), vec![candle(base, 2)]);
 }
