@@ -15,6 +15,9 @@
 //!   blocks read, CRC-checked and decompressed, its records decoded), the REST snapshot taken
 //!   from its recorded answer.
 //!
+//! `recorder_write`: the recorder's own work on the same frames (each appended with its time,
+//! blocks compressed with zstd and written to a file), what recording costs per frame.
+//!
 //! Each runs twice: `recorded_cadence` publishes every 100 ms of the frames' own time (the live
 //! run's deltas exactly; these frames are 100 ms apart, so a publish per frame), `wall_cadence`
 //! every 100 ms of the run's own time (as fast as possible, a publish coalesces what came
@@ -200,6 +203,9 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let lines = capture();
     let dir = testkit::temp_dir("replay-bench");
     let files = record(&dir, &lines);
+    let raw: usize = lines.iter().map(|l| l.2.len()).sum();
+    let written: u64 = files.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).sum();
+    println!("recording: {raw} bytes of frames in {written} bytes of files");
     let books = BookRegistry::new(Arc::new(InProcessBus::new(1024)));
     // both rebuild the same book, synced, from every diff
     let (a, b) = (live(&books, &lines, true), replayed(&books, &files, true));
@@ -219,6 +225,15 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             bn.iter(|| black_box(replayed(&books, &files, recorded).frames))
         });
     }
+    // the recorder's own work on the same frames: appended, compressed into blocks, written
+    // (in the service this runs on the writer thread, off the ingest path)
+    let rec_dir = dir.join("again");
+    g.bench_function("recorder_write", |bn| {
+        bn.iter(|| {
+            let _ = std::fs::remove_dir_all(&rec_dir);
+            black_box(record(&rec_dir, &lines).len())
+        })
+    });
     g.finish();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,8 +16,9 @@ const SKIPPABLE: u32 = 0x184D_2A5E;
 const BLOCK_MAGIC: &[u8; 4] = b"MRB1";
 /// Skippable magic, its size field, then MRB1, frame length, frame CRC, record count.
 const HEADER_LEN: usize = 4 + 4 + 16;
-/// The zstd level of a block (fast; a frame compresses several times).
-const LEVEL: i32 = 3;
+/// The zstd level of a block: 1, the fastest that still packs Binance depth frames 5.7 times
+/// (level 3 took a fifth longer; -3 packs 3.6 times, BENCHMARKS.md).
+const LEVEL: i32 = 1;
 
 /// What a record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
