@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use server::export::{candles, Format, CHUNK};
+use server::export::{candles, ExportRange, Format, CHUNK};
 use server::store::{CandleStore, SeriesRows};
 use shared::protocol::SeriesId;
 
@@ -58,7 +58,8 @@ fn export(store: &dyn CandleStore, series: &SeriesId, format: Format) -> (u64, f
         }
     }
     let t0 = Instant::now();
-    let (rows, out) = candles(store, series, 0, i64::MAX, u64::MAX, format, Counted(0)).unwrap();
+    let range = ExportRange { from: 0, to: i64::MAX, max_rows: u64::MAX, format };
+    let (rows, out) = candles(store, series, range, Counted(0)).unwrap();
     (rows, t0.elapsed().as_secs_f64(), out.0)
 }
 

@@ -21,8 +21,7 @@
 //! Each runs twice: `recorded_cadence` publishes every 100 ms of the frames' own time (the live
 //! run's deltas exactly; these frames are 100 ms apart, so a publish per frame), `wall_cadence`
 //! every 100 ms of the run's own time (as fast as possible, a publish coalesces what came
-//! between). Each runs on one thread; group `replay` measures wall time, `replay_cpu` the
-//! thread's CPU time. `cargo bench -p server --bench replay`
+//! between). Each runs on one thread. `cargo bench -p server --bench replay`
 
 use std::hint::black_box;
 use std::io::BufRead;
@@ -31,7 +30,6 @@ use std::sync::Arc;
 
 use binance::fastdepth::{Decoded, DepthDecoder, Parsed};
 use binance::wire::{self, DepthBody};
-use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use recording::{FileReader, Kind, Record, Recorder};
 use server::books::BookRegistry;
@@ -167,39 +165,7 @@ fn replayed(books: &Arc<BookRegistry>, files: &[std::path::PathBuf], recorded: b
     job
 }
 
-/// CPU time of the calling thread, ns.
-fn thread_cpu_ns() -> u64 {
-    let t = cpu_time::ThreadTime::try_now().expect("the thread CPU clock");
-    u64::try_from(t.as_duration().as_nanos()).expect("fits")
-}
-
-struct ThreadCpu;
-
-impl Measurement for ThreadCpu {
-    type Intermediate = u64;
-    type Value = u64;
-    fn start(&self) -> u64 {
-        thread_cpu_ns()
-    }
-    fn end(&self, start: u64) -> u64 {
-        thread_cpu_ns() - start
-    }
-    fn add(&self, a: &u64, b: &u64) -> u64 {
-        a + b
-    }
-    fn zero(&self) -> u64 {
-        0
-    }
-    fn to_f64(&self, v: &u64) -> f64 {
-        *v as f64
-    }
-    fn formatter(&self) -> &dyn ValueFormatter {
-        static WALL: WallTime = WallTime;
-        WALL.formatter()
-    }
-}
-
-fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+fn bench(c: &mut Criterion) {
     let lines = capture();
     let dir = testkit::temp_dir("replay-bench");
     let files = record(&dir, &lines);
@@ -214,7 +180,7 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     assert!(b.sync.is_synced() && b.sync.stats().gaps == 0);
     assert_eq!(a.sync.book(), b.sync.book());
 
-    let mut g = c.benchmark_group(group);
+    let mut g = c.benchmark_group("replay");
     g.throughput(Throughput::Elements(6470));
     g.sample_size(20);
     for (name, recorded) in [("recorded_cadence", true), ("wall_cadence", false)] {
@@ -238,18 +204,5 @@ fn bench<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn bench_wall(c: &mut Criterion) {
-    bench(c, "replay");
-}
-
-fn bench_cpu(c: &mut Criterion<ThreadCpu>) {
-    bench(c, "replay_cpu");
-}
-
-criterion_group!(wall, bench_wall);
-criterion_group! {
-    name = cpu;
-    config = Criterion::default().with_measurement(ThreadCpu);
-    targets = bench_cpu
-}
-criterion_main!(wall, cpu);
+criterion_group!(benches, bench);
+criterion_main!(benches);

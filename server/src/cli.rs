@@ -66,19 +66,37 @@ pub enum ExportCommand {
 /// Arguments of `millrace export trades`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TradesExportArgs {
-    /// Configuration file (TOML), the same keys as `serve`'s.
-    #[arg(long, env = "MILLRACE_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// The data directory, as `serve --data-dir` (its `recordings` unless `record.dir` says).
-    #[arg(long, env = "MILLRACE_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
     /// The instrument, e.g. `okx:spot:BTC/USDT` (its source is the recorded one).
     #[arg(long)]
     pub instrument: String,
-    /// The first trade time, ms (default: the first recorded).
+    #[command(flatten)]
+    pub file: ExportFileArgs,
+}
+
+/// Arguments of `millrace export candles`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportArgs {
+    /// The series, e.g. `sim:spot:BTC/USDT:1m`.
+    #[arg(long)]
+    pub series: String,
+    #[command(flatten)]
+    pub file: ExportFileArgs,
+}
+
+/// What every `millrace export` reads and writes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportFileArgs {
+    /// Configuration file (TOML), the same keys as `serve`'s.
+    #[arg(long, env = "MILLRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The data directory, as `serve --data-dir` (the SQLite store; the recordings in
+    /// `recordings` unless `record.dir` says).
+    #[arg(long, env = "MILLRACE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The first time, ms: a candle's open time, a trade's time (default: the first).
     #[arg(long, default_value_t = 0)]
     pub from: i64,
-    /// The last trade time, ms (default: the last recorded).
+    /// The last time, ms (default: the last).
     #[arg(long, default_value_t = i64::MAX)]
     pub to: i64,
     /// parquet or csv.
@@ -89,30 +107,26 @@ pub struct TradesExportArgs {
     pub out: PathBuf,
 }
 
-/// Arguments of `millrace export candles`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ExportArgs {
-    /// Configuration file (TOML), the same keys as `serve`'s.
-    #[arg(long, env = "MILLRACE_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// The data directory (the SQLite store), as `serve --data-dir`.
-    #[arg(long, env = "MILLRACE_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// The series, e.g. `sim:spot:BTC/USDT:1m`.
-    #[arg(long)]
-    pub series: String,
-    /// The first open time, ms (default: the first stored).
-    #[arg(long, default_value_t = 0)]
-    pub from: i64,
-    /// The last open time, ms (default: the last stored).
-    #[arg(long, default_value_t = i64::MAX)]
-    pub to: i64,
-    /// parquet or csv.
-    #[arg(long, default_value = "parquet")]
-    pub format: String,
-    /// The file to write.
-    #[arg(long)]
-    pub out: PathBuf,
+impl ExportFileArgs {
+    /// The configuration (`--config`, `--data-dir`), the range, and the file created.
+    fn open(
+        &self,
+    ) -> anyhow::Result<(Config, crate::export::ExportRange, std::io::BufWriter<std::fs::File>)>
+    {
+        let flags = Overrides { data_dir: self.data_dir.clone(), ..Overrides::default() };
+        let config = Config::load(self.config.as_deref(), std::env::vars(), &flags)?;
+        let format: crate::export::Format = self.format.parse()?;
+        anyhow::ensure!(self.from <= self.to, "--from {} is after --to {}", self.from, self.to);
+        let range = crate::export::ExportRange {
+            from: self.from,
+            to: self.to,
+            max_rows: config.limits.max_export_rows,
+            format,
+        };
+        let file = std::fs::File::create(&self.out)
+            .with_context(|| format!("cannot create --out {}", self.out.display()))?;
+        Ok((config, range, std::io::BufWriter::new(file)))
+    }
 }
 
 /// Arguments of `millrace worker`.
@@ -251,55 +265,26 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// `millrace export candles`: the series' candles from the configured store into `--out`.
 fn export_candles(args: &ExportArgs) -> anyhow::Result<ExitCode> {
-    let flags = Overrides { data_dir: args.data_dir.clone(), ..Overrides::default() };
-    let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
     let series: shared::protocol::SeriesId =
         args.series.parse().map_err(|e| anyhow::anyhow!("--series {:?}: {e}", args.series))?;
-    let format: crate::export::Format = args.format.parse()?;
-    anyhow::ensure!(args.from <= args.to, "--from {} is after --to {}", args.from, args.to);
+    let (config, range, out) = args.file.open()?;
     let rt = runtime()?;
     let stores = rt.block_on(crate::app::Stores::open(&config))?;
-    let file = std::fs::File::create(&args.out)
-        .with_context(|| format!("cannot create --out {}", args.out.display()))?;
-    let out = std::io::BufWriter::new(file);
-    let max = config.limits.max_export_rows;
-    let (rows, _) = crate::export::candles(
-        stores.store.as_ref(),
-        &series,
-        args.from,
-        args.to,
-        max,
-        format,
-        out,
-    )?;
-    eprintln!("{rows} candles of {series} written to {}", args.out.display());
+    let (rows, _) = crate::export::candles(stores.store.as_ref(), &series, range, out)?;
+    eprintln!("{rows} candles of {series} written to {}", args.file.out.display());
     stores.store.close();
     Ok(ExitCode::SUCCESS)
 }
 
 /// `millrace export trades`: the instrument's recorded trades into `--out`.
 fn export_trades(args: &TradesExportArgs) -> anyhow::Result<ExitCode> {
-    let flags = Overrides { data_dir: args.data_dir.clone(), ..Overrides::default() };
-    let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
     let instrument: shared::protocol::InstrumentId = args
         .instrument
         .parse()
         .map_err(|e| anyhow::anyhow!("--instrument {:?}: {e}", args.instrument))?;
-    let format: crate::export::Format = args.format.parse()?;
-    anyhow::ensure!(args.from <= args.to, "--from {} is after --to {}", args.from, args.to);
-    let file = std::fs::File::create(&args.out)
-        .with_context(|| format!("cannot create --out {}", args.out.display()))?;
-    let out = std::io::BufWriter::new(file);
-    let (rows, _) = crate::export::trades(
-        &config.record_dir(),
-        &instrument,
-        args.from,
-        args.to,
-        config.limits.max_export_rows,
-        format,
-        out,
-    )?;
-    eprintln!("{rows} trades of {instrument} written to {}", args.out.display());
+    let (config, range, out) = args.file.open()?;
+    let (rows, _) = crate::export::trades(&config.record_dir(), &instrument, range, out)?;
+    eprintln!("{rows} trades of {instrument} written to {}", args.file.out.display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -296,19 +296,27 @@ impl<W: Write + Send, R: ExportRows> ExportFile<W, R> {
     }
 }
 
-/// Writes `series`' stored candles with `from <= open_time <= to` to `out` in `format`, reading
-/// [`CHUNK`] rows at a time; at most `max_rows`. The next chunk is read (on a thread of its own,
-/// joined before this returns) while one is written, two chunks at most held. Returns the rows
-/// written and the writer.
+/// What an export covers and how it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportRange {
+    /// The first and last time (ms, inclusive): a candle's open time, a trade's time.
+    pub from: i64,
+    pub to: i64,
+    /// The most rows written; more is an error ([`ExportError::TooMany`]).
+    pub max_rows: u64,
+    pub format: Format,
+}
+
+/// Writes `series`' stored candles of the range to `out`, reading [`CHUNK`] rows at a time. The
+/// next chunk is read (on a thread of its own, joined before this returns) while one is written,
+/// two chunks at most held. Returns the rows written and the writer.
 pub fn candles<W: Write + Send>(
     store: &dyn CandleStore,
     series: &SeriesId,
-    from: i64,
-    to: i64,
-    max_rows: u64,
-    format: Format,
+    range: ExportRange,
     out: W,
 ) -> Result<(u64, W), ExportError> {
+    let ExportRange { from, to, max_rows, format } = range;
     let mut file = CandleFile::new(format, "series", &series.to_string(), out)?;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Candle>, StoreError>>(1);
     let rows = std::thread::scope(|scope| -> Result<u64, ExportError> {
@@ -392,20 +400,17 @@ const RECEIVE_SLACK_MS: i64 = 60_000;
 /// Trade ids remembered to drop one recorded twice (a duplicate frame, a replica's).
 const DEDUP_WINDOW: usize = 100_000;
 
-/// Writes `instrument`'s trades with `from <= time <= to` (the venue's trade times, ms) from
-/// the recording at `record_dir` (`[record]`; millrace keeps no trades table: every trade it
-/// received is in the recording, with when it came) to `out` in `format`, [`CHUNK`] rows a row
-/// group, in the order they were received, a trade recorded twice written once; at most
-/// `max_rows`. Returns the rows written and the writer.
+/// Writes `instrument`'s trades of the range (the venue's trade times) from the recording at
+/// `record_dir` (`[record]`; millrace keeps no trades table: every trade it received is in the
+/// recording, with when it came) to `out`, [`CHUNK`] rows a row group, in the order they were
+/// received, a trade recorded twice written once. Returns the rows written and the writer.
 pub fn trades<W: Write + Send>(
     record_dir: &std::path::Path,
     instrument: &InstrumentId,
-    from: i64,
-    to: i64,
-    max_rows: u64,
-    format: Format,
+    range: ExportRange,
     out: W,
 ) -> Result<(u64, W), ExportError> {
+    let ExportRange { from, to, max_rows, format } = range;
     let source = &instrument.exchange;
     let (dialect, market) = crate::recorded::describe(record_dir, source)?;
     if market != instrument.market {

@@ -316,22 +316,33 @@ async fn replay(
             summary
         })
         .await;
-        let error = match read {
-            Ok(Ok(_)) => return,
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
-        };
-        tracing::warn!("replay failed: {error}");
-        let _ = failed.send(Err(std::io::Error::other(error))).await;
+        end_stream("replay", read, &failed).await;
     });
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/x-ndjson")], streamed(rx)).into_response())
+}
+
+/// A body streamed from what `rx` receives, a piece at a time (an error ends it, cut).
+fn streamed(rx: tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>) -> axum::body::Body {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|piece| (piece, rx))
     });
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
-        axum::body::Body::from_stream(stream),
-    )
-        .into_response())
+    axum::body::Body::from_stream(stream)
+}
+
+/// Ends a [`streamed`] body with the error of `outcome` (the work's, or its task's), if it
+/// failed: the client sees the body cut, never a short file that looks whole.
+async fn end_stream<T, E: std::fmt::Display, J: std::fmt::Display>(
+    what: &str,
+    outcome: Result<Result<T, E>, J>,
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+) {
+    let error = match outcome {
+        Ok(Ok(_)) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!("{what} failed: {error}");
+    let _ = tx.send(Err(std::io::Error::other(error))).await;
 }
 
 /// `GET /api/v1/export/candles?series=…&from=…&to=…&format=parquet|csv`: the stored candles of a
@@ -363,21 +374,13 @@ async fn export_candles(
         let failed = tx.clone();
         let done = crate::store::read(&store, move |s| {
             let out = crate::export::ChannelWriter::new(tx);
-            Ok(crate::export::candles(s, &series, from, to, max_rows, format, out).map(|_| ()))
+            let range = crate::export::ExportRange { from, to, max_rows, format };
+            Ok(crate::export::candles(s, &series, range, out).map(|_| ()))
         })
         .await;
-        let error = match done {
-            Ok(Ok(())) => return,
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
-        };
-        tracing::warn!("export of candles failed: {error}");
-        let _ = failed.send(Err(std::io::Error::other(error))).await;
+        end_stream("export of candles", done, &failed).await;
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|piece| (piece, rx))
-    });
-    let body = axum::body::Body::from_stream(stream);
+    let body = streamed(rx);
     Ok((
         [
             (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
