@@ -69,6 +69,10 @@ pub struct TradesExportArgs {
     /// The instrument, e.g. `okx:spot:BTC/USDT` (its source is the recorded one).
     #[arg(long)]
     pub instrument: String,
+    /// Another recording directory of the same source, merged by trade id (a cluster's
+    /// workers record in `{record.dir}/worker-{id}`); repeatable.
+    #[arg(long)]
+    pub replica: Vec<PathBuf>,
     #[command(flatten)]
     pub file: ExportFileArgs,
 }
@@ -283,7 +287,9 @@ fn export_trades(args: &TradesExportArgs) -> anyhow::Result<ExitCode> {
         .parse()
         .map_err(|e| anyhow::anyhow!("--instrument {:?}: {e}", args.instrument))?;
     let (config, range, out) = args.file.open()?;
-    let (rows, _) = crate::export::trades(&config.record_dir(), &instrument, range, out)?;
+    let mut dirs = vec![config.record_dir()];
+    dirs.extend(args.replica.iter().cloned());
+    let (rows, _) = crate::export::trades(&dirs, &instrument, range, out)?;
     eprintln!("{rows} trades of {instrument} written to {}", args.file.out.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -401,17 +401,21 @@ const RECEIVE_SLACK_MS: i64 = 60_000;
 const DEDUP_WINDOW: usize = 100_000;
 
 /// Writes `instrument`'s trades of the range (the venue's trade times) from the recording at
-/// `record_dir` (`[record]`; millrace keeps no trades table: every trade it received is in the
-/// recording, with when it came) to `out`, [`CHUNK`] rows a row group, in the order they were
+/// `record_dirs` (`[record]`; millrace keeps no trades table: every trade it received is in the
+/// recording, with when it came; several directories — a cluster's workers' — are merged by
+/// trade id, [`crate::recorded::read_merged`]) to `out`, [`CHUNK`] rows a row group, in the order they were
 /// received, a trade recorded twice written once. Returns the rows written and the writer.
 pub fn trades<W: Write + Send>(
-    record_dir: &std::path::Path,
+    record_dirs: &[std::path::PathBuf],
     instrument: &InstrumentId,
     range: ExportRange,
     out: W,
 ) -> Result<(u64, W), ExportError> {
     let ExportRange { from, to, max_rows, format } = range;
     let source = &instrument.exchange;
+    let Some(record_dir) = record_dirs.first() else {
+        return Err(ExportError::NotRecorded(format!("{instrument}: no recording named")));
+    };
     let (dialect, market) = crate::recorded::describe(record_dir, source)?;
     if market != instrument.market {
         return Err(ExportError::NotRecorded(format!(
@@ -434,7 +438,7 @@ pub fn trades<W: Write + Send>(
     let mut failed: Option<ExportError> = None;
     let channels = crate::recorded::Channels::parse("trade")?;
     let (lo, hi) = (from.saturating_sub(RECEIVE_SLACK_MS), to.saturating_add(RECEIVE_SLACK_MS));
-    crate::recorded::read(record_dir, source, Some(lo), Some(hi), channels, &mut |line| {
+    crate::recorded::read_merged(record_dirs, source, Some(lo), Some(hi), channels, &mut |line| {
         let shared::protocol::replay::ReplayLine::Trade { time_ns, symbol: s, trades, .. } = line
         else {
             return true;

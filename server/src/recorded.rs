@@ -273,6 +273,103 @@ fn normalized(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shared::trade::{Trade, TradeId};
+
+    fn trade(id: u64) -> Trade {
+        Trade {
+            id: TradeId::Seq(id),
+            time_ms: id as i64,
+            price: shared::Price::from_raw(1),
+            qty: shared::Qty::from_raw(1),
+            taker: None,
+        }
+    }
+
+    fn trades(time_ns: i64, ids: std::ops::Range<u64>) -> ReplayLine {
+        ReplayLine::Trade {
+            time_ns,
+            conn: 1,
+            symbol: "BTC-USDT".into(),
+            trades: ids.map(trade).collect(),
+        }
+    }
+
+    fn book(time_ns: i64, snapshot: bool, seq: u64, prev: u64) -> ReplayLine {
+        ReplayLine::Book {
+            time_ns,
+            conn: 1,
+            symbol: "BTC-USDT".into(),
+            snapshot,
+            seq: Some(seq),
+            prev_seq: Some(prev),
+            cross_seq: None,
+            checksum: None,
+            venue_time_ms: None,
+            bids: vec![],
+            asks: vec![],
+        }
+    }
+
+    /// Two replicas of an OKX session; replica 0 dies at 5 s. The merged trades have every id
+    /// once, and the book goes on from replica 1 at the message continuing the last one kept.
+    #[test]
+    fn replicas_merge_into_one_stream_with_no_copy_and_no_hole() {
+        const S: i64 = 1_000_000_000;
+        let mut m = Merger::new(Dialect::Okx);
+        let mut out = Vec::new();
+        let mut feed = |r: usize, l: ReplayLine| out.extend(m.line(r, l));
+        feed(0, book(0, true, 10, 9));
+        feed(1, book(S / 10, true, 10, 9));
+        feed(0, trades(S, 0..5));
+        feed(1, trades(S + 1, 0..5));
+        feed(0, book(2 * S, false, 11, 10));
+        feed(1, book(2 * S + 1, false, 11, 10));
+        feed(0, trades(5 * S, 5..8)); // replica 0's last
+        feed(1, trades(5 * S + 1, 5..9));
+        feed(1, book(6 * S, false, 12, 11)); // 0 silent for 4 s by now
+                                             // (replica 0 stopped after seq 11: 12 continues it)
+        feed(1, book(7 * S, false, 13, 12));
+        feed(1, trades(8 * S, 9..12));
+        let ids: Vec<u64> = out
+            .iter()
+            .filter_map(|l| match l {
+                ReplayLine::Trade { trades, .. } => Some(trades.iter().map(|t| match t.id {
+                    TradeId::Seq(n) => n,
+                    TradeId::Text(_) => u64::MAX,
+                })),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(ids, (0..12).collect::<Vec<_>>(), "every trade once, none missing");
+        let seqs: Vec<(u64, u64, u64)> = out
+            .iter()
+            .filter_map(|l| match l {
+                ReplayLine::Book { seq, prev_seq, conn, .. } => {
+                    Some((seq.unwrap(), prev_seq.unwrap(), conn >> 48))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, [(10, 9, 0), (11, 10, 0), (12, 11, 1), (13, 12, 1)], "one chain");
+    }
+
+    /// A replica that goes on while the one followed is alive is not taken, nor is one whose
+    /// next message does not continue the book (it waits for a snapshot); Coinbase switches at
+    /// a snapshot only.
+    #[test]
+    fn a_book_moves_to_another_replica_only_where_it_continues() {
+        const S: i64 = 1_000_000_000;
+        let mut m = Merger::new(Dialect::Okx);
+        assert!(m.line(0, book(0, true, 10, 9)).is_some());
+        assert!(m.line(1, book(S, false, 11, 10)).is_none(), "replica 0 is not silent");
+        assert!(m.line(1, book(3 * S, false, 14, 13)).is_none(), "does not continue 10");
+        assert!(m.line(1, book(4 * S, true, 20, 19)).is_some(), "a snapshot does");
+        let mut c = Merger::new(Dialect::Coinbase);
+        assert!(c.line(0, book(0, true, 1, 0)).is_some());
+        assert!(c.line(1, book(3 * S, false, 2, 1)).is_none(), "its sequence is a connection's");
+        assert!(c.line(1, book(4 * S, true, 7, 6)).is_some());
+    }
 
     #[test]
     fn channels_are_named_and_an_unknown_one_is_an_error() {
@@ -292,4 +389,230 @@ mod tests {
         }
         assert!(matches!(describe(&dir, "no-such-source"), Err(RecordedError::NoSource(_))));
     }
+}
+
+/// How long the replica a book follows may be silent before another one's continuation is
+/// taken (a worker killed, its session moved).
+pub const FAILOVER_NS: i64 = 2_000_000_000;
+/// Trade ids and candles remembered to drop another replica's copy.
+const MERGE_WINDOW: usize = 100_000;
+
+/// Merges the lines of several replicas' recordings of one source (a cluster's workers each
+/// record the sessions they hold) into one stream with no copy and no hole, by the venue's
+/// natural ids: a trade by its id, a candle by its symbol, interval and open time (its closed
+/// copy once), and a book followed on one replica until that one falls silent for
+/// [`FAILOVER_NS`], then on another from a line that continues it — one whose `prev_seq` is the
+/// last `seq` kept (OKX), or whose `seq` is the next (Bybit) — or from its next snapshot
+/// (Coinbase, whose sequence is its connection's, and Kraken, which has none). Connections,
+/// REST exchanges, tickers and errors of every replica are kept, their connection numbers made
+/// apart by the replica (`conn | replica << 48`). Sans-IO: lines in, lines out.
+#[derive(Debug)]
+pub struct Merger {
+    dialect: Dialect,
+    trades: Window<String>,
+    candles: Window<(String, u32, i64, Option<bool>)>,
+    books: HashMap<String, Followed>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Followed {
+    replica: usize,
+    seq: Option<u64>,
+    time_ns: i64,
+}
+
+/// A set remembering its newest `MERGE_WINDOW` keys.
+#[derive(Debug, Default)]
+struct Window<K: std::hash::Hash + Eq + Clone> {
+    seen: std::collections::HashSet<K>,
+    order: std::collections::VecDeque<K>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Window<K> {
+    /// Whether `k` is new (and now remembered).
+    fn first(&mut self, k: K) -> bool {
+        if !self.seen.insert(k.clone()) {
+            return false;
+        }
+        self.order.push_back(k);
+        if self.order.len() > MERGE_WINDOW {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+impl Merger {
+    pub fn new(dialect: Dialect) -> Merger {
+        Merger {
+            dialect,
+            trades: Window::default(),
+            candles: Window::default(),
+            books: HashMap::new(),
+        }
+    }
+
+    /// Replica `replica`'s next line (each replica's in its receive order, the replicas'
+    /// interleaved by receive time): what of it the merged stream keeps.
+    pub fn line(&mut self, replica: usize, line: ReplayLine) -> Option<ReplayLine> {
+        let tag = |conn: u64| conn | ((replica as u64) << 48);
+        Some(match line {
+            ReplayLine::Trade { time_ns, conn, symbol, trades } => {
+                let trades: Vec<_> =
+                    trades.into_iter().filter(|t| self.trades.first(t.id.to_string())).collect();
+                if trades.is_empty() {
+                    return None;
+                }
+                ReplayLine::Trade { time_ns, conn: tag(conn), symbol, trades }
+            }
+            ReplayLine::Candle { time_ns, conn, symbol, minutes, candle, closed } => {
+                if !self.candles.first((symbol.clone(), minutes, candle.open_time, closed)) {
+                    return None;
+                }
+                ReplayLine::Candle { time_ns, conn: tag(conn), symbol, minutes, candle, closed }
+            }
+            ReplayLine::Book {
+                time_ns,
+                conn,
+                symbol,
+                snapshot,
+                seq,
+                prev_seq,
+                cross_seq,
+                checksum,
+                venue_time_ms,
+                bids,
+                asks,
+            } => {
+                let keep = match self.books.get(&symbol) {
+                    None => true,
+                    Some(f) if f.replica == replica => true,
+                    Some(f) => {
+                        let silent = time_ns.saturating_sub(f.time_ns) >= FAILOVER_NS;
+                        let continues = match self.dialect {
+                            Dialect::Okx => prev_seq.is_some() && prev_seq == f.seq,
+                            Dialect::Bybit => {
+                                seq.is_some() && seq == f.seq.and_then(|s| s.checked_add(1))
+                            }
+                            _ => false,
+                        };
+                        silent && (snapshot || continues)
+                    }
+                };
+                if !keep {
+                    return None;
+                }
+                self.books.insert(symbol.clone(), Followed { replica, seq, time_ns });
+                ReplayLine::Book {
+                    time_ns,
+                    conn: tag(conn),
+                    symbol,
+                    snapshot,
+                    seq,
+                    prev_seq,
+                    cross_seq,
+                    checksum,
+                    venue_time_ms,
+                    bids,
+                    asks,
+                }
+            }
+            ReplayLine::Ticker { time_ns, conn, symbol, bid, ask } => {
+                ReplayLine::Ticker { time_ns, conn: tag(conn), symbol, bid, ask }
+            }
+            ReplayLine::Connection { time_ns, conn, event, detail } => {
+                ReplayLine::Connection { time_ns, conn: tag(conn), event, detail }
+            }
+            ReplayLine::Rest { time_ns, conn, request, status, bytes } => {
+                ReplayLine::Rest { time_ns, conn: tag(conn), request, status, bytes }
+            }
+            ReplayLine::Error { time_ns, conn, error } => {
+                ReplayLine::Error { time_ns, conn: tag(conn), error }
+            }
+        })
+    }
+}
+
+/// The receive time of a line.
+pub fn time_ns(line: &ReplayLine) -> i64 {
+    match line {
+        ReplayLine::Book { time_ns, .. }
+        | ReplayLine::Trade { time_ns, .. }
+        | ReplayLine::Candle { time_ns, .. }
+        | ReplayLine::Ticker { time_ns, .. }
+        | ReplayLine::Connection { time_ns, .. }
+        | ReplayLine::Rest { time_ns, .. }
+        | ReplayLine::Error { time_ns, .. } => *time_ns,
+    }
+}
+
+/// [`read`] over the recordings of `source` in every one of `dirs` (a cluster's workers'),
+/// merged ([`Merger`]) in receive order. Each replica is read on a thread of its own (joined
+/// before this returns), at most 1,024 lines ahead.
+pub fn read_merged(
+    dirs: &[PathBuf],
+    source: &str,
+    from_ms: Option<i64>,
+    to_ms: Option<i64>,
+    channels: Channels,
+    each: &mut dyn FnMut(ReplayLine) -> bool,
+) -> Result<ReadSummary, RecordedError> {
+    let mut dialect = None;
+    for dir in dirs {
+        let (d, _) = describe(dir, source)?;
+        if dialect.is_some_and(|known| known != d) {
+            return Err(RecordedError::Described {
+                path: dir.join(source).join("source.json"),
+                detail: format!("a {d} recording among {} ones", dialect.unwrap_or(d)),
+            });
+        }
+        dialect = Some(d);
+    }
+    let Some(dialect) = dialect else { return Ok(ReadSummary::default()) };
+    let mut merger = Merger::new(dialect);
+    std::thread::scope(|scope| {
+        let mut readers = Vec::new();
+        for dir in dirs {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<ReplayLine>(1024);
+            let reader = scope.spawn(move || {
+                read(dir, source, from_ms, to_ms, channels, &mut |line| tx.send(line).is_ok())
+            });
+            readers.push((rx, reader));
+        }
+        let mut heads: Vec<Option<ReplayLine>> =
+            readers.iter().map(|(rx, _)| rx.recv().ok()).collect();
+        let mut summary = ReadSummary::default();
+        loop {
+            let next = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| h.as_ref().map(|l| (time_ns(l), i)))
+                .min();
+            let Some((_, i)) = next else { break };
+            let line = heads[i].take().expect("chosen");
+            heads[i] = readers[i].0.recv().ok();
+            if let Some(kept) = merger.line(i, line) {
+                summary.lines += 1;
+                if !each(kept) {
+                    break;
+                }
+            }
+        }
+        // a reader stops at its next line once its channel is dropped
+        for (rx, reader) in readers {
+            drop(rx);
+            let s = reader.join().map_err(|_| {
+                RecordedError::Read(recording::RecordingError::Io {
+                    path: PathBuf::new(),
+                    source: std::io::Error::other("a replica's reader panicked"),
+                })
+            })??;
+            summary.records += s.records;
+            summary.errors += s.errors;
+            summary.torn.extend(s.torn);
+        }
+        Ok(summary)
+    })
 }

@@ -160,9 +160,15 @@ pub async fn run(
     // when a new epoch comes).
     let leases = (js.clone(), subjects.lease_bucket());
     let endpoints = crate::sources::remote_endpoints(&config.sources)?;
-    // The sessions it holds are recorded here (`[record]`), as on one process.
-    let recording = crate::recording::Recording::start(&config, &shutdown.child())
-        .map_err(WorkerError::Recording)?;
+    // The sessions it holds are recorded here (`[record]`), as on one process, each worker in
+    // a directory of its own (`{record.dir}/worker-{id}`): workers sharing a configuration or a
+    // disk never write one file, and a reader merges the replicas (`recorded::read_merged`).
+    let recording = {
+        let mut own = config.clone();
+        own.record.dir = Some(config.record_dir().join(format!("worker-{}", options.id)));
+        crate::recording::Recording::start(&own, &shutdown.child())
+            .map_err(WorkerError::Recording)?
+    };
     let sources = Sources::start_with(
         &config.sources,
         endpoints,

@@ -12,6 +12,9 @@
 //!   through the kill.
 //! - **Candles**: each venue's closed 1m candles, forwarded by both replicas, are written once
 //!   each by the persister, with no hole through the kill, equal to the exchange's.
+//! - **Recording**: the workers record OKX, each in a directory of its own; merged by the
+//!   venue's ids, their recordings hold every trade once with no hole, and one book chain,
+//!   through the kill.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -50,6 +53,84 @@ fn configure(sim: &SimHandle, config: &mut Config) {
     // a loaded test machine must not make a live replica's connection look stalled (its
     // reconnect would be a hole no replica covers, which this test is not about)
     config.ingest.stall_timeout_ms = 15_000;
+    // the workers record OKX, each in a directory of its own
+    config.record.enabled = true;
+    config.record.dir =
+        Some(std::env::temp_dir().join(format!("millrace-cluster-rec-{}", std::process::id())));
+    config.record.sources = vec!["okx".into()];
+}
+
+/// The workers' recordings of OKX merged by the venue's ids (`recorded::read_merged`): the
+/// killed replica's ends at the kill; the merge has every trade id once with no hole, and one
+/// book chain (each update continues the one before, or a snapshot starts it again).
+fn merged_recording_has_no_hole(c: &TestCluster, victim: &str) {
+    let rec = c.gateway.config.record_dir();
+    let dirs: Vec<std::path::PathBuf> = (1..=3)
+        .map(|i| rec.join(format!("worker-w{i}")))
+        .filter(|d| d.join("okx").join("source.json").is_file())
+        .collect();
+    assert!(dirs.len() >= 2, "the replicas recorded: {dirs:?}");
+    let last_ns = |dirs: &[std::path::PathBuf]| {
+        let mut last = 0;
+        let channels = server::recorded::Channels::parse("book,trade").unwrap();
+        server::recorded::read_merged(dirs, "okx", None, None, channels, &mut |l| {
+            last = server::recorded::time_ns(&l);
+            true
+        })
+        .unwrap();
+        last
+    };
+    let mut ids: Vec<u64> = Vec::new();
+    let mut chain: Vec<(bool, Option<u64>, Option<u64>)> = Vec::new();
+    let channels = server::recorded::Channels::parse("book,trade").unwrap();
+    server::recorded::read_merged(&dirs, "okx", None, None, channels, &mut |l| {
+        use shared::protocol::replay::ReplayLine;
+        match l {
+            ReplayLine::Trade { symbol, trades, .. } if symbol == "BTC-USDT" => {
+                ids.extend(trades.iter().filter_map(|t| t.id.to_string().parse::<u64>().ok()))
+            }
+            ReplayLine::Book { symbol, snapshot, seq, prev_seq, .. } if symbol == "BTC-USDT" => {
+                chain.push((snapshot, seq, prev_seq))
+            }
+            _ => {}
+        }
+        true
+    })
+    .unwrap();
+    assert!(ids.len() > 20 && chain.len() > 20, "{} trades, {} book lines", ids.len(), chain.len());
+    let unique: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "each trade once");
+    let sorted: Vec<u64> = unique.into_iter().collect();
+    assert!(sorted.windows(2).all(|w| w[1] == w[0] + 1), "no hole in the trade ids");
+    for w in chain.windows(2) {
+        let ((_, seq, _), (snapshot, _, prev)) = (w[0], w[1]);
+        assert!(snapshot || prev == seq, "one book chain: {:?} then {:?}", w[0], w[1]);
+    }
+    // the trades export merges the replicas the same way
+    let range = server::export::ExportRange {
+        from: 0,
+        to: i64::MAX,
+        max_rows: u64::MAX,
+        format: server::export::Format::Csv,
+    };
+    let inst: InstrumentId = btc(Dialect::Okx).parse().unwrap();
+    let (rows, csv) = server::export::trades(&dirs, &inst, range, Vec::new()).unwrap();
+    // (read a moment later: the live replicas recorded more meanwhile)
+    assert!(rows as usize >= ids.len(), "{rows} < {}", ids.len());
+    let exported: Vec<&str> = std::str::from_utf8(&csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(1).unwrap())
+        .collect();
+    let unique: std::collections::HashSet<&&str> = exported.iter().collect();
+    assert_eq!((unique.len(), exported.len()), (rows as usize, rows as usize), "each once");
+    // the killed replica's own recording stops at the kill; the merge goes on past it
+    let own = rec.join(format!("worker-{victim}"));
+    if own.join("okx").join("source.json").is_file() {
+        let (alone, all) = (last_ns(&[own]), last_ns(&dirs));
+        assert!(all > alone + 1_000_000_000, "the merge covers what the victim missed");
+    }
 }
 
 /// Waits until the gateway's published book of `instrument` is synced and its best [`TOP`]
@@ -192,6 +273,11 @@ async fn venue_books_trades_and_candles_go_through_workers_and_survive_a_kill() 
         w.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         w.assert_clean(&format!("{d} BTC through the kill"));
     }
+    // (the recorders write every 200 ms)
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    merged_recording_has_no_hole(&c, &victim);
+    let rec = c.gateway.config.record_dir();
     drop(leases);
     c.stop().await;
+    let _ = std::fs::remove_dir_all(rec);
 }
