@@ -456,95 +456,44 @@ impl Merger {
 
     /// Replica `replica`'s next line (each replica's in its receive order, the replicas'
     /// interleaved by receive time): what of it the merged stream keeps.
-    pub fn line(&mut self, replica: usize, line: ReplayLine) -> Option<ReplayLine> {
-        let tag = |conn: u64| conn | ((replica as u64) << 48);
-        Some(match line {
-            ReplayLine::Trade { time_ns, conn, symbol, trades } => {
-                let trades: Vec<_> =
-                    trades.into_iter().filter(|t| self.trades.first(t.id.to_string())).collect();
-                if trades.is_empty() {
-                    return None;
-                }
-                ReplayLine::Trade { time_ns, conn: tag(conn), symbol, trades }
+    pub fn line(&mut self, replica: usize, mut line: ReplayLine) -> Option<ReplayLine> {
+        let keep = match &mut line {
+            ReplayLine::Trade { trades, .. } => {
+                trades.retain(|t| self.trades.first(t.id.to_string()));
+                !trades.is_empty()
             }
-            ReplayLine::Candle { time_ns, conn, symbol, minutes, candle, closed } => {
-                if !self.candles.first((symbol.clone(), minutes, candle.open_time, closed)) {
-                    return None;
-                }
-                ReplayLine::Candle { time_ns, conn: tag(conn), symbol, minutes, candle, closed }
+            ReplayLine::Candle { symbol, minutes, candle, closed, .. } => {
+                self.candles.first((symbol.clone(), *minutes, candle.open_time, *closed))
             }
-            ReplayLine::Book {
-                time_ns,
-                conn,
-                symbol,
-                snapshot,
-                seq,
-                prev_seq,
-                cross_seq,
-                checksum,
-                venue_time_ms,
-                bids,
-                asks,
-            } => {
-                let keep = match self.books.get(&symbol) {
+            ReplayLine::Book { time_ns, symbol, snapshot, seq, prev_seq, .. } => {
+                let keep = match self.books.get(symbol.as_str()) {
                     None => true,
                     Some(f) if f.replica == replica => true,
                     Some(f) => {
                         let silent = time_ns.saturating_sub(f.time_ns) >= FAILOVER_NS;
                         let continues = match self.dialect {
-                            Dialect::Okx => prev_seq.is_some() && prev_seq == f.seq,
+                            Dialect::Okx => prev_seq.is_some() && *prev_seq == f.seq,
                             Dialect::Bybit => {
-                                seq.is_some() && seq == f.seq.and_then(|s| s.checked_add(1))
+                                seq.is_some() && *seq == f.seq.and_then(|s| s.checked_add(1))
                             }
                             _ => false,
                         };
-                        silent && (snapshot || continues)
+                        silent && (*snapshot || continues)
                     }
                 };
-                if !keep {
-                    return None;
+                if keep {
+                    let followed = Followed { replica, seq: *seq, time_ns: *time_ns };
+                    self.books.insert(symbol.clone(), followed);
                 }
-                self.books.insert(symbol.clone(), Followed { replica, seq, time_ns });
-                ReplayLine::Book {
-                    time_ns,
-                    conn: tag(conn),
-                    symbol,
-                    snapshot,
-                    seq,
-                    prev_seq,
-                    cross_seq,
-                    checksum,
-                    venue_time_ms,
-                    bids,
-                    asks,
-                }
+                keep
             }
-            ReplayLine::Ticker { time_ns, conn, symbol, bid, ask } => {
-                ReplayLine::Ticker { time_ns, conn: tag(conn), symbol, bid, ask }
-            }
-            ReplayLine::Connection { time_ns, conn, event, detail } => {
-                ReplayLine::Connection { time_ns, conn: tag(conn), event, detail }
-            }
-            ReplayLine::Rest { time_ns, conn, request, status, bytes } => {
-                ReplayLine::Rest { time_ns, conn: tag(conn), request, status, bytes }
-            }
-            ReplayLine::Error { time_ns, conn, error } => {
-                ReplayLine::Error { time_ns, conn: tag(conn), error }
-            }
-        })
-    }
-}
-
-/// The receive time of a line.
-pub fn time_ns(line: &ReplayLine) -> i64 {
-    match line {
-        ReplayLine::Book { time_ns, .. }
-        | ReplayLine::Trade { time_ns, .. }
-        | ReplayLine::Candle { time_ns, .. }
-        | ReplayLine::Ticker { time_ns, .. }
-        | ReplayLine::Connection { time_ns, .. }
-        | ReplayLine::Rest { time_ns, .. }
-        | ReplayLine::Error { time_ns, .. } => *time_ns,
+            _ => true,
+        };
+        if !keep {
+            return None;
+        }
+        *line.conn_mut() |= (replica as u64) << 48;
+        Some(line)
     }
 }
 
@@ -588,7 +537,7 @@ pub fn read_merged(
             let next = heads
                 .iter()
                 .enumerate()
-                .filter_map(|(i, h)| h.as_ref().map(|l| (time_ns(l), i)))
+                .filter_map(|(i, h)| h.as_ref().map(|l| (l.time_ns(), i)))
                 .min();
             let Some((_, i)) = next else { break };
             let line = heads[i].take().expect("chosen");

@@ -74,7 +74,7 @@ fn merged_recording_has_no_hole(c: &TestCluster, victim: &str) {
         let mut last = 0;
         let channels = server::recorded::Channels::parse("book,trade").unwrap();
         server::recorded::read_merged(dirs, "okx", None, None, channels, &mut |l| {
-            last = server::recorded::time_ns(&l);
+            last = l.time_ns();
             true
         })
         .unwrap();

@@ -203,15 +203,7 @@ async fn replay_api(server: &TestServer, live: &Seen) {
         server.get("/api/v1/replay?source=okx&channels=book,trade,connection").await;
     assert_eq!(status, 200, "{body}");
     let all = lines(&body);
-    let time = |l: &ReplayLine| match l {
-        ReplayLine::Book { time_ns, .. }
-        | ReplayLine::Trade { time_ns, .. }
-        | ReplayLine::Connection { time_ns, .. }
-        | ReplayLine::Candle { time_ns, .. }
-        | ReplayLine::Ticker { time_ns, .. }
-        | ReplayLine::Rest { time_ns, .. }
-        | ReplayLine::Error { time_ns, .. } => *time_ns,
-    };
+    let time = |l: &ReplayLine| l.time_ns();
     assert!(all.windows(2).all(|w| time(&w[0]) <= time(&w[1])), "receive order");
     let connected = all.iter().filter(|l| matches!(l, ReplayLine::Connection { .. })).count();
     assert!(connected >= 4, "connections opened and closed: {connected}");

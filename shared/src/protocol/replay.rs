@@ -75,6 +75,32 @@ pub enum ReplayLine {
 }
 
 impl ReplayLine {
+    /// When millrace received it (Unix ns).
+    pub fn time_ns(&self) -> i64 {
+        match self {
+            ReplayLine::Book { time_ns, .. }
+            | ReplayLine::Trade { time_ns, .. }
+            | ReplayLine::Candle { time_ns, .. }
+            | ReplayLine::Ticker { time_ns, .. }
+            | ReplayLine::Connection { time_ns, .. }
+            | ReplayLine::Rest { time_ns, .. }
+            | ReplayLine::Error { time_ns, .. } => *time_ns,
+        }
+    }
+
+    /// The recorded connection it came on.
+    pub fn conn_mut(&mut self) -> &mut u64 {
+        match self {
+            ReplayLine::Book { conn, .. }
+            | ReplayLine::Trade { conn, .. }
+            | ReplayLine::Candle { conn, .. }
+            | ReplayLine::Ticker { conn, .. }
+            | ReplayLine::Connection { conn, .. }
+            | ReplayLine::Rest { conn, .. }
+            | ReplayLine::Error { conn, .. } => conn,
+        }
+    }
+
     /// The channel it belongs to (one of [`CHANNELS`], or `error`, which is always sent).
     pub fn channel(&self) -> &'static str {
         match self {
