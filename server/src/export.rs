@@ -397,14 +397,13 @@ impl Write for ChannelWriter {
 /// How far a trade's receive time may lie from its own time and still be looked for: a trade
 /// of the range is read from the recording of the range widened by this much each side.
 const RECEIVE_SLACK_MS: i64 = 60_000;
-/// Trade ids remembered to drop one recorded twice (a duplicate frame, a replica's).
-const DEDUP_WINDOW: usize = 100_000;
 
 /// Writes `instrument`'s trades of the range (the venue's trade times) from the recording at
 /// `record_dirs` (`[record]`; millrace keeps no trades table: every trade it received is in the
 /// recording, with when it came; several directories — a cluster's workers' — are merged by
-/// trade id, [`crate::recorded::read_merged`]) to `out`, [`CHUNK`] rows a row group, in the order they were
-/// received, a trade recorded twice written once. Returns the rows written and the writer.
+/// trade id, [`crate::recorded::read_merged`]) to `out`, [`CHUNK`] rows a row group, in the
+/// order they were received, a trade recorded twice (a duplicate frame, a replica's copy) written
+/// once by that merge. Returns the rows written and the writer.
 pub fn trades<W: Write + Send>(
     record_dirs: &[std::path::PathBuf],
     instrument: &InstrumentId,
@@ -432,8 +431,6 @@ pub fn trades<W: Write + Send>(
     let mut file =
         ExportFile::<W, TradeRow>::new(format, "instrument", &instrument.to_string(), out)?;
     let mut chunk: Vec<TradeRow> = Vec::with_capacity(CHUNK);
-    let mut seen = std::collections::HashSet::new();
-    let mut order = std::collections::VecDeque::new();
     let mut rows = 0u64;
     let mut failed: Option<ExportError> = None;
     let channels = crate::recorded::Channels::parse("trade")?;
@@ -447,14 +444,8 @@ pub fn trades<W: Write + Send>(
             return true;
         }
         for trade in trades {
-            if trade.time_ms < from || trade.time_ms > to || !seen.insert(trade.id.clone()) {
+            if trade.time_ms < from || trade.time_ms > to {
                 continue;
-            }
-            order.push_back(trade.id.clone());
-            if order.len() > DEDUP_WINDOW {
-                if let Some(old) = order.pop_front() {
-                    seen.remove(&old);
-                }
             }
             rows += 1;
             if rows > max_rows {

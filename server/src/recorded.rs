@@ -330,6 +330,12 @@ mod tests {
                                              // (replica 0 stopped after seq 11: 12 continues it)
         feed(1, book(7 * S, false, 13, 12));
         feed(1, trades(8 * S, 9..12));
+        // another instrument's trade of the same id is its own
+        let mut eth = trades(8 * S, 0..1);
+        if let ReplayLine::Trade { symbol, .. } = &mut eth {
+            *symbol = "ETH-USDT".into();
+        }
+        assert!(m.line(1, eth).is_some(), "ETH's trade 0 is not BTC's");
         let ids: Vec<u64> = out
             .iter()
             .filter_map(|l| match l {
@@ -399,7 +405,7 @@ const MERGE_WINDOW: usize = 100_000;
 
 /// Merges the lines of several replicas' recordings of one source (a cluster's workers each
 /// record the sessions they hold) into one stream with no copy and no hole, by the venue's
-/// natural ids: a trade by its id, a candle by its symbol, interval and open time (its closed
+/// natural ids: a trade by its instrument and id, a candle by its symbol, interval and open time (its closed
 /// copy once), and a book followed on one replica until that one falls silent for
 /// [`FAILOVER_NS`], then on another from a line that continues it — one whose `prev_seq` is the
 /// last `seq` kept (OKX), or whose `seq` is the next (Bybit) — or from its next snapshot
@@ -409,7 +415,8 @@ const MERGE_WINDOW: usize = 100_000;
 #[derive(Debug)]
 pub struct Merger {
     dialect: Dialect,
-    trades: Window<String>,
+    /// By instrument and id: a venue numbers each instrument's trades on its own.
+    trades: Window<(String, shared::trade::TradeId)>,
     candles: Window<(String, u32, i64, Option<bool>)>,
     books: HashMap<String, Followed>,
 }
@@ -422,10 +429,16 @@ struct Followed {
 }
 
 /// A set remembering its newest `MERGE_WINDOW` keys.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Window<K: std::hash::Hash + Eq + Clone> {
     seen: std::collections::HashSet<K>,
     order: std::collections::VecDeque<K>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Default for Window<K> {
+    fn default() -> Self {
+        Window { seen: Default::default(), order: Default::default() }
+    }
 }
 
 impl<K: std::hash::Hash + Eq + Clone> Window<K> {
@@ -458,8 +471,8 @@ impl Merger {
     /// interleaved by receive time): what of it the merged stream keeps.
     pub fn line(&mut self, replica: usize, mut line: ReplayLine) -> Option<ReplayLine> {
         let keep = match &mut line {
-            ReplayLine::Trade { trades, .. } => {
-                trades.retain(|t| self.trades.first(t.id.to_string()));
+            ReplayLine::Trade { symbol, trades, .. } => {
+                trades.retain(|t| self.trades.first((symbol.clone(), t.id.clone())));
                 !trades.is_empty()
             }
             ReplayLine::Candle { symbol, minutes, candle, closed, .. } => {
