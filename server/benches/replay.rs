@@ -13,7 +13,10 @@
 //!   `depth.publish_interval_ms` does live;
 //! - `replay_recording`: the same, with every frame read from the recording file first (its
 //!   blocks read, CRC-checked and decompressed, its records decoded), the REST snapshot taken
-//!   from its recorded answer.
+//!   from its recorded answer, all on the job's thread;
+//! - `replay_read_ahead`: the same through `recording::scan`, which reads and unpacks the blocks
+//!   on a reader thread ahead of the job, as the service reads a recording: the depth path (the
+//!   job) has its core to itself, as live, where the socket is read elsewhere.
 //!
 //! `recorder_write`: the recorder's own work on the same frames (each appended with its time,
 //! blocks compressed with zstd and written to a file), what recording costs per frame.
@@ -31,7 +34,7 @@ use std::sync::Arc;
 use binance::fastdepth::{Decoded, DepthDecoder, Parsed};
 use binance::wire::{self, DepthBody};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use recording::{FileReader, Kind, Record, Recorder};
+use recording::{Block, FileReader, Kind, Record, Recorder};
 use server::books::BookRegistry;
 use server::bus::InProcessBus;
 use shared::protocol::{BookHealth, BookStatus, InstrumentId};
@@ -150,18 +153,33 @@ fn live(books: &Arc<BookRegistry>, lines: &[(i64, Kind, String)], recorded: bool
     job
 }
 
+/// The recording read on the job's own thread: each block read, CRC-checked, unpacked and its
+/// records indexed, then the job's work on them.
 fn replayed(books: &Arc<BookRegistry>, files: &[std::path::PathBuf], recorded: bool) -> Job {
     let mut job = Job::new(books, recorded);
+    let mut block = Block::default();
     for file in files {
         let mut reader = FileReader::open(file).unwrap();
-        while let Some(block) = reader.next_block().unwrap() {
-            for r in block {
+        while reader.read_block(&mut block).unwrap() {
+            for r in block.iter() {
                 // a recorded frame is the text it was received as
-                let text = std::str::from_utf8(&r.body).expect("UTF-8");
+                let text = std::str::from_utf8(r.body).expect("UTF-8");
                 job.on(r.time_ns, r.kind, text);
             }
         }
     }
+    job
+}
+
+/// The recording read as a service reads it, by `recording::scan`: the blocks read and
+/// unpacked on a reader thread ahead of the job, the job's depth path on a core of its own.
+fn scanned(books: &Arc<BookRegistry>, files: &[std::path::PathBuf], recorded: bool) -> Job {
+    let mut job = Job::new(books, recorded);
+    recording::scan(files, |r| {
+        job.on(r.time_ns, r.kind, std::str::from_utf8(r.body).expect("UTF-8"));
+        true
+    })
+    .unwrap();
     job
 }
 
@@ -174,11 +192,13 @@ fn bench(c: &mut Criterion) {
     println!("recording: {raw} bytes of frames in {written} bytes of files");
     let books = BookRegistry::new(Arc::new(InProcessBus::new(1024)));
     // both rebuild the same book, synced, from every diff
-    let (a, b) = (live(&books, &lines, true), replayed(&books, &files, true));
+    let a = live(&books, &lines, true);
     assert_eq!(a.frames, 6470);
-    assert_eq!((b.frames, b.sync.stats().deltas_applied), (6470, 6468));
-    assert!(b.sync.is_synced() && b.sync.stats().gaps == 0);
-    assert_eq!(a.sync.book(), b.sync.book());
+    for b in [replayed(&books, &files, true), scanned(&books, &files, true)] {
+        assert_eq!((b.frames, b.sync.stats().deltas_applied), (6470, 6468));
+        assert!(b.sync.is_synced() && b.sync.stats().gaps == 0);
+        assert_eq!(a.sync.book(), b.sync.book());
+    }
 
     let mut g = c.benchmark_group("replay");
     g.throughput(Throughput::Elements(6470));
@@ -189,6 +209,9 @@ fn bench(c: &mut Criterion) {
         });
         g.bench_function(format!("replay_recording/{name}"), |bn| {
             bn.iter(|| black_box(replayed(&books, &files, recorded).frames))
+        });
+        g.bench_function(format!("replay_read_ahead/{name}"), |bn| {
+            bn.iter(|| black_box(scanned(&books, &files, recorded).frames))
         });
     }
     // the recorder's own work on the same frames: appended, compressed into blocks, written

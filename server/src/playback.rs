@@ -34,7 +34,7 @@ use axum::extract::ws::{Message, WebSocket};
 use axum::extract::{FromRequestParts, Request, State, WebSocketUpgrade};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use recording::{FileReader, Kind};
+use recording::Kind;
 use shared::protocol::ops::PlaybackReport;
 
 use crate::config::Playback;
@@ -196,12 +196,6 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
     let err = |source| PlaybackError::Read { dir: dir_text.clone(), source };
     let recorded_name = p.dir.file_name().map(|n| n.to_string_lossy().into_owned());
     let parent = p.dir.parent().unwrap_or(Path::new("."));
-    let files: Vec<_> = recording::list_files(parent)
-        .map_err(err)?
-        .into_iter()
-        .filter(|f| Some(&f.source) == recorded_name.as_ref())
-        .collect();
-    const HOUR_MS: i64 = 3_600_000;
     let (from_ns, to_ns) = (
         p.from_ms.map_or(i64::MIN, |ms| ms.saturating_mul(1_000_000)),
         p.to_ms.map_or(i64::MAX, |ms| ms.saturating_mul(1_000_000)),
@@ -212,71 +206,68 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
     let mut requests: HashMap<u64, String> = HashMap::new();
     let mut answers = Vec::new();
     let (mut bytes, mut first_ns, mut last_ns) = (0u64, None, None);
-    for f in files {
-        let (hour_from, hour_to) = (f.hour_ms, f.hour_ms + HOUR_MS);
-        if p.to_ms.is_some_and(|t| hour_from > t) || p.from_ms.is_some_and(|t| hour_to <= t) {
-            continue;
+    let mut too_large = false;
+    let source_name = recorded_name.unwrap_or_default();
+    let torn = crate::recorded::scan_range(parent, &source_name, from_ns, to_ns, |r| {
+        bytes += (r.body.len() + r.meta.len()) as u64;
+        if bytes > MAX_BYTES {
+            too_large = true;
+            return false;
         }
-        let mut reader = FileReader::open(&f.path).map_err(err)?;
-        while let Some(block) = reader.next_block().map_err(err)? {
-            for r in block {
-                if r.time_ns < from_ns || r.time_ns > to_ns {
-                    continue;
+        let mut conn = |index: &mut HashMap<u64, usize>, fresh: bool| {
+            let n = conns.len();
+            let at = *index.entry(r.conn).or_insert(n);
+            if at == n || fresh {
+                conns.push(RecordedConn { start_ns: r.time_ns, ..RecordedConn::default() });
+                index.insert(r.conn, conns.len() - 1);
+                return conns.len() - 1;
+            }
+            at
+        };
+        match r.kind {
+            Kind::Connected => {
+                let fresh = index.contains_key(&r.conn);
+                conn(&mut index, fresh);
+            }
+            Kind::Sent => {
+                let at = conn(&mut index, false);
+                let c = &mut conns[at];
+                if c.first_sent.is_none() {
+                    c.first_sent = Some(String::from_utf8_lossy(r.body).into_owned());
                 }
-                bytes += (r.body.len() + r.meta.len()) as u64;
-                if bytes > MAX_BYTES {
-                    return Err(PlaybackError::TooLarge { dir: dir_text, max: MAX_BYTES });
-                }
-                let mut conn = |index: &mut HashMap<u64, usize>, fresh: bool| {
-                    let n = conns.len();
-                    let at = *index.entry(r.conn).or_insert(n);
-                    if at == n || fresh {
-                        conns.push(RecordedConn { start_ns: r.time_ns, ..RecordedConn::default() });
-                        index.insert(r.conn, conns.len() - 1);
-                        return conns.len() - 1;
-                    }
-                    at
-                };
-                match r.kind {
-                    Kind::Connected => {
-                        let fresh = index.contains_key(&r.conn);
-                        conn(&mut index, fresh);
-                    }
-                    Kind::Sent => {
-                        let at = conn(&mut index, false);
-                        let c = &mut conns[at];
-                        if c.first_sent.is_none() {
-                            c.first_sent = Some(String::from_utf8_lossy(&r.body).into_owned());
-                        }
-                    }
-                    Kind::Received => {
-                        let at = conn(&mut index, false);
-                        let text = String::from_utf8_lossy(&r.body).into_owned();
-                        conns[at].frames.push(Frame::Text { time_ns: r.time_ns, text });
-                        first_ns.get_or_insert(r.time_ns);
-                        last_ns = Some(r.time_ns);
-                    }
-                    Kind::Closed => {
-                        let at = conn(&mut index, false);
-                        conns[at].frames.push(Frame::Close { time_ns: r.time_ns });
-                    }
-                    Kind::RestRequest => {
-                        requests.insert(r.conn, r.meta);
-                    }
-                    Kind::RestAnswer => {
-                        let Some(request) = requests.remove(&r.conn) else { continue };
-                        answers.push(RecordedAnswer {
-                            target: target_of(&request),
-                            status: r.meta.parse().unwrap_or(200),
-                            body: bytes::Bytes::from(r.body),
-                        });
-                    }
+            }
+            Kind::Received => {
+                let at = conn(&mut index, false);
+                let text = String::from_utf8_lossy(r.body).into_owned();
+                conns[at].frames.push(Frame::Text { time_ns: r.time_ns, text });
+                first_ns.get_or_insert(r.time_ns);
+                last_ns = Some(r.time_ns);
+            }
+            Kind::Closed => {
+                let at = conn(&mut index, false);
+                conns[at].frames.push(Frame::Close { time_ns: r.time_ns });
+            }
+            Kind::RestRequest => {
+                requests.insert(r.conn, r.meta.to_string());
+            }
+            Kind::RestAnswer => {
+                if let Some(request) = requests.remove(&r.conn) {
+                    answers.push(RecordedAnswer {
+                        target: target_of(&request),
+                        status: r.meta.parse().unwrap_or(200),
+                        body: bytes::Bytes::copy_from_slice(r.body),
+                    });
                 }
             }
         }
-        if let Some(t) = reader.torn() {
-            tracing::warn!(file = %f.path.display(), offset = t.offset, reason = %t.reason, "recording player: a torn tail is skipped");
-        }
+        true
+    })
+    .map_err(err)?;
+    if too_large {
+        return Err(PlaybackError::TooLarge { dir: dir_text, max: MAX_BYTES });
+    }
+    for (file, t) in torn {
+        tracing::warn!(file = %file.display(), offset = t.offset, reason = %t.reason, "recording player: a torn tail is skipped");
     }
     // a REST request's connection id is never a WebSocket's: only connections that sent or
     // received a frame are played

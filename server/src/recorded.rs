@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use recording::{FileReader, Kind};
+use recording::Kind;
 use shared::protocol::replay::{ConnectionEvent, ReplayLine, CHANNELS};
 use shared::protocol::Market;
 use shared::venue::Dialect;
@@ -66,32 +66,26 @@ pub fn venue_symbol(
         p.split('?').next().unwrap_or(p).to_string()
     });
     let mut requests: HashMap<u64, bool> = HashMap::new();
-    for f in recording::list_files(dir)?.into_iter().filter(|f| f.source == source) {
-        let mut reader = FileReader::open(&f.path)?;
-        while let Some(block) = reader.next_block()? {
-            for r in block {
-                match r.kind {
-                    Kind::RestRequest => {
-                        requests.insert(r.conn, lists.iter().any(|l| r.meta.contains(l.as_str())));
-                    }
-                    Kind::RestAnswer if requests.remove(&r.conn) == Some(true) => {
-                        let body = String::from_utf8_lossy(&r.body);
-                        let Ok(list) = venues::rest::parse_instruments(dialect, &body) else {
-                            continue;
-                        };
-                        if let Some(i) = list
-                            .into_iter()
-                            .find(|i| format!("{}/{}", i.base, i.quote) == instrument.symbol)
-                        {
-                            return Ok(Some(i.symbol));
-                        }
-                    }
-                    _ => {}
+    let mut found = None;
+    scan_range(dir, source, i64::MIN, i64::MAX, |r| {
+        match r.kind {
+            Kind::RestRequest => {
+                requests.insert(r.conn, lists.iter().any(|l| r.meta.contains(l.as_str())));
+            }
+            Kind::RestAnswer if requests.remove(&r.conn) == Some(true) => {
+                let body = String::from_utf8_lossy(r.body);
+                if let Ok(list) = venues::rest::parse_instruments(dialect, &body) {
+                    found = list
+                        .into_iter()
+                        .find(|i| format!("{}/{}", i.base, i.quote) == instrument.symbol)
+                        .map(|i| i.symbol);
                 }
             }
+            _ => {}
         }
-    }
-    Ok(None)
+        found.is_none()
+    })?;
+    Ok(found)
 }
 
 /// The channels asked for: a set of [`CHANNELS`].
@@ -153,81 +147,94 @@ pub fn read(
     let mut summary = ReadSummary::default();
     let mut requests: HashMap<u64, String> = HashMap::new();
     let mut messages = Vec::new();
-    for f in recording::list_files(dir)?.into_iter().filter(|f| f.source == source) {
-        if to_ms.is_some_and(|t| f.hour_ms > t) || from_ms.is_some_and(|t| f.hour_ms + HOUR_MS <= t)
-        {
-            continue;
-        }
-        let mut reader = FileReader::open(&f.path)?;
-        while let Some(block) = reader.next_block()? {
-            for r in block {
-                if r.time_ns < from_ns || r.time_ns > to_ns {
-                    continue;
-                }
-                summary.records += 1;
-                let (time_ns, conn) = (r.time_ns, r.conn);
-                let mut lines: Vec<ReplayLine> = Vec::new();
-                match r.kind {
-                    Kind::Received => {
-                        let text = String::from_utf8_lossy(&r.body);
-                        messages.clear();
-                        match venues::parse(dialect, &text, &mut messages) {
-                            Ok(()) => {
-                                for m in messages.drain(..) {
-                                    lines.extend(normalized(time_ns, conn, m, channels));
-                                }
-                            }
-                            Err(e) => {
-                                summary.errors += 1;
-                                lines.push(ReplayLine::Error {
-                                    time_ns,
-                                    conn,
-                                    error: e.to_string(),
-                                })
-                            }
+    let torn = scan_range(dir, source, from_ns, to_ns, |r| {
+        summary.records += 1;
+        let (time_ns, conn) = (r.time_ns, r.conn);
+        let mut lines: Vec<ReplayLine> = Vec::new();
+        match r.kind {
+            Kind::Received => {
+                let text = String::from_utf8_lossy(r.body);
+                messages.clear();
+                match venues::parse(dialect, &text, &mut messages) {
+                    Ok(()) => {
+                        for m in messages.drain(..) {
+                            lines.extend(normalized(time_ns, conn, m, channels));
                         }
                     }
-                    Kind::Connected | Kind::Closed if channels.has("connection") => {
-                        let event = if r.kind == Kind::Connected {
-                            ConnectionEvent::Connected
-                        } else {
-                            ConnectionEvent::Closed
-                        };
-                        lines.push(ReplayLine::Connection { time_ns, conn, event, detail: r.meta });
-                    }
-                    Kind::RestRequest => {
-                        requests.insert(conn, r.meta);
-                    }
-                    Kind::RestAnswer => {
-                        let request = requests.remove(&conn).unwrap_or_default();
-                        if channels.has("rest") {
-                            lines.push(ReplayLine::Rest {
-                                time_ns,
-                                conn,
-                                request,
-                                status: r.meta.parse().unwrap_or(0),
-                                bytes: r.body.len() as u64,
-                            });
-                        }
-                    }
-                    Kind::Sent | Kind::Connected | Kind::Closed => {}
-                }
-                for line in lines {
-                    if !channels.wants(&line) {
-                        continue;
-                    }
-                    summary.lines += 1;
-                    if !each(line) {
-                        return Ok(summary);
+                    Err(e) => {
+                        summary.errors += 1;
+                        lines.push(ReplayLine::Error { time_ns, conn, error: e.to_string() })
                     }
                 }
             }
+            Kind::Connected | Kind::Closed if channels.has("connection") => {
+                let event = if r.kind == Kind::Connected {
+                    ConnectionEvent::Connected
+                } else {
+                    ConnectionEvent::Closed
+                };
+                let detail = r.meta.to_string();
+                lines.push(ReplayLine::Connection { time_ns, conn, event, detail });
+            }
+            Kind::RestRequest => {
+                requests.insert(conn, r.meta.to_string());
+            }
+            Kind::RestAnswer => {
+                let request = requests.remove(&conn).unwrap_or_default();
+                if channels.has("rest") {
+                    lines.push(ReplayLine::Rest {
+                        time_ns,
+                        conn,
+                        request,
+                        status: r.meta.parse().unwrap_or(0),
+                        bytes: r.body.len() as u64,
+                    });
+                }
+            }
+            Kind::Sent | Kind::Connected | Kind::Closed => {}
         }
-        if let Some(t) = reader.torn() {
-            summary.torn.push((f.path.display().to_string(), t.offset));
+        for line in lines {
+            if !channels.wants(&line) {
+                continue;
+            }
+            summary.lines += 1;
+            if !each(line) {
+                return false;
+            }
         }
-    }
+        true
+    })?;
+    summary.torn = torn.into_iter().map(|(f, t)| (f.display().to_string(), t.offset)).collect();
     Ok(summary)
+}
+
+/// Calls `each` with every record of `source`'s recording in `dir` received between `from_ns`
+/// and `to_ns` (inclusive) in receive order, until it says stop (`false`). Only the hours that
+/// overlap the range are opened; they are read by `recording::scan`, a block ahead on a thread
+/// of their own. Returns the files whose tail was torn, and where.
+pub(crate) fn scan_range(
+    dir: &Path,
+    source: &str,
+    from_ns: i64,
+    to_ns: i64,
+    mut each: impl FnMut(recording::Record<'_>) -> bool,
+) -> Result<Vec<(PathBuf, recording::Torn)>, recording::RecordingError> {
+    const HOUR_NS: i64 = HOUR_MS * 1_000_000;
+    let files: Vec<PathBuf> = recording::list_files(dir)?
+        .into_iter()
+        .filter(|f| f.source == source)
+        .filter(|f| {
+            let start = f.hour_ms.saturating_mul(1_000_000);
+            start <= to_ns && start.saturating_add(HOUR_NS) > from_ns
+        })
+        .map(|f| f.path)
+        .collect();
+    recording::scan(&files, |r| {
+        if r.time_ns < from_ns || r.time_ns > to_ns {
+            return true;
+        }
+        each(r)
+    })
 }
 
 /// A venue's message as a line, if it is one a replay carries.

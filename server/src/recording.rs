@@ -394,6 +394,25 @@ impl Conn {
     }
 }
 
+impl binance::stream::FrameObserver for Conn {
+    fn received(&self, text: &str) {
+        Conn::received(self, text);
+    }
+
+    fn sent(&self, text: &str) {
+        Conn::sent(self, text);
+    }
+}
+
+/// Records `conn`'s text frames from now on into `tap`, if the source is recorded: a
+/// `connected` record with its URL now, one per frame, `closed` when it is dropped.
+pub fn observe(tap: Option<Tap>, conn: &mut binance::stream::Connection) {
+    if tap.is_some() {
+        let url = conn.url().to_string();
+        conn.observe(Box::new(Conn::open(tap, &url)));
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(t) = &self.tap {

@@ -166,6 +166,7 @@ pub async fn binance_agg_trades(
     rest: Arc<binance::rest::RestClient>,
     symbol: String,
     ingest: crate::config::IngestConfig,
+    recording: Option<crate::recording::Tap>,
     shutdown: crate::shutdown::Shutdown,
 ) {
     use binance::stream::{connect_with, StreamConfig};
@@ -193,46 +194,49 @@ pub async fn binance_agg_trades(
             () = shutdown.stopping() => return,
         };
         match conn {
-            Ok(mut conn) => loop {
-                let text = tokio::select! {
-                    t = conn.next_text() => t,
-                    () = shutdown.stopping() => return,
-                };
-                let Some(Ok(text)) = text else { break };
-                // a raw event, or the combined stream's `{"stream":…,"data":{…}}`
-                #[derive(serde::Deserialize)]
-                struct Combined {
-                    data: WsAggTrade,
-                }
-                let event = serde_json::from_str::<WsAggTrade>(&text)
-                    .or_else(|_| serde_json::from_str::<Combined>(&text).map(|c| c.data));
-                match event {
-                    Ok(a) => {
-                        if let Some(l) = last.filter(|&l| a.agg_trade_id > l + 1) {
-                            let filled =
-                                fill_agg_trades(&rest, &symbol, l + 1, a.agg_trade_id).await;
-                            registry.note_filled(&instrument, filled.len() as u64);
-                            registry.push(&instrument, filled);
-                        }
-                        last = Some(last.map_or(a.agg_trade_id, |l| l.max(a.agg_trade_id)));
-                        let t = agg_trade(
-                            a.agg_trade_id,
-                            a.trade_time,
-                            a.price,
-                            a.qty,
-                            a.buyer_is_maker,
-                        );
-                        registry.push(&instrument, vec![t]);
+            Ok(mut conn) => {
+                crate::recording::observe(recording.clone(), &mut conn);
+                loop {
+                    let text = tokio::select! {
+                        t = conn.next_text() => t,
+                        () = shutdown.stopping() => return,
+                    };
+                    let Some(Ok(text)) = text else { break };
+                    // a raw event, or the combined stream's `{"stream":…,"data":{…}}`
+                    #[derive(serde::Deserialize)]
+                    struct Combined {
+                        data: WsAggTrade,
                     }
-                    // a subscription answer or a broken frame: counted, logged once
-                    Err(e) => {
-                        malformed += 1;
-                        if malformed == 1 && !text.contains("\"result\"") {
-                            tracing::warn!(%stream, "an aggTrade frame could not be read: {e}");
+                    let event = serde_json::from_str::<WsAggTrade>(&text)
+                        .or_else(|_| serde_json::from_str::<Combined>(&text).map(|c| c.data));
+                    match event {
+                        Ok(a) => {
+                            if let Some(l) = last.filter(|&l| a.agg_trade_id > l + 1) {
+                                let filled =
+                                    fill_agg_trades(&rest, &symbol, l + 1, a.agg_trade_id).await;
+                                registry.note_filled(&instrument, filled.len() as u64);
+                                registry.push(&instrument, filled);
+                            }
+                            last = Some(last.map_or(a.agg_trade_id, |l| l.max(a.agg_trade_id)));
+                            let t = agg_trade(
+                                a.agg_trade_id,
+                                a.trade_time,
+                                a.price,
+                                a.qty,
+                                a.buyer_is_maker,
+                            );
+                            registry.push(&instrument, vec![t]);
+                        }
+                        // a subscription answer or a broken frame: counted, logged once
+                        Err(e) => {
+                            malformed += 1;
+                            if malformed == 1 && !text.contains("\"result\"") {
+                                tracing::warn!(%stream, "an aggTrade frame could not be read: {e}");
+                            }
                         }
                     }
                 }
-            },
+            }
             Err(e) => tracing::info!(%stream, "cannot connect the trade stream: {e}"),
         }
         tokio::select! {

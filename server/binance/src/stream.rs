@@ -94,6 +94,13 @@ impl StreamError {
     }
 }
 
+/// Sees every text frame a [`Connection`] receives or sends (millrace's recorder keeps them);
+/// set with [`Connection::observe`], dropped with the connection (which says it closed).
+pub trait FrameObserver: Send + Sync {
+    fn received(&self, text: &str);
+    fn sent(&self, text: &str);
+}
+
 /// Settings of a stream connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamConfig {
@@ -200,6 +207,7 @@ pub async fn connect_with<S: AsRef<str>>(
         done: false,
         next_request_id: 1,
         decoder: DepthDecoder::new(),
+        observer: None,
     })
 }
 
@@ -232,6 +240,8 @@ pub struct Connection {
     next_request_id: u64,
     /// Decodes frames; holds the last diff-depth frame in buffers reused from frame to frame.
     decoder: DepthDecoder,
+    /// Who sees the text frames, if anyone ([`Connection::observe`]).
+    observer: Option<Box<dyn FrameObserver>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -292,7 +302,12 @@ impl Connection {
                     };
                     self.last_rx = Instant::now();
                     match msg {
-                        Message::Text(text) => return Some(Ok(text)),
+                        Message::Text(text) => {
+                            if let Some(o) = &self.observer {
+                                o.received(text.as_str());
+                            }
+                            return Some(Ok(text));
+                        }
                         Message::Binary(bytes) => {
                             // Binance sends text only; a binary frame is malformed, not fatal
                             let frame = excerpt(&String::from_utf8_lossy(&bytes));
@@ -385,12 +400,21 @@ impl Connection {
         }
         self.next_request_id += 1;
         let text = serde_json::to_string(&req).map_err(|e| StreamError::Io(e.to_string()))?;
+        if let Some(o) = &self.observer {
+            o.sent(&text);
+        }
         let deadline = Instant::now() + self.config.stall_timeout;
         if let Err(e) = self.send_within(Some(Message::text(text)), deadline).await {
             self.done = true;
             return Err(e);
         }
         Ok(req.id)
+    }
+
+    /// Shows every text frame from now on, received or sent, to `observer`, replacing any
+    /// earlier one; a frame that arrives whole counts, whatever its decoding gives.
+    pub fn observe(&mut self, observer: Box<dyn FrameObserver>) {
+        self.observer = Some(observer);
     }
 
     /// Closes cleanly: sends a normal close frame and waits briefly for the server's answer.

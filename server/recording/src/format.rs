@@ -95,7 +95,7 @@ impl Record<'_> {
     }
 }
 
-/// One record read.
+/// One record read, owning its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnedRecord {
     pub kind: Kind,
@@ -117,11 +117,104 @@ impl OwnedRecord {
     }
 }
 
+impl From<Record<'_>> for OwnedRecord {
+    fn from(r: Record<'_>) -> Self {
+        OwnedRecord {
+            kind: r.kind,
+            time_ns: r.time_ns,
+            conn: r.conn,
+            meta: r.meta.to_string(),
+            body: r.body.to_vec(),
+        }
+    }
+}
+
+/// Where one record of a [`Block`] lies in its bytes.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    kind: Kind,
+    time_ns: i64,
+    conn: u64,
+    meta: (usize, usize),
+    body: (usize, usize),
+}
+
+/// The records of one block, checked, read into buffers that [`FileReader::read_block`] reuses:
+/// reading a recording allocates per block only while its buffers grow, never per record.
+#[derive(Debug, Default)]
+pub struct Block {
+    raw: Vec<u8>,
+    spans: Vec<Span>,
+}
+
+impl Block {
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Its records in the order they were written.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Record<'_>> + '_ {
+        self.spans.iter().map(|s| Record {
+            kind: s.kind,
+            time_ns: s.time_ns,
+            conn: s.conn,
+            // checked as UTF-8 when the block was read
+            meta: std::str::from_utf8(&self.raw[s.meta.0..s.meta.1]).unwrap_or_default(),
+            body: &self.raw[s.body.0..s.body.1],
+        })
+    }
+
+    /// Reads the `count` records of `self.raw`, each within it; `Err` says why they cannot be.
+    fn index(&mut self, count: u32) -> Result<(), String> {
+        let raw = &self.raw;
+        let spans = &mut self.spans;
+        spans.clear();
+        spans.reserve((count as usize).min(raw.len() / RECORD_HEAD + 1));
+        let mut at = 0usize;
+        let take = |at: &mut usize, n: usize| -> Result<(usize, usize), String> {
+            let end = at
+                .checked_add(n)
+                .filter(|&e| e <= raw.len())
+                .ok_or("a record runs past its block")?;
+            let s = (*at, end);
+            *at = end;
+            Ok(s)
+        };
+        let le8 = |(a, b): (usize, usize)| -> [u8; 8] { raw[a..b].try_into().expect("8 bytes") };
+        let le4 = |(a, b): (usize, usize)| -> u32 {
+            u32::from_le_bytes(raw[a..b].try_into().expect("4 bytes"))
+        };
+        for _ in 0..count {
+            let kind = raw[take(&mut at, 1)?.0];
+            let kind = Kind::of(kind).ok_or_else(|| format!("unknown record kind {kind}"))?;
+            let time_ns = i64::from_le_bytes(le8(take(&mut at, 8)?));
+            let conn = u64::from_le_bytes(le8(take(&mut at, 8)?));
+            let meta_len = le4(take(&mut at, 4)?);
+            let meta = take(&mut at, meta_len as usize)?;
+            std::str::from_utf8(&raw[meta.0..meta.1])
+                .map_err(|_| "a record's meta is not UTF-8")?;
+            let body_len = le4(take(&mut at, 4)?);
+            let body = take(&mut at, body_len as usize)?;
+            spans.push(Span { kind, time_ns, conn, meta, body });
+        }
+        if at != raw.len() {
+            return Err(format!("{} bytes after the block's {count} records", raw.len() - at));
+        }
+        Ok(())
+    }
+}
+
 /// The records of the block being filled.
 #[derive(Default)]
 pub(crate) struct BlockBuilder {
     raw: Vec<u8>,
     count: u32,
+    /// Kept from block to block (a context costs more to set up than a small block to pack).
+    packer: Option<zstd::bulk::Compressor<'static>>,
 }
 
 impl BlockBuilder {
@@ -144,7 +237,11 @@ impl BlockBuilder {
         if self.count == 0 {
             return None;
         }
-        let frame = zstd::bulk::compress(&self.raw, LEVEL).expect("compressing into memory");
+        let packer = match &mut self.packer {
+            Some(p) => p,
+            empty => empty.insert(zstd::bulk::Compressor::new(LEVEL).expect("a zstd context")),
+        };
+        let frame = packer.compress(&self.raw).expect("compressing into memory");
         let mut out = Vec::with_capacity(HEADER_LEN + frame.len());
         out.extend_from_slice(&SKIPPABLE.to_le_bytes());
         out.extend_from_slice(&16u32.to_le_bytes());
@@ -178,6 +275,10 @@ pub struct FileReader {
     offset: u64,
     torn: Option<Torn>,
     done: bool,
+    /// The compressed frame of the block being read, and the context that unpacks it, both
+    /// kept from block to block.
+    frame: Vec<u8>,
+    unpacker: Option<zstd::bulk::Decompressor<'static>>,
 }
 
 impl FileReader {
@@ -191,6 +292,8 @@ impl FileReader {
             offset: 0,
             torn: None,
             done: false,
+            frame: Vec::new(),
+            unpacker: None,
         })
     }
 
@@ -206,40 +309,49 @@ impl FileReader {
 
     /// Reads to the end; returns where the valid blocks end.
     pub fn valid_end(mut self) -> Result<u64, RecordingError> {
-        while self.next_block()?.is_some() {}
+        let mut block = Block::default();
+        while self.read_block(&mut block)? {}
         Ok(self.offset)
     }
 
-    /// The next block's records; `None` at the end of the file or at a torn block.
+    /// The next block's records, each owning its bytes; `None` at the end of the file or at a
+    /// torn block. [`FileReader::read_block`] reads without a copy per record.
     pub fn next_block(&mut self) -> Result<Option<Vec<OwnedRecord>>, RecordingError> {
+        let mut block = Block::default();
+        Ok(self.read_block(&mut block)?.then(|| block.iter().map(OwnedRecord::from).collect()))
+    }
+
+    /// Reads the next block into `block`; `false` at the end of the file or at a torn block
+    /// (`block` is then empty).
+    pub fn read_block(&mut self, block: &mut Block) -> Result<bool, RecordingError> {
+        block.raw.clear();
+        block.spans.clear();
         if self.done {
-            return Ok(None);
+            return Ok(false);
         }
         let left = self.len - self.offset;
         if left == 0 {
             self.done = true;
-            return Ok(None);
+            return Ok(false);
         }
-        match self.read_block(left) {
-            Ok(Ok((records, size))) => {
+        match self.read_one(left, block) {
+            Ok(Ok(size)) => {
                 self.offset += size;
-                Ok(Some(records))
+                Ok(true)
             }
             Ok(Err(reason)) => {
+                block.raw.clear();
+                block.spans.clear();
                 self.torn = Some(Torn { offset: self.offset, bytes: left, reason });
                 self.done = true;
-                Ok(None)
+                Ok(false)
             }
             Err(e) => Err(RecordingError::Io { path: self.path.clone(), source: e }),
         }
     }
 
-    /// One block: its records and its size, or why it cannot be read (an IO error apart).
-    #[allow(clippy::type_complexity)]
-    fn read_block(
-        &mut self,
-        left: u64,
-    ) -> std::io::Result<Result<(Vec<OwnedRecord>, u64), String>> {
+    /// One block into `block`: its size, or why it cannot be read (an IO error apart).
+    fn read_one(&mut self, left: u64, block: &mut Block) -> std::io::Result<Result<u64, String>> {
         if left < HEADER_LEN as u64 {
             return Ok(Err(format!("{left} bytes, shorter than a block header")));
         }
@@ -256,47 +368,32 @@ impl FileReader {
         if frame_len > MAX_BLOCK as u64 {
             return Ok(Err(format!("a block of {frame_len} bytes, more than {MAX_BLOCK}")));
         }
-        let mut frame = vec![0u8; frame_len as usize];
-        self.file.read_exact(&mut frame)?;
-        if crc32fast::hash(&frame) != crc {
+        self.frame.resize(frame_len as usize, 0);
+        self.file.read_exact(&mut self.frame)?;
+        if crc32fast::hash(&self.frame) != crc {
             return Ok(Err("the block's CRC-32 does not match".into()));
         }
-        let raw = match zstd::bulk::decompress(&frame, MAX_BLOCK) {
-            Ok(raw) => raw,
-            Err(e) => return Ok(Err(format!("the block does not decompress: {e}"))),
+        // the frame says how large it unpacks (a recorder always writes it); bounded before
+        // anything is reserved
+        let size = match zstd::zstd_safe::get_frame_content_size(&self.frame) {
+            Ok(Some(n)) if n <= MAX_BLOCK as u64 => n as usize,
+            Ok(Some(n)) => {
+                return Ok(Err(format!("a block of {n} bytes unpacked, over {MAX_BLOCK}")))
+            }
+            _ => return Ok(Err("the block's frame does not say its size".into())),
         };
-        Ok(decode_records(&raw, count).map(|r| (r, HEADER_LEN as u64 + frame_len)))
+        let unpacker = match &mut self.unpacker {
+            Some(u) => u,
+            empty => empty.insert(zstd::bulk::Decompressor::new()?),
+        };
+        block.raw.reserve(size);
+        match unpacker.decompress_to_buffer(&self.frame, &mut block.raw) {
+            Ok(n) if n == size => {}
+            Ok(n) => return Ok(Err(format!("the block unpacks to {n} bytes, not {size}"))),
+            Err(e) => return Ok(Err(format!("the block does not decompress: {e}"))),
+        }
+        Ok(block.index(count).map(|()| HEADER_LEN as u64 + frame_len))
     }
-}
-
-/// The `count` records of a block's bytes, each within them.
-fn decode_records(raw: &[u8], count: u32) -> Result<Vec<OwnedRecord>, String> {
-    let mut out = Vec::with_capacity((count as usize).min(raw.len() / RECORD_HEAD + 1));
-    let mut at = 0usize;
-    let take = |at: &mut usize, n: usize| -> Result<&[u8], String> {
-        let end =
-            at.checked_add(n).filter(|&e| e <= raw.len()).ok_or("a record runs past its block")?;
-        let s = &raw[*at..end];
-        *at = end;
-        Ok(s)
-    };
-    for _ in 0..count {
-        let kind = take(&mut at, 1)?[0];
-        let kind = Kind::of(kind).ok_or_else(|| format!("unknown record kind {kind}"))?;
-        let time_ns = i64::from_le_bytes(take(&mut at, 8)?.try_into().expect("8 bytes"));
-        let conn = u64::from_le_bytes(take(&mut at, 8)?.try_into().expect("8 bytes"));
-        let meta_len = u32::from_le_bytes(take(&mut at, 4)?.try_into().expect("4 bytes"));
-        let meta = std::str::from_utf8(take(&mut at, meta_len as usize)?)
-            .map_err(|_| "a record's meta is not UTF-8")?
-            .to_string();
-        let body_len = u32::from_le_bytes(take(&mut at, 4)?.try_into().expect("4 bytes"));
-        let body = take(&mut at, body_len as usize)?.to_vec();
-        out.push(OwnedRecord { kind, time_ns, conn, meta, body });
-    }
-    if at != raw.len() {
-        return Err(format!("{} bytes after the block's {count} records", raw.len() - at));
-    }
-    Ok(out)
 }
 
 /// The bytes of a block of `records`, as a recorder writes it.

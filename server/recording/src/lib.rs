@@ -15,7 +15,7 @@
 mod format;
 mod layout;
 
-pub use format::{FileReader, Kind, OwnedRecord, Record, Torn, BLOCK_TARGET, MAX_BLOCK};
+pub use format::{Block, FileReader, Kind, OwnedRecord, Record, Torn, BLOCK_TARGET, MAX_BLOCK};
 pub use layout::{file_path, list_files, plan_cleanup, valid_source_name, RecordingFile};
 
 use std::fs::{File, OpenOptions};
@@ -170,3 +170,64 @@ impl Drop for Recorder {
 
 #[cfg(test)]
 mod tests;
+
+/// How many blocks [`scan`] reads ahead of its caller.
+const AHEAD: usize = 2;
+
+/// Calls `each` with the records of `files`, in order; `each` returns `false` to stop. The
+/// files are read, and their blocks checked and unpacked, on a thread of their own, up to
+/// [`AHEAD`] blocks ahead: the caller's work on the records overlaps the reading, as a live
+/// source's overlaps its socket's (a replay's depth path keeps its core). Blocks circulate
+/// between the two threads, so nothing is allocated per block once they have grown. A torn
+/// tail ends its file, as with [`FileReader`], and is returned with its file; an unreadable
+/// file ends the scan with its error.
+pub fn scan(
+    files: &[PathBuf],
+    mut each: impl FnMut(Record<'_>) -> bool,
+) -> Result<Vec<(PathBuf, Torn)>, RecordingError> {
+    use std::sync::mpsc::sync_channel;
+    std::thread::scope(|s| {
+        let (full_tx, full_rx) = sync_channel::<Block>(AHEAD);
+        let (free_tx, free_rx) = sync_channel::<Block>(AHEAD + 1);
+        for _ in 0..AHEAD {
+            let _ = free_tx.send(Block::default());
+        }
+        let reader = std::thread::Builder::new()
+            .name("recording-read".into())
+            .spawn_scoped(s, move || -> Result<Vec<(PathBuf, Torn)>, RecordingError> {
+                let mut spare = Some(Block::default());
+                let mut torn = Vec::new();
+                for path in files {
+                    let mut file = FileReader::open(path)?;
+                    loop {
+                        // the caller stopped: nothing more to read
+                        let Some(mut block) = spare.take().or_else(|| free_rx.recv().ok()) else {
+                            return Ok(torn);
+                        };
+                        if !file.read_block(&mut block)? {
+                            spare = Some(block);
+                            break;
+                        }
+                        if full_tx.send(block).is_err() {
+                            return Ok(torn);
+                        }
+                    }
+                    torn.extend(file.torn().map(|t| (path.clone(), t.clone())));
+                }
+                Ok(torn)
+            })
+            .map_err(|e| RecordingError::Io {
+                path: PathBuf::from("(a reader thread)"),
+                source: e,
+            })?;
+        for block in full_rx.iter() {
+            if !block.iter().all(&mut each) {
+                break;
+            }
+            let _ = free_tx.send(block);
+        }
+        // a reader waiting to send or for a block is let go
+        drop((full_rx, free_tx));
+        reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}

@@ -140,6 +140,28 @@ fn a_torn_tail_is_found_skipped_and_cut_before_appending() {
     let (records, torn) = read_all(&copy);
     assert_eq!(records.len(), 5_000);
     assert!(torn.unwrap().reason.contains("not a block header"));
+    // a scan reads the files in order, its reader thread stopping at each torn tail
+    let mut seen = Vec::new();
+    let torn = scan(&[copy.clone(), path.clone()], |r| {
+        seen.push(r.time_ns - T0);
+        true
+    })
+    .unwrap();
+    assert_eq!(torn.len(), 2, "{torn:?}");
+    assert_eq!((&torn[0].0, torn[0].1.offset), (&copy, whole));
+    assert_eq!((&torn[1].0, torn[1].1.offset), (&path, whole));
+    let want: Vec<i64> = (0..5_000).chain(0..5_000).collect();
+    assert_eq!(seen, want, "both files whole up to their torn tails, nothing more");
+    // a scan stops where its caller says, its reader let go wherever it was
+    let mut n = 0;
+    scan(&[path.clone(), copy.clone(), path.clone()], |_| {
+        n += 1;
+        n < 10
+    })
+    .unwrap();
+    assert_eq!(n, 10);
+    let missing = scan(&[dir.join("missing.mrec.zst")], |_| true).unwrap_err();
+    assert!(missing.to_string().contains("missing.mrec.zst"), "{missing}");
     // a flipped bit inside a frame
     let mut flipped = std::fs::read(&path).unwrap();
     flipped[40] ^= 0x01;

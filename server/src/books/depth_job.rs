@@ -840,6 +840,7 @@ async fn with_trades(ctx: JobContext, deps: DepthJobDeps) {
                 rest.clone(),
                 deps.symbol.clone(),
                 deps.ingest.clone(),
+                deps.recording.clone(),
                 ctx.shutdown.clone(),
             ))),
             (Some(source), _) => {

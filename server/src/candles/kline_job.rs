@@ -58,6 +58,8 @@ pub struct KlineJobDeps {
     /// accepts from the bus (`cluster.bus_retention_s`) would be refused, so its fills stop
     /// there: older history is backfill's.
     pub gap_fill_max_age_ms: Option<i64>,
+    /// The source's recording, if it is recorded: every frame of the job's connections.
+    pub recording: Option<crate::recording::Tap>,
 }
 
 /// Starts kline jobs for a [`crate::jobs::Supervisor`] (the service's, or a cluster worker's
@@ -119,6 +121,7 @@ impl JobRunner for KlineRunner {
                 symbol,
                 out,
                 gap_fill_max_age_ms,
+                recording: source.tap(),
             };
             run(ctx, deps).await;
         })
@@ -161,7 +164,10 @@ pub async fn run(ctx: JobContext, deps: KlineJobDeps) {
             }
         };
         let mut conn = match conn {
-            Ok(c) => c,
+            Ok(mut c) => {
+                crate::recording::observe(deps.recording.clone(), &mut c);
+                c
+            }
             Err(e) => {
                 health.crash(format!("connect {}: {e}", deps.ws_base));
                 if ctx.sleep(backoff.next_delay(jitter.draw())).await {
@@ -501,6 +507,7 @@ mod tests {
                 symbol: "BTCUSDT".into(),
                 out: writer.into(),
                 gap_fill_max_age_ms: bound,
+                recording: None,
             };
             let health = Arc::new(JobHealth::default());
             let out = deps.out.clone();

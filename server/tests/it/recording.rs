@@ -22,6 +22,7 @@ fn config(sim: &SimHandle, dir: &std::path::Path) -> Config {
     let mut c = test_config(sources);
     c.depth.pinned =
         ["okx", "kraken", "coinbase", "sim"].map(|v| format!("{v}:spot:BTC/USDT")).into();
+    c.ingest.pinned = vec!["sim:spot:BTC/USDT".into()];
     c.record.enabled = true;
     c.record.dir = Some(dir.to_path_buf());
     c.record.sources = vec!["okx".into(), "kraken".into(), "coinbase".into(), "sim".into()];
@@ -93,6 +94,13 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
     };
     assert!(answered("/api/v3/exchangeInfo"), "{files:?}");
     assert!(answered("/api/v3/depth?symbol=BTCUSDT"), "{files:?}");
+    // and every one of its streams' frames: the depth diffs, the 1m klines, the trades
+    for event in ["\"e\":\"depthUpdate\"", "\"e\":\"kline\"", "\"e\":\"aggTrade\""] {
+        let received = events.iter().any(|(_, _, _, e)| {
+            matches!(e, replay::venue::RecordedEvent::Received(t) if t.contains(event))
+        });
+        assert!(received, "no {event} frame recorded: {files:?}");
+    }
     // the command line reads it the same way
     let out = std::process::Command::new(millrace_bin())
         .args(["replay", "recording"])

@@ -164,6 +164,27 @@ fn failing_writes_and_corrupt_rows_reach_the_health_report() {
     let problems = store.problems();
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("is corrupt ("), "{problems:?}");
+    // numerics read in binary: one beyond an i128, NaN, a negative trade count, each a corrupt
+    // row (not a panic) by a row read and by an export-sized read of column arrays
+    admin.batch_execute("UPDATE candles SET minutes = 1 WHERE open_time = 0").unwrap();
+    for (set, says) in [
+        ("volume = 1e39", "beyond an i128"),
+        ("volume = 'NaN'", "NaN"),
+        ("trades = 0 - trades - 1", "not a u64"),
+    ] {
+        admin.batch_execute(&format!("UPDATE candles SET {set} WHERE open_time = {MIN}")).unwrap();
+        for limit in [100, 20_000] {
+            let err = store.candles(&s, None, None, limit).unwrap_err();
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{set}: {}", report(&err));
+            assert!(report(&err).contains(says), "{set}: {}", report(&err));
+        }
+        admin
+            .batch_execute(&format!(
+                "UPDATE candles SET volume = 5, trades = 3 WHERE open_time = {MIN}"
+            ))
+            .unwrap();
+    }
+    assert_eq!(store.candles(&s, None, None, 20_000).unwrap().len(), 11);
 }
 
 #[test]
