@@ -6,9 +6,10 @@
 //! machine, the candle and trade pipelines), and books, candles and trades are rebuilt, stored
 //! and served as they were.
 //!
-//! - **Connections.** A connection that opens and sends its first frame (its subscription)
-//!   takes the earliest recorded connection, not yet played, whose first sent frame was the
-//!   same; its received frames are sent at their recorded pace (times the speed; as fast as
+//! - **Connections.** A connection that opens the URL (path and query) of a recorded connection
+//!   that never sent a frame (a Binance stream, subscribed by its URL) takes the earliest such,
+//!   not yet played. Else it sends its first frame (its subscription) and takes the earliest
+//!   recorded connection, not yet played, whose first sent frame was the same; its received frames are sent at their recorded pace (times the speed; as fast as
 //!   possible at speed 0) and it is closed where the recorded one ended. What the job sends
 //!   meanwhile (a resubscription, a ping) is read and left: the recording already holds the
 //!   venue's answer to it. A connection that asks for what the recording does not hold (or for
@@ -66,6 +67,8 @@ pub enum PlaybackError {
 /// One recorded WebSocket connection.
 #[derive(Debug, Default)]
 struct RecordedConn {
+    /// The path and query it opened (a Binance stream's subscription is its URL).
+    target: Option<String>,
     /// Its first sent frame (its subscription): what a new connection is matched by.
     first_sent: Option<String>,
     /// When it opened (its first record), Unix ns.
@@ -164,9 +167,13 @@ impl Player {
         format!("http://{}", self.addr)
     }
 
-    /// The WebSocket URL the source's jobs connect to.
+    /// The WebSocket URL the source's jobs connect to (a Binance stream's path follows the
+    /// host, as at `wss://stream.binance.com:9443/stream?streams=…`).
     pub fn ws_base(&self) -> String {
-        format!("ws://{}/ws", self.addr)
+        match self.recorded.playback.dialect {
+            shared::venue::Dialect::Binance => format!("ws://{}", self.addr),
+            _ => format!("ws://{}/ws", self.addr),
+        }
     }
 
     pub fn report(&self) -> PlaybackReport {
@@ -227,7 +234,8 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
         match r.kind {
             Kind::Connected => {
                 let fresh = index.contains_key(&r.conn);
-                conn(&mut index, fresh);
+                let at = conn(&mut index, fresh);
+                conns[at].target = Some(target_of(r.meta));
             }
             Kind::Sent => {
                 let at = conn(&mut index, false);
@@ -311,14 +319,17 @@ async fn serve(State(p): State<Played>, req: Request) -> Response {
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let target = req.uri().path_and_query().map_or("/", |t| t.as_str()).to_string();
     if wants_ws {
         let (mut parts, _) = req.into_parts();
         return match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-            Ok(ws) => ws.on_upgrade(move |socket| play(socket, p)).into_response(),
+            Ok(ws) => ws
+                .on_failed_upgrade(|e| tracing::warn!("recording player: upgrade failed: {e}"))
+                .on_upgrade(move |socket| play(socket, p, target))
+                .into_response(),
             Err(e) => e.into_response(),
         };
     }
-    let target = req.uri().path_and_query().map_or("/", |t| t.as_str()).to_string();
     let r = &p.recorded;
     let found = {
         let mut claims = lock(&r.claims);
@@ -364,33 +375,51 @@ fn recorded_ends_with(recorded: &str, asked: &str) -> bool {
             || recorded.as_bytes()[recorded.len() - asked.len() - 1] == b'/')
 }
 
-/// Plays one connection: its subscription picks the recorded connection (see the module docs).
-async fn play(mut socket: WebSocket, p: Played) {
-    let stop = p.shutdown.token().clone();
-    let first = tokio::select! {
-        () = stop.cancelled() => return,
-        first = tokio::time::timeout(FIRST_FRAME_WAIT, socket.recv()) => first,
-    };
-    let first = match first {
-        Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
-        _ => return,
-    };
-    let r = &p.recorded;
-    let claimed = {
-        let mut claims = lock(&r.claims);
-        let same = |i: usize| r.conns[i].first_sent.as_deref() == Some(first.as_str());
-        let mut at = (0..r.conns.len()).find(|&i| same(i) && !claims.conns[i]);
-        if at.is_none() && r.playback.looped {
-            // played through: again from the first
-            for i in (0..r.conns.len()).filter(|&i| same(i)) {
+impl Recorded {
+    /// Claims the earliest recorded connection that `matches` and was not played yet (with
+    /// `loop`, all of them played: again from the first).
+    fn claim(&self, matches: impl Fn(&RecordedConn) -> bool) -> Option<usize> {
+        let mut claims = lock(&self.claims);
+        let same = |i: usize| matches(&self.conns[i]);
+        let mut at = (0..self.conns.len()).find(|&i| same(i) && !claims.conns[i]);
+        if at.is_none() && self.playback.looped {
+            for i in (0..self.conns.len()).filter(|&i| same(i)) {
                 claims.conns[i] = false;
             }
-            at = (0..r.conns.len()).find(|&i| same(i));
+            at = (0..self.conns.len()).find(|&i| same(i));
         }
         if let Some(i) = at {
             claims.conns[i] = true;
         }
         at
+    }
+}
+
+/// Plays one connection: its URL, or else its subscription, picks the recorded connection
+/// (see the module docs).
+async fn play(mut socket: WebSocket, p: Played, target: String) {
+    let stop = p.shutdown.token().clone();
+    let r = &p.recorded;
+    // a connection that never sent a frame was subscribed by its URL (Binance's streams)
+    let by_url = |c: &RecordedConn| {
+        c.first_sent.is_none()
+            && c.target.as_deref().is_some_and(|t| recorded_ends_with(t, &target))
+    };
+    let (claimed, first) = match r.claim(by_url) {
+        Some(at) => (Some(at), target),
+        // every one of them played: nothing is coming for this URL
+        None if r.conns.iter().any(by_url) => (None, target),
+        None => {
+            let first = tokio::select! {
+                () = stop.cancelled() => return,
+                first = tokio::time::timeout(FIRST_FRAME_WAIT, socket.recv()) => first,
+            };
+            let first = match first {
+                Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
+                _ => return,
+            };
+            (r.claim(|c| c.first_sent.as_deref() == Some(first.as_str())), first)
+        }
     };
     let Some(at) = claimed else {
         tracing::debug!(source = %r.source, first = %first, "recording player: no recorded connection subscribed so");

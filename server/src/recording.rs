@@ -376,7 +376,7 @@ impl Conn {
     pub fn open(tap: Option<Tap>, url: &str) -> Conn {
         let id = next_conn();
         if let Some(t) = &tap {
-            t.record(Kind::Connected, id, crate::redact::redact(url), Bytes::new());
+            t.record(Kind::Connected, id, shown_url(url), Bytes::new());
         }
         Conn { tap, id }
     }
@@ -391,6 +391,17 @@ impl Conn {
         if let Some(t) = &self.tap {
             t.sent(self.id, text);
         }
+    }
+}
+
+/// `url` as a recording keeps it: redacted, except a Binance combined stream's path, which
+/// millrace builds (`/stream?streams=btcusdt@depth@100ms`): its `@`s would make the whole URL
+/// unreadable to the redactor (an `@` after the authority may be a password's), and the player
+/// matches a Binance connection by it.
+fn shown_url(url: &str) -> String {
+    match url.rfind("/stream?streams=") {
+        Some(i) => format!("{}{}", crate::redact::redact(&url[..i]), &url[i..]),
+        None => crate::redact::redact(url),
     }
 }
 
@@ -418,5 +429,19 @@ impl Drop for Conn {
         if let Some(t) = &self.tap {
             t.record(Kind::Closed, self.id, "", Bytes::new());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_binance_stream_url_keeps_its_path_and_loses_its_secrets() {
+        assert_eq!(
+            super::shown_url("wss://stream.binance.com:9443/stream?streams=btcusdt@depth@100ms"),
+            "wss://stream.binance.com:9443/stream?streams=btcusdt@depth@100ms"
+        );
+        let shown = super::shown_url("ws://user:secret@127.0.0.1:9/stream?streams=a@trade");
+        assert!(!shown.contains("secret") && shown.ends_with("/stream?streams=a@trade"), "{shown}");
+        assert!(!super::shown_url("wss://h/ws?token=abc").contains("abc"));
     }
 }

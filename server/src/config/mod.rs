@@ -629,11 +629,6 @@ impl SourceConfig {
                 d.dialect
             ))
         })?;
-        if dialect == shared::venue::Dialect::Binance {
-            return Err(invalid(format!(
-                "configuration key `{key}.dir`: a recording of a Binance-protocol source cannot be played back yet (its REST snapshots are not recorded); OKX, Bybit, Coinbase and Kraken recordings can"
-            )));
-        }
         let market = d.market.parse::<Market>().map_err(|()| {
             invalid(format!(
                 "configuration key `{key}.dir`: {} names no market ({:?})",
@@ -1300,10 +1295,14 @@ mod tests {
             load("[[sources]]\nname = \"sim\"\n[[sources]]\nname = \"r\"\nkind = \"recording\"\ndir = \"/nonexistent\"\n", &[])
                 .unwrap_err();
         assert!(e.to_string().contains("not a recorded source's directory"), "{e}");
-        std::fs::write(okx.join("source.json"), r#"{"dialect":"binance","market":"spot"}"#)
+        // a Binance-protocol recording (the simulator's own source) plays as a Binance source
+        std::fs::write(okx.join("source.json"), r#"{"dialect":"binance","market":"futures"}"#)
             .unwrap();
-        let e = load(&source(""), &[]).unwrap_err().to_string();
-        assert!(e.contains("cannot be played back yet"), "{e}");
+        let c = load(&source(""), &[]).unwrap();
+        assert_eq!(
+            (c.sources[1].kind, c.sources[1].market),
+            (SourceKind::Binance, Market::Futures)
+        );
         let _ = std::fs::remove_dir_all(&rec);
     }
 
