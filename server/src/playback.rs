@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -85,6 +85,8 @@ enum Frame {
 /// One recorded REST answer.
 #[derive(Debug)]
 struct RecordedAnswer {
+    /// When it was received, Unix ns.
+    time_ns: i64,
     /// The request's path and query.
     target: String,
     status: u16,
@@ -112,6 +114,8 @@ struct Counters {
     unmatched: AtomicU64,
     answered: AtomicU64,
     rest_unmatched: AtomicU64,
+    /// Waits for the recorded order (see [`Recorded::wait_for`]) given up.
+    waits_given_up: AtomicU64,
 }
 
 struct Recorded {
@@ -120,6 +124,13 @@ struct Recorded {
     conns: Vec<RecordedConn>,
     answers: Vec<RecordedAnswer>,
     claims: Mutex<Claims>,
+    /// The receive time of the earliest recorded answer not asked for yet (`i64::MAX`: none).
+    pending_answer_ns: AtomicI64,
+    /// Each recorded connection's progress while it plays: the time of its next frame (every
+    /// earlier one sent); `i64::MAX` while it does not play.
+    progress: Vec<AtomicI64>,
+    /// Woken when an answer is asked for or a connection moves on.
+    moved: tokio::sync::Notify,
     counters: Counters,
     first_ns: Option<i64>,
     last_ns: Option<i64>,
@@ -191,6 +202,7 @@ impl Player {
             unmatched_connections: c.unmatched.load(Relaxed),
             rest_answered: c.answered.load(Relaxed),
             rest_unmatched: c.rest_unmatched.load(Relaxed),
+            order_waits_given_up: c.waits_given_up.load(Relaxed),
             first_ns: r.first_ns,
             last_ns: r.last_ns,
         }
@@ -261,6 +273,7 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
             Kind::RestAnswer => {
                 if let Some(request) = requests.remove(&r.conn) {
                     answers.push(RecordedAnswer {
+                        time_ns: r.time_ns,
                         target: target_of(&request),
                         status: r.meta.parse().unwrap_or(200),
                         body: bytes::Bytes::copy_from_slice(r.body),
@@ -285,12 +298,17 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
     }
     let claims =
         Mutex::new(Claims { conns: vec![false; conns.len()], answers: vec![false; answers.len()] });
+    let pending_answer_ns =
+        AtomicI64::new(answers.iter().map(|a| a.time_ns).min().unwrap_or(i64::MAX));
     Ok(Recorded {
         source: source.to_string(),
         playback: p,
+        progress: conns.iter().map(|_| AtomicI64::new(i64::MAX)).collect(),
         conns,
         answers,
         claims,
+        pending_answer_ns,
+        moved: tokio::sync::Notify::new(),
         counters: Counters::default(),
         first_ns,
         last_ns,
@@ -339,16 +357,26 @@ async fn serve(State(p): State<Played>, req: Request) -> Response {
             .iter()
             .enumerate()
             .position(|(i, a)| !claims.answers[i] && recorded_ends_with(&a.target, &target));
-        match exact {
+        let found = match exact {
             Some(i) => {
                 claims.answers[i] = true;
                 Some(i)
             }
             None => {
+                // (a request whose query holds the clock: the earliest of its path not asked
+                // for is taken as asked for, the last one's body is given)
                 let path = target.split('?').next().unwrap_or(&target);
-                r.answers.iter().rposition(|a| recorded_ends_with(a.path(), path))
+                let same = |a: &RecordedAnswer| recorded_ends_with(a.path(), path);
+                let asked =
+                    (0..r.answers.len()).find(|&i| !claims.answers[i] && same(&r.answers[i]));
+                if let Some(i) = asked {
+                    claims.answers[i] = true;
+                }
+                r.answers.iter().rposition(same)
             }
-        }
+        };
+        r.answers_moved(&claims);
+        found
     };
     let Some(i) = found else {
         tracing::debug!(source = %r.source, %target, "recording player: no recorded answer");
@@ -358,6 +386,10 @@ async fn serve(State(p): State<Played>, req: Request) -> Response {
     };
     r.counters.answered.fetch_add(1, Relaxed);
     let a = &r.answers[i];
+    // as recorded: the answer after every frame received before it on the connections playing
+    let answer_ns = a.time_ns;
+    let stop = p.shutdown.token().clone();
+    r.wait_for(&stop, None, || r.progress.iter().all(|p| p.load(Relaxed) >= answer_ns)).await;
     let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::OK);
     Response::builder()
         .status(status)
@@ -375,7 +407,60 @@ fn recorded_ends_with(recorded: &str, asked: &str) -> bool {
             || recorded.as_bytes()[recorded.len() - asked.len() - 1] == b'/')
 }
 
+/// How long a connection or an answer waits for the recorded order before it goes on (a
+/// request the recorded run made and this one does not).
+const ORDER_WAIT: Duration = Duration::from_secs(2);
+
 impl Recorded {
+    /// Notes which answers were asked for (`claims`): the earliest not yet, and wakes waiters.
+    fn answers_moved(&self, claims: &Claims) {
+        let pending = (0..self.answers.len())
+            .filter(|&i| !claims.answers[i])
+            .map(|i| self.answers[i].time_ns)
+            .min()
+            .unwrap_or(i64::MAX);
+        self.pending_answer_ns.store(pending, Relaxed);
+        self.moved.notify_waiters();
+    }
+
+    /// Waits until `ready` (checked whenever an answer is asked for or a connection moves on),
+    /// for at most [`ORDER_WAIT`], reading and leaving what `socket`'s client sends meanwhile;
+    /// `false` when it gave up or the player stops or the socket's client left (then `ready()`
+    /// may still be false).
+    async fn wait_for(
+        &self,
+        stop: &tokio_util::sync::CancellationToken,
+        mut socket: Option<&mut WebSocket>,
+        ready: impl Fn() -> bool,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + ORDER_WAIT;
+        loop {
+            let moved = self.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if ready() {
+                return true;
+            }
+            let read = async {
+                match socket.as_deref_mut() {
+                    Some(s) => s.recv().await.is_some_and(|m| m.is_ok()),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                () = &mut moved => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    self.counters.waits_given_up.fetch_add(1, Relaxed);
+                    return false;
+                }
+                open = read => if !open {
+                    return false;
+                },
+            }
+        }
+    }
+
     /// Claims the earliest recorded connection that `matches` and was not played yet (with
     /// `loop`, all of them played: again from the first).
     fn claim(&self, matches: impl Fn(&RecordedConn) -> bool) -> Option<usize> {
@@ -429,6 +514,7 @@ async fn play(mut socket: WebSocket, p: Played, target: String) {
     };
     r.counters.played.fetch_add(1, Relaxed);
     let conn = &r.conns[at];
+    let playing = Playing::start(r, at);
     tracing::debug!(source = %r.source, at, frames = conn.frames.len(), first = %first, "recording player: a connection plays");
     let started = tokio::time::Instant::now();
     let due = |time_ns: i64| {
@@ -441,6 +527,27 @@ async fn play(mut socket: WebSocket, p: Played, target: String) {
             Frame::Text { time_ns, text } => (*time_ns, Some(text)),
             Frame::Close { time_ns } => (*time_ns, None),
         };
+        // as recorded: a frame after every answer received before it was asked for (a
+        // Binance book's snapshot lands among its diffs where it did)
+        r.progress[at].store(time_ns, Relaxed);
+        r.moved.notify_waiters();
+        if r.pending_answer_ns.load(Relaxed) < time_ns
+            && !r
+                .wait_for(&stop, Some(&mut socket), || r.pending_answer_ns.load(Relaxed) >= time_ns)
+                .await
+        {
+            if stop.is_cancelled() {
+                return;
+            }
+            // not asked for this time: taken as asked, so the frames go on
+            let mut claims = lock(&r.claims);
+            for (i, a) in r.answers.iter().enumerate() {
+                if a.time_ns < time_ns {
+                    claims.answers[i] = true;
+                }
+            }
+            r.answers_moved(&claims);
+        }
         if let Some(at) = due(time_ns) {
             // what the job sends meanwhile is read and left
             loop {
@@ -458,6 +565,7 @@ async fn play(mut socket: WebSocket, p: Played, target: String) {
             // ended as the recorded one did; the client reads every frame before the close
             // and answers it (a socket dropped at once could fail a send of the client's
             // before it read them)
+            drop(playing);
             r.counters.finished.fetch_add(1, Relaxed);
             if socket.send(Message::Close(None)).await.is_ok() {
                 let _ = tokio::time::timeout(FIRST_FRAME_WAIT, idle(socket, &stop)).await;
@@ -473,12 +581,37 @@ async fn play(mut socket: WebSocket, p: Played, target: String) {
         }
         r.counters.frames.fetch_add(1, Relaxed);
     }
+    drop(playing);
     r.counters.finished.fetch_add(1, Relaxed);
     if r.playback.looped && socket.send(Message::Close(None)).await.is_ok() {
         let _ = tokio::time::timeout(FIRST_FRAME_WAIT, idle(socket, &stop)).await;
         return;
     }
     idle(socket, &stop).await;
+}
+
+/// A recorded connection playing: its progress is followed (answers wait for its frames) until
+/// this is dropped.
+struct Playing<'a> {
+    recorded: &'a Recorded,
+    at: usize,
+}
+
+impl<'a> Playing<'a> {
+    fn start(recorded: &'a Recorded, at: usize) -> Playing<'a> {
+        let first = recorded.conns[at].frames.first().map_or(i64::MAX, |f| match f {
+            Frame::Text { time_ns, .. } | Frame::Close { time_ns } => *time_ns,
+        });
+        recorded.progress[at].store(first, Relaxed);
+        Playing { recorded, at }
+    }
+}
+
+impl Drop for Playing<'_> {
+    fn drop(&mut self) {
+        self.recorded.progress[self.at].store(i64::MAX, Relaxed);
+        self.recorded.moved.notify_waiters();
+    }
 }
 
 /// Keeps a connection open and silent until its client leaves or the player stops.

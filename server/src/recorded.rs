@@ -52,6 +52,33 @@ pub fn describe(dir: &Path, source: &str) -> Result<(Dialect, Market), RecordedE
     Ok((dialect, market))
 }
 
+/// The most replicas a read merges.
+pub const MAX_REPLICAS: usize = 64;
+
+/// The recordings of `source` under the recording directory `dir`: `dir` itself if it holds one,
+/// then each cluster worker's (`{dir}/worker-{id}`, as workers record) that does, in name order,
+/// at most [`MAX_REPLICAS`]. Empty when none does.
+pub fn replicas(dir: &Path, source: &str) -> Result<Vec<PathBuf>, RecordedError> {
+    if !recording::valid_source_name(source) {
+        return Err(RecordedError::Name(source.to_string()));
+    }
+    let holds = |d: &Path| d.join(source).join("source.json").is_file();
+    let mut workers: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("worker-")))
+            .map(|e| e.path())
+            .filter(|d| holds(d))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    workers.sort();
+    let mut out: Vec<PathBuf> = holds(dir).then(|| dir.to_path_buf()).into_iter().collect();
+    out.extend(workers);
+    out.truncate(MAX_REPLICAS);
+    Ok(out)
+}
+
 /// The venue's name of `instrument` (`BASE/QUOTE`) in the instrument list recorded for
 /// `source` (the REST answer its source loaded at start, the way the live source maps it);
 /// `None` if no recorded list names it.
@@ -384,6 +411,68 @@ mod tests {
         assert!(c.line(1, book(4 * S, true, 7, 6)).is_some());
     }
 
+    /// An open candle's updates (many a minute, each a new state) come from one replica, all
+    /// of them, until it falls silent; its closed copy comes once.
+    #[test]
+    fn an_open_candles_updates_follow_one_replica_and_its_close_comes_once() {
+        const S: i64 = 1_000_000_000;
+        let candle = |time_ns: i64, volume: i128, closed: bool| ReplayLine::Candle {
+            time_ns,
+            conn: 1,
+            symbol: "BTC-USDT".into(),
+            minutes: 1,
+            candle: shared::candle::Candle {
+                open_time: 60_000,
+                open: shared::Price::from_raw(1),
+                high: shared::Price::from_raw(1),
+                low: shared::Price::from_raw(1),
+                close: shared::Price::from_raw(1),
+                volume: shared::fixed::Volume::from_raw(volume),
+                trades: 0,
+                minutes: 1,
+            },
+            closed: Some(closed),
+        };
+        let mut m = Merger::new(Dialect::Okx);
+        let mut kept = Vec::new();
+        for (r, t, v, closed) in [
+            (0, 0, 1, false),
+            (1, 1, 1, false),
+            (0, S, 2, false),
+            (1, S + 1, 2, false),
+            (0, 2 * S, 3, false),
+            (1, 5 * S, 4, false), // replica 0 silent for 3 s: 1 takes over
+            (0, 6 * S, 5, true),
+            (1, 6 * S + 1, 5, true),
+        ] {
+            if let Some(ReplayLine::Candle { candle, closed, conn, .. }) =
+                m.line(r, candle(t, v, closed))
+            {
+                kept.push((candle.volume.raw(), closed == Some(true), conn >> 48));
+            }
+        }
+        assert_eq!(
+            kept,
+            [(1, false, 0), (2, false, 0), (3, false, 0), (4, false, 1), (5, true, 0)]
+        );
+    }
+
+    #[test]
+    fn replicas_are_the_directory_and_its_workers_that_hold_the_source() {
+        let dir = std::env::temp_dir().join(format!("millrace-replicas-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["okx", "worker-b/okx", "worker-a/okx", "worker-c/bybit", "other/okx"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+            std::fs::write(dir.join(d).join("source.json"), "{}").unwrap();
+        }
+        let names: Vec<PathBuf> = replicas(&dir, "okx").unwrap();
+        let want = [dir.clone(), dir.join("worker-a"), dir.join("worker-b")];
+        assert_eq!(names, want);
+        assert!(replicas(&dir, "kraken").unwrap().is_empty());
+        assert!(matches!(replicas(&dir, ".."), Err(RecordedError::Name(_))));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn channels_are_named_and_an_unknown_one_is_an_error() {
         assert_eq!(Channels::parse("").unwrap(), Channels::DEFAULT);
@@ -412,8 +501,9 @@ const MERGE_WINDOW: usize = 100_000;
 
 /// Merges the lines of several replicas' recordings of one source (a cluster's workers each
 /// record the sessions they hold) into one stream with no copy and no hole, by the venue's
-/// natural ids: a trade by its instrument and id, a candle by its symbol, interval and open time (its closed
-/// copy once), and a book followed on one replica until that one falls silent for
+/// natural ids: a trade by its instrument and id, a closed candle by its symbol, interval and
+/// open time, an open candle's updates from one replica until it falls silent for
+/// [`FAILOVER_NS`] (as a book), and a book followed on one replica until that one falls silent for
 /// [`FAILOVER_NS`], then on another from a line that continues it — one whose `prev_seq` is the
 /// last `seq` kept (OKX), or whose `seq` is the next (Bybit) — or from its next snapshot
 /// (Coinbase, whose sequence is its connection's, and Kraken, which has none). Connections,
@@ -424,7 +514,10 @@ pub struct Merger {
     dialect: Dialect,
     /// By instrument and id: a venue numbers each instrument's trades on its own.
     trades: Window<(String, shared::trade::TradeId)>,
-    candles: Window<(String, u32, i64, Option<bool>)>,
+    /// Closed candles, by symbol, interval and open time.
+    candles: Window<(String, u32, i64)>,
+    /// The replica whose updates of a still-open candle are kept, by symbol and interval.
+    candle_updates: HashMap<(String, u32), Followed>,
     books: HashMap<String, Followed>,
 }
 
@@ -470,6 +563,7 @@ impl Merger {
             dialect,
             trades: Window::default(),
             candles: Window::default(),
+            candle_updates: HashMap::new(),
             books: HashMap::new(),
         }
     }
@@ -482,8 +576,21 @@ impl Merger {
                 trades.retain(|t| self.trades.first((symbol.clone(), t.id.clone())));
                 !trades.is_empty()
             }
-            ReplayLine::Candle { symbol, minutes, candle, closed, .. } => {
-                self.candles.first((symbol.clone(), *minutes, candle.open_time, *closed))
+            // a closed candle once; the updates of an open one (many a minute, each a new
+            // state) from one replica, another's once that one is silent
+            ReplayLine::Candle { symbol, minutes, candle, closed: Some(true), .. } => {
+                self.candles.first((symbol.clone(), *minutes, candle.open_time))
+            }
+            ReplayLine::Candle { time_ns, symbol, minutes, .. } => {
+                let key = (symbol.clone(), *minutes);
+                let keep = self.candle_updates.get(&key).is_none_or(|f| {
+                    f.replica == replica || time_ns.saturating_sub(f.time_ns) >= FAILOVER_NS
+                });
+                if keep {
+                    let followed = Followed { replica, seq: None, time_ns: *time_ns };
+                    self.candle_updates.insert(key, followed);
+                }
+                keep
             }
             ReplayLine::Book { time_ns, symbol, snapshot, seq, prev_seq, .. } => {
                 let keep = match self.books.get(symbol.as_str()) {
@@ -518,7 +625,7 @@ impl Merger {
 }
 
 /// [`read`] over the recordings of `source` in every one of `dirs` (a cluster's workers'),
-/// merged ([`Merger`]) in receive order. Each replica is read on a thread of its own (joined
+/// merged ([`Merger`]) in receive order; one of them is read as [`read`] reads it. Each replica is read on a thread of its own (joined
 /// before this returns), at most 1,024 lines ahead.
 pub fn read_merged(
     dirs: &[PathBuf],
@@ -528,6 +635,10 @@ pub fn read_merged(
     channels: Channels,
     each: &mut dyn FnMut(ReplayLine) -> bool,
 ) -> Result<ReadSummary, RecordedError> {
+    if let [one] = dirs {
+        // one recording: as it was received (a venue's own duplicate included)
+        return read(one, source, from_ms, to_ms, channels, each);
+    }
     let mut dialect = None;
     for dir in dirs {
         let (d, _) = describe(dir, source)?;

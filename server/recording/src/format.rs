@@ -16,9 +16,12 @@ const SKIPPABLE: u32 = 0x184D_2A5E;
 const BLOCK_MAGIC: &[u8; 4] = b"MRB1";
 /// Skippable magic, its size field, then MRB1, frame length, frame CRC, record count.
 const HEADER_LEN: usize = 4 + 4 + 16;
-/// The zstd level of a block: 1, the fastest that still packs Binance depth frames 5.7 times
-/// (level 3 took a fifth longer; -3 packs 3.6 times, BENCHMARKS.md).
-const LEVEL: i32 = 1;
+/// The zstd level of a block: −5, one of zstd's fast levels. On 1.46 KB Binance depth frames in
+/// 256 KiB blocks it compresses a frame in 1.9 µs and unpacks it in 0.7 µs, packing them 3.0
+/// times; level 1 took 2.9 µs and 1.0 µs for 6.2 times, and −4, −6 to −10 were no faster
+/// (BENCHMARKS.md, "Record, replay, export"). Recording's cost is on every frame received, its
+/// disk is bounded by `record.budget_mb`.
+const LEVEL: i32 = -5;
 
 /// What a record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -277,13 +277,17 @@ async fn replay(
     }
     let channels = crate::recorded::Channels::parse(q.channels.as_deref().unwrap_or(""))
         .map_err(|e| bad(ApiError::bad(Code::Malformed, e.to_string())))?;
-    let dir = app.config().record_dir();
-    match crate::recorded::describe(&dir, &source) {
-        Ok(_) => {}
-        Err(e @ crate::recorded::RecordedError::Name(_)) => {
-            return Err(bad(ApiError::bad(Code::Malformed, e.to_string())))
-        }
-        Err(e) => return Err(ApiError::not_found(Code::NotFound, e.to_string())),
+    // this process's recording, and its cluster workers' (merged by the venue's ids)
+    let dirs = match crate::recorded::replicas(&app.config().record_dir(), &source) {
+        Ok(dirs) => dirs,
+        Err(e) => return Err(bad(ApiError::bad(Code::Malformed, e.to_string()))),
+    };
+    let Some(first) = dirs.first() else {
+        let e = crate::recorded::RecordedError::NoSource(source);
+        return Err(ApiError::not_found(Code::NotFound, e.to_string()));
+    };
+    if let Err(e) = crate::recorded::describe(first, &source) {
+        return Err(ApiError::not_found(Code::NotFound, e.to_string()));
     }
     let permit = REPLAYS.try_acquire().map_err(|_| {
         ApiError::new(
@@ -299,17 +303,18 @@ async fn replay(
             let _permit = permit;
             let mut buf = Vec::with_capacity(64 << 10);
             let mut gone = false;
-            let summary = crate::recorded::read(&dir, &source, from, to, channels, &mut |line| {
-                if serde_json::to_writer(&mut buf, &line).is_err() {
-                    return true;
-                }
-                buf.push(b'\n');
-                if buf.len() >= 64 << 10 {
-                    let piece = bytes::Bytes::from(std::mem::take(&mut buf));
-                    gone = tx.blocking_send(Ok(piece)).is_err();
-                }
-                !gone
-            });
+            let summary =
+                crate::recorded::read_merged(&dirs, &source, from, to, channels, &mut |line| {
+                    if serde_json::to_writer(&mut buf, &line).is_err() {
+                        return true;
+                    }
+                    buf.push(b'\n');
+                    if buf.len() >= 64 << 10 {
+                        let piece = bytes::Bytes::from(std::mem::take(&mut buf));
+                        gone = tx.blocking_send(Ok(piece)).is_err();
+                    }
+                    !gone
+                });
             if !buf.is_empty() && !gone {
                 let _ = tx.blocking_send(Ok(bytes::Bytes::from(buf)));
             }

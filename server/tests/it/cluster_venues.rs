@@ -13,7 +13,8 @@
 //! - **Candles**: each venue's closed 1m candles, forwarded by both replicas, are written once
 //!   each by the persister, with no hole through the kill, equal to the exchange's.
 //! - **Recording**: the workers record OKX, each in a directory of its own; merged by the
-//!   venue's ids, their recordings hold every trade once with no hole, and one book chain,
+//!   venue's ids (by the readers and by the gateway's `GET /api/v1/replay`), their recordings
+//!   hold every trade once with no hole, and one book chain,
 //!   through the kill.
 
 use std::collections::VecDeque;
@@ -276,6 +277,22 @@ async fn venue_books_trades_and_candles_go_through_workers_and_survive_a_kill() 
     // (the recorders write every 200 ms)
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     merged_recording_has_no_hole(&c, &victim);
+    // the gateway's replay API merges its workers' recordings the same way
+    let (status, body) = c.gateway.get("/api/v1/replay?source=okx&channels=trade").await;
+    assert_eq!(status, 200, "{body}");
+    let mut ids: Vec<u64> = Vec::new();
+    for line in body.lines() {
+        let l: shared::protocol::replay::ReplayLine = serde_json::from_str(line).unwrap();
+        if let shared::protocol::replay::ReplayLine::Trade { symbol, trades, .. } = l {
+            if symbol == "BTC-USDT" {
+                ids.extend(trades.iter().filter_map(|t| t.id.to_string().parse::<u64>().ok()));
+            }
+        }
+    }
+    let unique: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
+    assert!(ids.len() > 20 && unique.len() == ids.len(), "each trade once: {}", ids.len());
+    let sorted: Vec<u64> = unique.into_iter().collect();
+    assert!(sorted.windows(2).all(|w| w[1] == w[0] + 1), "no hole in the API's trade ids");
     let rec = c.gateway.config.record_dir();
     drop(leases);
     c.stop().await;

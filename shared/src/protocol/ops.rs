@@ -650,6 +650,11 @@ pub struct PlaybackReport {
     /// REST answers served from the recording, and requests it held no answer for.
     pub rest_answered: u64,
     pub rest_unmatched: u64,
+    /// Times a frame or an answer waited [the player's bound] for the recorded order (a frame
+    /// after the answers received before it, an answer after the frames) and went on without
+    /// it: a request the recorded run made and this one did not.
+    #[serde(default)]
+    pub order_waits_given_up: u64,
     /// The frames' time range, Unix ns.
     pub first_ns: Option<i64>,
     pub last_ns: Option<i64>,
