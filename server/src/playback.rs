@@ -9,13 +9,21 @@
 //! - **Connections.** A connection that opens the URL (path and query) of a recorded connection
 //!   that never sent a frame (a Binance stream, subscribed by its URL) takes the earliest such,
 //!   not yet played. Else it sends its first frame (its subscription) and takes the earliest
-//!   recorded connection, not yet played, whose first sent frame was the same; its received frames are sent at their recorded pace (times the speed; as fast as
-//!   possible at speed 0) and it is closed where the recorded one ended. What the job sends
+//!   recorded connection, not yet played, whose first sent frame was the same. Its received
+//!   frames are sent at their recorded pace (times the speed; as fast as possible at speed 0)
+//!   and it is closed where the recorded one ended. What the job sends
 //!   meanwhile (a resubscription, a ping) is read and left: the recording already holds the
 //!   venue's answer to it. A connection that asks for what the recording does not hold (or for
 //!   more of it than it holds) is kept open and silent, and counted.
 //! - **REST.** A request takes the earliest recorded answer, not yet served, to the same path
-//!   and query; else the last recorded answer to the same path; else a 404 saying so.
+//!   and query; else the last recorded answer to the same path (the earliest of that path not
+//!   asked for is then taken as asked for: a query holding the clock differs from run to run);
+//!   else a 404 saying so.
+//! - **Order.** At any speed the answers keep their recorded place among the frames: a frame
+//!   waits until every answer received before it was asked for, an answer until the connections
+//!   playing have sent the frames received before it (a Binance book's snapshot lands among its
+//!   diffs where it did). A wait ends after `ORDER_WAIT` (a request the recorded run made and
+//!   this one does not), counted.
 //! - **Loop.** With `loop = true` a subscription whose recorded connections were all played
 //!   starts again from its first, and a connection that played its last frame is closed so the
 //!   job comes back for it.
