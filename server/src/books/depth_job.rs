@@ -297,7 +297,11 @@ impl<'a> Job<'a> {
                 match &self.deps.source {
                     None => connect_with(&self.deps.ws_base, &streams, stream_config.clone())
                         .await
-                        .map(|c| Conn::Exchange(Box::new(c))),
+                        .map(|mut c| {
+                            // recorded as every Binance stream is, frame by frame
+                            crate::recording::observe(self.deps.recording.clone(), &mut c);
+                            Conn::Exchange(Box::new(c))
+                        }),
                     Some(source) => source
                         .open(&self.instrument, stream_config.stall_timeout)
                         .await
@@ -321,10 +325,6 @@ impl<'a> Job<'a> {
             };
             self.health.connects.fetch_add(1, Relaxed);
             self.health.connected.store(true, Relaxed);
-            let rec = crate::recording::Conn::open(
-                self.deps.recording.clone(),
-                &format!("{}/stream?streams={stream}", self.deps.ws_base),
-            );
             let connected_at = std::time::Instant::now();
             let mut tick =
                 tokio::time::interval(Duration::from_millis(self.deps.depth.publish_interval_ms));
@@ -333,12 +333,7 @@ impl<'a> Job<'a> {
             let ended = loop {
                 let fetch_ready = self.want_snapshot && self.inflight.is_none() && !partial;
                 let ended = tokio::select! {
-                    ev = conn.next_text() => {
-                        if let Some(Ok(text)) = &ev {
-                            rec.received(text.as_str());
-                        }
-                        self.on_stream(ev, partial)
-                    }
+                    ev = conn.next_text() => self.on_stream(ev, partial),
                     res = join_inflight(&mut self.inflight) => {
                         self.inflight = None;
                         self.on_snapshot(res);
