@@ -394,9 +394,49 @@ impl Write for ChannelWriter {
     }
 }
 
-/// How far a trade's receive time may lie from its own time and still be looked for: a trade
-/// of the range is read from the recording of the range widened by this much each side.
-const RECEIVE_SLACK_MS: i64 = 60_000;
+/// How far out of its time's order a trade may arrive and still be found by a ranged export
+/// (see [`crate::recorded::trade_receive_range`]): the hours read are widened by this much of
+/// trade time each side.
+const ORDER_JITTER_MS: i64 = 60_000;
+
+/// What a trades export reads: the venue's own symbol of `instrument` in the recording at
+/// `record_dirs` (the first is described; a cluster's workers' are merged with it).
+#[derive(Debug, Clone)]
+pub struct RecordedTrades {
+    dirs: Vec<std::path::PathBuf>,
+    instrument: InstrumentId,
+    symbol: String,
+}
+
+impl RecordedTrades {
+    /// Finds `instrument` in the recording: an error says why it cannot be exported (no
+    /// recording of its source, another market, no such instrument listed).
+    pub fn find(
+        record_dirs: &[std::path::PathBuf],
+        instrument: &InstrumentId,
+    ) -> Result<Self, ExportError> {
+        let source = &instrument.exchange;
+        let Some(record_dir) = record_dirs.first() else {
+            return Err(ExportError::NotRecorded(format!(
+                "{instrument}: no recording of source {source}"
+            )));
+        };
+        let (dialect, market) = crate::recorded::describe(record_dir, source)?;
+        if market != instrument.market {
+            return Err(ExportError::NotRecorded(format!(
+                "{instrument}: the recording of {source} is of the {} market",
+                market.as_str()
+            )));
+        }
+        let symbol = crate::recorded::venue_symbol(record_dir, source, dialect, instrument)?
+            .ok_or_else(|| {
+                ExportError::NotRecorded(format!(
+                    "{instrument}: the recording of {source} lists no such instrument"
+                ))
+            })?;
+        Ok(RecordedTrades { dirs: record_dirs.to_vec(), instrument: instrument.clone(), symbol })
+    }
+}
 
 /// Writes `instrument`'s trades of the range (the venue's trade times) from the recording at
 /// `record_dirs` (`[record]`; millrace keeps no trades table: every trade it received is in the
@@ -410,37 +450,50 @@ pub fn trades<W: Write + Send>(
     range: ExportRange,
     out: W,
 ) -> Result<(u64, W), ExportError> {
+    recorded_trades(&RecordedTrades::find(record_dirs, instrument)?, range, out)
+}
+
+/// [`trades`] of a recording already found.
+pub fn recorded_trades<W: Write + Send>(
+    found: &RecordedTrades,
+    range: ExportRange,
+    out: W,
+) -> Result<(u64, W), ExportError> {
     let ExportRange { from, to, max_rows, format } = range;
+    let RecordedTrades { dirs: record_dirs, instrument, symbol } = found;
     let source = &instrument.exchange;
-    let Some(record_dir) = record_dirs.first() else {
-        return Err(ExportError::NotRecorded(format!("{instrument}: no recording named")));
-    };
-    let (dialect, market) = crate::recorded::describe(record_dir, source)?;
-    if market != instrument.market {
-        return Err(ExportError::NotRecorded(format!(
-            "{instrument}: the recording of {source} is of the {} market",
-            market.as_str()
-        )));
-    }
-    let symbol = crate::recorded::venue_symbol(record_dir, source, dialect, instrument)?
-        .ok_or_else(|| {
-            ExportError::NotRecorded(format!(
-                "{instrument}: the recording of {source} lists no such instrument"
-            ))
-        })?;
     let mut file =
         ExportFile::<W, TradeRow>::new(format, "instrument", &instrument.to_string(), out)?;
     let mut chunk: Vec<TradeRow> = Vec::with_capacity(CHUNK);
     let mut rows = 0u64;
     let mut failed: Option<ExportError> = None;
     let channels = crate::recorded::Channels::parse("trade")?;
-    let (lo, hi) = (from.saturating_sub(RECEIVE_SLACK_MS), to.saturating_add(RECEIVE_SLACK_MS));
-    crate::recorded::read_merged(record_dirs, source, Some(lo), Some(hi), channels, &mut |line| {
+    // the hours that hold the range's trades (all of them when the range is open)
+    let window = if from <= 0 && to == i64::MAX {
+        Some((None, None))
+    } else {
+        crate::recorded::trade_receive_range(
+            record_dirs,
+            source,
+            symbol,
+            (from, to),
+            ORDER_JITTER_MS,
+        )?
+        .map(|(lo, hi)| (Some(lo), Some(hi)))
+    };
+    let Some((lo, hi)) = window else {
+        // no recorded hour holds a trade of the range: the file has its header only
+        file.write(&chunk)?;
+        let mut out = file.finish()?;
+        out.flush()?;
+        return Ok((0, out));
+    };
+    crate::recorded::read_merged(record_dirs, source, lo, hi, channels, &mut |line| {
         let shared::protocol::replay::ReplayLine::Trade { time_ns, symbol: s, trades, .. } = line
         else {
             return true;
         };
-        if s != symbol {
+        if s != *symbol {
             return true;
         }
         for trade in trades {

@@ -235,6 +235,63 @@ pub fn read(
     Ok(summary)
 }
 
+/// The receive times (ms, inclusive) of the recording of `source` at `dirs` that hold the trades
+/// of venue symbol `symbol` whose own times lie in `from_ms` ..= `to_ms`; `None` when no hour
+/// does. A venue's clock may be off from the receiving one by any amount, and drift (a
+/// simulator's runs faster), so the hour files are chosen by the trades they hold, not by their
+/// receive hour alone: each hour's first trade of the symbol is read (usually its first block),
+/// and an hour is taken when the trade times from its first trade to the next hour's first (the
+/// last hour: on) overlap the range, widened by `jitter_ms` each side for trades that arrive
+/// out of their times' order.
+pub fn trade_receive_range(
+    dirs: &[PathBuf],
+    source: &str,
+    symbol: &str,
+    (from_ms, to_ms): (i64, i64),
+    jitter_ms: i64,
+) -> Result<Option<(i64, i64)>, RecordedError> {
+    let channels = Channels::parse("trade")?;
+    let mut range: Option<(i64, i64)> = None;
+    for dir in dirs {
+        let mut hours: Vec<i64> = recording::list_files(dir)?
+            .into_iter()
+            .filter(|f| f.source == source)
+            .map(|f| f.hour_ms)
+            .collect();
+        hours.sort_unstable();
+        hours.dedup();
+        // each hour's first trade of the symbol, in hour order (hours without one hold none)
+        let mut firsts: Vec<(i64, i64)> = Vec::new();
+        for hour in hours {
+            let mut first = None;
+            read(
+                dir,
+                source,
+                Some(hour),
+                Some(hour + HOUR_MS - 1),
+                channels,
+                &mut |line| match line {
+                    ReplayLine::Trade { symbol: s, trades, .. } if s == symbol => {
+                        first = trades.iter().map(|t| t.time_ms).min();
+                        first.is_none()
+                    }
+                    _ => true,
+                },
+            )?;
+            firsts.extend(first.map(|t| (hour, t)));
+        }
+        for (i, &(hour, first)) in firsts.iter().enumerate() {
+            let next = firsts.get(i + 1).map_or(i64::MAX, |&(_, t)| t);
+            let (lo, hi) = (first.saturating_sub(jitter_ms), next.saturating_add(jitter_ms));
+            if lo <= to_ms && hi >= from_ms {
+                let (a, b) = range.unwrap_or((hour, hour));
+                range = Some((a.min(hour), b.max(hour)));
+            }
+        }
+    }
+    Ok(range.map(|(a, b)| (a, b + HOUR_MS - 1)))
+}
+
 /// Calls `each` with every record of `source`'s recording in `dir` received between `from_ns`
 /// and `to_ns` (inclusive) in receive order, until it says stop (`false`). Only the hours that
 /// overlap the range are opened; they are read by `recording::scan`, a block ahead on a thread

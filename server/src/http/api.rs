@@ -77,6 +77,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/v1/klines", get(klines))
         .route("/api/v1/export/candles", get(export_candles))
+        .route("/api/v1/export/trades", get(export_trades))
         .route("/api/v1/replay", get(replay))
         .route("/api/v1/trades", get(trades))
         .route("/api/v1/series", get(series))
@@ -243,6 +244,15 @@ struct ExportQuery {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct TradesExportQuery {
+    instrument: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    format: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ReplayQuery {
     source: Option<String>,
     from: Option<String>,
@@ -392,6 +402,91 @@ async fn export_candles(
             (axum::http::header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
         ],
         body,
+    )
+        .into_response())
+}
+
+/// `GET /api/v1/export/trades?instrument=…&from=…&to=…&format=parquet|csv`: an instrument's
+/// trades (the venue's trade times `from` ..= `to`, ms; both optional) from the recording of its
+/// source, this process's and its cluster workers' merged by trade id (`crate::recorded`), as
+/// `millrace export trades` writes them; streamed while it is read, at most
+/// `limits.max_export_rows` rows, and counted among the replays that may stream at once.
+async fn export_trades(
+    State(state): State<AppState>,
+    query: Result<Query<TradesExportQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let app = state.app.clone();
+    let bad = |e: ApiError| state.bad_request(e);
+    let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
+    let text = q.instrument.ok_or_else(|| {
+        bad(ApiError::bad(
+            Code::Malformed,
+            "instrument is required, e.g. instrument=okx:spot:BTC/USDT",
+        ))
+    })?;
+    let instrument: InstrumentId = text
+        .parse()
+        .map_err(|e| bad(ApiError::bad(Code::Malformed, format!("instrument {text:?}: {e}"))))?;
+    let from = int_param("from", q.from.as_deref()).map_err(bad)?.unwrap_or(0);
+    let to = int_param("to", q.to.as_deref()).map_err(bad)?.unwrap_or(i64::MAX);
+    if from > to {
+        return Err(bad(ApiError::bad(Code::Malformed, format!("from {from} is after to {to}"))));
+    }
+    let format: crate::export::Format = q.format.as_deref().unwrap_or("parquet").parse().map_err(
+        |e: crate::export::ExportError| bad(ApiError::bad(Code::Malformed, e.to_string())),
+    )?;
+    let dirs = crate::recorded::replicas(&app.config().record_dir(), &instrument.exchange)
+        .map_err(|e| bad(ApiError::bad(Code::Malformed, e.to_string())))?;
+    let permit = REPLAYS.try_acquire().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable,
+            "as many replays and trade exports as may run are streaming; try again when one ends",
+        )
+    })?;
+    // the instrument is looked up before the first byte, so a wrong one is a 404, not a cut body
+    let find = instrument.clone();
+    let found =
+        tokio::task::spawn_blocking(move || crate::export::RecordedTrades::find(&dirs, &find))
+            .await
+            .map_err(|e| ApiError::internal(&e))?
+            .map_err(|e| {
+                use crate::export::ExportError::{NotRecorded, Recorded};
+                match e {
+                    NotRecorded(_) | Recorded(crate::recorded::RecordedError::NoSource(_)) => {
+                        ApiError::not_found(Code::NotFound, e.to_string())
+                    }
+                    other => ApiError::internal(&other),
+                }
+            })?;
+    let range = crate::export::ExportRange {
+        from,
+        to,
+        max_rows: app.config().limits.max_export_rows,
+        format,
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    let name = format!(
+        "{}-trades.{}",
+        instrument.to_string().replace([':', '/'], "_"),
+        format.extension()
+    );
+    app.shutdown().spawn(async move {
+        let failed = tx.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let out = crate::export::ChannelWriter::new(tx);
+            crate::export::recorded_trades(&found, range, out).map(|_| ())
+        })
+        .await;
+        end_stream("export of trades", written, &failed).await;
+    });
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
+            (axum::http::header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
+        ],
+        streamed(rx),
     )
         .into_response())
 }

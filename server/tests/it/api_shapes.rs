@@ -157,8 +157,13 @@ async fn every_answer_reads_back_into_its_shared_type() {
     let mut covered: Vec<String> =
         checked.iter().map(|(p, _)| p.split('?').next().unwrap().to_string()).collect();
     covered.extend(["/ws".to_string(), "/metrics".to_string()]);
-    // exports are files (Parquet, CSV), read back by pyarrow in export.rs
+    // exports are files (Parquet, CSV), read back by pyarrow in export.rs (candles) and
+    // playback.rs (trades, from a recording); with no recording here trades are the error shape
     covered.push("/api/v1/export/candles".to_string());
+    let (status, body) = server.get("/api/v1/export/trades?instrument=sim:spot:BTC/USDT").await;
+    assert_eq!(status, 404, "{body}");
+    round_trip::<ApiErrorBody>("export/trades", &body);
+    covered.push("/api/v1/export/trades".to_string());
     // `/api/v1/ops/cluster` answers on a gateway only (its `ClusterReport` is read back in
     // cluster_workers.rs); here it is the error shape.
     let (status, body) = server.get("/api/v1/ops/cluster").await;

@@ -187,7 +187,7 @@ async fn a_recorded_run_with_faults_plays_back_to_the_same_books_candles_and_tra
         assert!(p["rest_answered"].as_u64().unwrap() >= 1, "{p}");
     }
     replay_api(&played, &live[0]).await;
-    trades_export(&dir, &live[0]);
+    trades_export(&played, &dir, &live[0]).await;
     played.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -258,10 +258,11 @@ async fn replay_api(server: &TestServer, live: &Seen) {
     }
 }
 
-/// `millrace export trades` writes OKX's recorded trades as Parquet and CSV: read back by
-/// pyarrow and Python's csv module, every trade the live run kept is there, equal (time, id,
-/// price, size, taker side), each once.
-fn trades_export(dir: &std::path::Path, live: &Seen) {
+/// `millrace export trades` and `GET /api/v1/export/trades` write OKX's recorded trades as
+/// Parquet and CSV: read back by pyarrow and Python's csv module, every trade the live run kept
+/// is there, equal (time, id, price, size, taker side), each once; the two ways give the same
+/// rows. A bad request says what is wrong before any byte of a file.
+async fn trades_export(server: &TestServer, dir: &std::path::Path, live: &Seen) {
     use shared::fixed::{Price, Qty};
     let script = r#"
 import csv, json, sys, datetime
@@ -279,6 +280,8 @@ else:
     ms = lambda s: int(datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp() * 1000)
     print(json.dumps({"rows": [[ms(x["time"]), x["id"], x["price"], x["qty"], x["taker"] or None] for x in r]}))
 "#;
+    let http = reqwest::Client::new();
+    let mut exported = Vec::new();
     for format in ["parquet", "csv"] {
         let out = dir.join(format!("okx-trades.{format}"));
         let run = std::process::Command::new(millrace_bin())
@@ -290,9 +293,25 @@ else:
             .output()
             .unwrap();
         assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        exported.push((format, out));
+        let url = format!(
+            "http://{}/api/v1/export/trades?instrument=okx:spot:BTC/USDT&format={format}",
+            server.addr
+        );
+        let resp = http.get(&url).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{url}");
+        let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.contains(if format == "csv" { "csv" } else { "parquet" }), "{ct}");
+        let out = dir.join(format!("okx-trades-http.{format}"));
+        std::fs::write(&out, resp.bytes().await.unwrap()).unwrap();
+        exported.push((format, out));
+    }
+    let mut read_rows: Vec<serde_json::Value> = Vec::new();
+    for (format, out) in &exported {
+        let format = *format;
         let read = std::process::Command::new("python3")
             .args(["-c", script, format])
-            .arg(&out)
+            .arg(out)
             .output()
             .expect("python3 (scripts/setup installs pyarrow)");
         assert!(read.status.success(), "python: {}", String::from_utf8_lossy(&read.stderr));
@@ -304,6 +323,7 @@ else:
             assert!(schema.contains("received: timestamp[ns, tz=UTC]"), "{schema}");
         }
         let rows = v["rows"].as_array().unwrap();
+        read_rows.push(v["rows"].clone());
         let mut ids = std::collections::HashSet::new();
         let by_id: std::collections::HashMap<String, &serde_json::Value> = rows
             .iter()
@@ -324,6 +344,33 @@ else:
             assert_eq!((p(&r[2]), q(&r[3])), (p(&t["price"]), q(&t["qty"])), "{format}: {t}");
             assert_eq!(r[4].as_str(), t["taker"].as_str(), "{format}: side of {t}");
         }
+    }
+    // the CLI's file and the HTTP one hold the same rows, in each format
+    assert_eq!(read_rows[0], read_rows[1], "parquet: CLI vs HTTP");
+    assert_eq!(read_rows[2], read_rows[3], "csv: CLI vs HTTP");
+    // a range: only its trades
+    let all = read_rows[2].as_array().unwrap();
+    let mid = all[all.len() / 2][0].as_i64().unwrap();
+    let (status, body) = server
+        .get(&format!("/api/v1/export/trades?instrument=okx:spot:BTC/USDT&format=csv&from={mid}"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let part = body.lines().count() - 1;
+    let want = all.iter().filter(|r| r[0].as_i64().unwrap() >= mid).count();
+    assert_eq!(part, want, "trades from {mid}");
+    for (query, status) in [
+        ("instrument=okx:spot:NOPE/USDT", 404),
+        ("instrument=kraken:spot:BTC/USDT", 404),
+        ("instrument=okx:futures:BTC/USDT", 404),
+        ("instrument=nonsense", 400),
+        ("format=csv", 400),
+        ("instrument=okx:spot:BTC/USDT&format=xlsx", 400),
+        ("instrument=okx:spot:BTC/USDT&from=2&to=1", 400),
+        ("instrument=okx:spot:BTC/USDT&limit=5", 400),
+    ] {
+        let (got, body) = server.get(&format!("/api/v1/export/trades?{query}")).await;
+        assert_eq!(got, status, "{query}: {body}");
+        assert!(body.contains("\"msg\""), "{query}: {body}");
     }
     // an instrument the recording does not hold says so
     let run = std::process::Command::new(millrace_bin())
