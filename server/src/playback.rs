@@ -27,9 +27,13 @@
 //! - **Loop.** With `loop = true` a subscription whose recorded connections were all played
 //!   starts again from its first, and a connection that played its last frame is closed so the
 //!   job comes back for it.
-//! - **Bounds.** The recording is read once at start, the time range only, at most
-//!   [`MAX_BYTES`] of frames (a longer range is refused: narrow `from`/`to`); a torn file tail is
-//!   skipped as the replay tools skip it.
+//! - **Bounds.** The range is read once at start to index it: each connection's URL, first sent
+//!   frame, first and last times and frame count, and the REST answers, at most [`MAX_BYTES`] of
+//!   them (a range holding more is refused: narrow `from`/`to`). A connection's frames are not
+//!   held: while it plays, a reader of its own reads them from the files (from its first time,
+//!   the hours it spans only) a bounded queue ahead of the socket, so a played range of any
+//!   length takes the memory of its answers and of a few blocks a connection. A torn file tail
+//!   is skipped as the replay tools skip it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -50,8 +54,11 @@ use crate::config::Playback;
 use crate::lock::lock;
 use crate::shutdown::Shutdown;
 
-/// The most bytes of frames and answers a played range may hold.
-pub const MAX_BYTES: u64 = 2 << 30;
+/// The most bytes of REST answers a played range may hold (they are kept in memory; frames are
+/// read from the files as they play).
+pub const MAX_BYTES: u64 = 1 << 30;
+/// How many frames a playing connection's reader reads ahead of its socket.
+const READ_AHEAD_FRAMES: usize = 512;
 /// How long a connection may take to send its subscription.
 const FIRST_FRAME_WAIT: Duration = Duration::from_secs(30);
 
@@ -64,7 +71,7 @@ pub enum PlaybackError {
         #[source]
         source: recording::RecordingError,
     },
-    #[error("{dir}: the range holds more than {max} bytes of frames: narrow `from`/`to`")]
+    #[error("{dir}: the range holds more than {max} bytes of REST answers: narrow `from`/`to`")]
     TooLarge { dir: String, max: u64 },
     #[error("{dir}: no recorded frame in the range")]
     Empty { dir: String },
@@ -72,16 +79,23 @@ pub enum PlaybackError {
     Listen(#[source] std::io::Error),
 }
 
-/// One recorded WebSocket connection.
+/// One recorded WebSocket connection, as indexed (its frames are read as it plays).
 #[derive(Debug, Default)]
 struct RecordedConn {
+    /// Its connection id in the recording.
+    id: u64,
     /// The path and query it opened (a Binance stream's subscription is its URL).
     target: Option<String>,
     /// Its first sent frame (its subscription): what a new connection is matched by.
     first_sent: Option<String>,
     /// When it opened (its first record), Unix ns.
     start_ns: i64,
-    frames: Vec<Frame>,
+    /// The earliest receive time among its records (where its reader starts).
+    min_ns: i64,
+    /// Its first received frame or close, Unix ns.
+    first_frame_ns: Option<i64>,
+    /// Its received frames and closes in the range: what its reader delivers.
+    frames: u64,
 }
 
 #[derive(Debug)]
@@ -129,6 +143,10 @@ struct Counters {
 struct Recorded {
     source: String,
     playback: Playback,
+    /// Where the recorded source's files are read from while connections play: the recording
+    /// directory, the recorded source's name in it, and the range's receive times.
+    files: (std::path::PathBuf, String),
+    range_ns: (i64, i64),
     conns: Vec<RecordedConn>,
     answers: Vec<RecordedAnswer>,
     claims: Mutex<Claims>,
@@ -236,19 +254,23 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
     let mut too_large = false;
     let source_name = recorded_name.unwrap_or_default();
     let torn = crate::recorded::scan_range(parent, &source_name, from_ns, to_ns, |r| {
-        bytes += (r.body.len() + r.meta.len()) as u64;
-        if bytes > MAX_BYTES {
-            too_large = true;
-            return false;
-        }
         let mut conn = |index: &mut HashMap<u64, usize>, fresh: bool| {
             let n = conns.len();
             let at = *index.entry(r.conn).or_insert(n);
-            if at == n || fresh {
-                conns.push(RecordedConn { start_ns: r.time_ns, ..RecordedConn::default() });
+            let at = if at == n || fresh {
+                conns.push(RecordedConn {
+                    id: r.conn,
+                    start_ns: r.time_ns,
+                    min_ns: r.time_ns,
+                    ..RecordedConn::default()
+                });
                 index.insert(r.conn, conns.len() - 1);
-                return conns.len() - 1;
-            }
+                conns.len() - 1
+            } else {
+                at
+            };
+            let c = &mut conns[at];
+            c.min_ns = c.min_ns.min(r.time_ns);
             at
         };
         match r.kind {
@@ -264,21 +286,25 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
                     c.first_sent = Some(String::from_utf8_lossy(r.body).into_owned());
                 }
             }
-            Kind::Received => {
+            Kind::Received | Kind::Closed => {
                 let at = conn(&mut index, false);
-                let text = String::from_utf8_lossy(r.body).into_owned();
-                conns[at].frames.push(Frame::Text { time_ns: r.time_ns, text });
-                first_ns.get_or_insert(r.time_ns);
-                last_ns = Some(r.time_ns);
-            }
-            Kind::Closed => {
-                let at = conn(&mut index, false);
-                conns[at].frames.push(Frame::Close { time_ns: r.time_ns });
+                let c = &mut conns[at];
+                c.first_frame_ns.get_or_insert(r.time_ns);
+                c.frames += 1;
+                if r.kind == Kind::Received {
+                    first_ns.get_or_insert(r.time_ns);
+                    last_ns = Some(r.time_ns);
+                }
             }
             Kind::RestRequest => {
                 requests.insert(r.conn, r.meta.to_string());
             }
             Kind::RestAnswer => {
+                bytes += r.body.len() as u64;
+                if bytes > MAX_BYTES {
+                    too_large = true;
+                    return false;
+                }
                 if let Some(request) = requests.remove(&r.conn) {
                     answers.push(RecordedAnswer {
                         time_ns: r.time_ns,
@@ -300,7 +326,13 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
     }
     // a REST request's connection id is never a WebSocket's: only connections that sent or
     // received a frame are played
-    conns.retain(|c| c.first_sent.is_some() || !c.frames.is_empty());
+    conns.retain(|c| c.first_sent.is_some() || c.frames != 0);
+    tracing::debug!(
+        source,
+        connections = conns.len(),
+        answers = answers.len(),
+        "recording player: range indexed"
+    );
     if conns.is_empty() && answers.is_empty() {
         return Err(PlaybackError::Empty { dir: dir_text });
     }
@@ -310,6 +342,8 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
         AtomicI64::new(answers.iter().map(|a| a.time_ns).min().unwrap_or(i64::MAX));
     Ok(Recorded {
         source: source.to_string(),
+        files: (parent.to_path_buf(), source_name),
+        range_ns: (from_ns, to_ns),
         playback: p,
         progress: conns.iter().map(|_| AtomicI64::new(i64::MAX)).collect(),
         conns,
@@ -469,6 +503,41 @@ impl Recorded {
         }
     }
 
+    /// Reads recorded connection `at`'s received frames and its close from the files into `tx`,
+    /// in recorded order, from its earliest time on (the hours it spans only), until all of
+    /// them are sent or the receiver is gone. Another connection of the same id (a later process
+    /// run's, which begins with its own `connected`) ends it.
+    fn read_frames(
+        &self,
+        at: usize,
+        tx: &tokio::sync::mpsc::Sender<Frame>,
+    ) -> Result<(), recording::RecordingError> {
+        let c = &self.conns[at];
+        let (dir, name) = &self.files;
+        let (from_ns, to_ns) = (c.min_ns.max(self.range_ns.0), self.range_ns.1);
+        let (mut left, mut begun) = (c.frames, false);
+        crate::recorded::scan_range(dir, name, from_ns, to_ns, |r| {
+            if r.conn != c.id {
+                return true;
+            }
+            if r.kind == Kind::Connected && begun {
+                return false;
+            }
+            begun = true;
+            let frame = match r.kind {
+                Kind::Received => Frame::Text {
+                    time_ns: r.time_ns,
+                    text: String::from_utf8_lossy(r.body).into_owned(),
+                },
+                Kind::Closed => Frame::Close { time_ns: r.time_ns },
+                _ => return true,
+            };
+            left -= 1;
+            tx.blocking_send(frame).is_ok() && left != 0
+        })?;
+        Ok(())
+    }
+
     /// Claims the earliest recorded connection that `matches` and was not played yet (with
     /// `loop`, all of them played: again from the first).
     fn claim(&self, matches: impl Fn(&RecordedConn) -> bool) -> Option<usize> {
@@ -523,17 +592,33 @@ async fn play(mut socket: WebSocket, p: Played, target: String) {
     r.counters.played.fetch_add(1, Relaxed);
     let conn = &r.conns[at];
     let playing = Playing::start(r, at);
-    tracing::debug!(source = %r.source, at, frames = conn.frames.len(), first = %first, "recording player: a connection plays");
+    tracing::debug!(source = %r.source, at, frames = conn.frames, first = %first, "recording player: a connection plays");
     let started = tokio::time::Instant::now();
     let due = |time_ns: i64| {
         let speed = r.playback.speed?;
         let ns = (time_ns - conn.start_ns).max(0) as f64 / speed;
         Some(started + Duration::from_nanos(ns as u64))
     };
-    for frame in &conn.frames {
+    // its frames, read from the files a bounded queue ahead (the reader stops when this
+    // connection ends: its receiver is dropped)
+    let (tx, mut frames) = tokio::sync::mpsc::channel::<Frame>(READ_AHEAD_FRAMES);
+    if conn.frames != 0 {
+        let reader = p.recorded.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = reader.read_frames(at, &tx) {
+                tracing::warn!(source = %reader.source, "recording player: a connection's frames cannot be read: {e}");
+            }
+        });
+    }
+    loop {
+        let frame = tokio::select! {
+            () = stop.cancelled() => return,
+            frame = frames.recv() => frame,
+        };
+        let Some(frame) = frame else { break };
         let (time_ns, text) = match frame {
-            Frame::Text { time_ns, text } => (*time_ns, Some(text)),
-            Frame::Close { time_ns } => (*time_ns, None),
+            Frame::Text { time_ns, text } => (time_ns, Some(text)),
+            Frame::Close { time_ns } => (time_ns, None),
         };
         // as recorded: a frame after every answer received before it was asked for (a
         // Binance book's snapshot lands among its diffs where it did)
@@ -582,7 +667,7 @@ async fn play(mut socket: WebSocket, p: Played, target: String) {
         };
         let sent = tokio::select! {
             () = stop.cancelled() => return,
-            sent = socket.send(Message::Text(text.as_str().into())) => sent,
+            sent = socket.send(Message::Text(text.into())) => sent,
         };
         if sent.is_err() {
             return;
@@ -607,9 +692,7 @@ struct Playing<'a> {
 
 impl<'a> Playing<'a> {
     fn start(recorded: &'a Recorded, at: usize) -> Playing<'a> {
-        let first = recorded.conns[at].frames.first().map_or(i64::MAX, |f| match f {
-            Frame::Text { time_ns, .. } | Frame::Close { time_ns } => *time_ns,
-        });
+        let first = recorded.conns[at].first_frame_ns.unwrap_or(i64::MAX);
         recorded.progress[at].store(first, Relaxed);
         Playing { recorded, at }
     }
