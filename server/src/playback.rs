@@ -722,6 +722,76 @@ async fn idle(mut socket: WebSocket, stop: &tokio_util::sync::CancellationToken)
 mod tests {
     use super::*;
 
+    fn frames_of(r: &Recorded, at: usize) -> Vec<String> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(READ_AHEAD_FRAMES);
+        r.read_frames(at, &tx).unwrap();
+        drop(tx);
+        let mut out = Vec::new();
+        while let Ok(f) = rx.try_recv() {
+            out.push(match f {
+                Frame::Text { text, .. } => text,
+                Frame::Close { .. } => "(closed)".to_string(),
+            });
+        }
+        out
+    }
+
+    /// A connection's frames are read from the files as it plays: each recorded connection gets
+    /// its own, across an hour's file boundary, a second run's connection of the same id its
+    /// own, and only the range's.
+    #[test]
+    fn each_connection_reads_its_own_frames_from_the_files() {
+        const HOUR: i64 = 3_600_000_000_000;
+        let t0 = 1_700_000_000_000_000_000 / HOUR * HOUR + HOUR - 2_000_000_000;
+        let dir = testkit::temp_dir("player-index");
+        let mut rec = recording::Recorder::new(&dir, "okx").unwrap();
+        let mut put = |kind, ms: i64, conn, meta: &str, body: &str| {
+            let time_ns = t0 + ms * 1_000_000;
+            rec.append(&recording::Record { kind, time_ns, conn, meta, body: body.as_bytes() })
+                .unwrap();
+        };
+        put(Kind::Connected, 0, 1, "wss://x/ws/v5/public", "");
+        put(Kind::Sent, 1, 1, "", "sub-a");
+        put(Kind::Connected, 2, 2, "wss://x/ws/v5/public", "");
+        put(Kind::Sent, 3, 2, "", "sub-b");
+        for i in 0..4 {
+            // the last two after the hour: another file
+            put(Kind::Received, 10 + i * 700, 1, "", &format!("a{i}"));
+            put(Kind::Received, 11 + i * 700, 2, "", &format!("b{i}"));
+        }
+        put(Kind::RestRequest, 2500, 9, "GET https://x/api/v5/public/time", "");
+        put(Kind::RestAnswer, 2501, 9, "200", "{\"ts\":1}");
+        put(Kind::Closed, 2600, 1, "", "");
+        // a later run reuses connection id 1
+        put(Kind::Connected, 3000, 1, "wss://x/ws/v5/public", "");
+        put(Kind::Sent, 3001, 1, "", "sub-a");
+        put(Kind::Received, 3002, 1, "", "c0");
+        rec.flush().unwrap();
+        drop(rec);
+        assert_eq!(recording::list_files(&dir).unwrap().len(), 2, "two hours' files");
+        let playback = |from_ms: Option<i64>| Playback {
+            dir: dir.join("okx"),
+            dialect: shared::venue::Dialect::Okx,
+            from_ms,
+            to_ms: None,
+            speed: None,
+            looped: false,
+        };
+        let r = read("okx", playback(None)).unwrap();
+        assert_eq!(r.conns.len(), 3);
+        assert_eq!(r.conns.iter().map(|c| c.frames).collect::<Vec<_>>(), [5, 4, 1]);
+        assert_eq!(frames_of(&r, 0), ["a0", "a1", "a2", "a3", "(closed)"]);
+        assert_eq!(frames_of(&r, 1), ["b0", "b1", "b2", "b3"]);
+        assert_eq!(frames_of(&r, 2), ["c0"]);
+        assert_eq!(r.answers.len(), 1);
+        // a range that begins within the connections: their frames from there on
+        let r = read("okx", playback(Some(t0 / 1_000_000 + 1000))).unwrap();
+        assert_eq!(frames_of(&r, 0), ["a2", "a3", "(closed)"]);
+        assert_eq!(frames_of(&r, 1), ["b2", "b3"]);
+        assert_eq!(frames_of(&r, 2), ["c0"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_recorded_request_is_matched_by_its_path_and_query_under_any_prefix() {
         assert_eq!(
