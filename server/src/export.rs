@@ -21,6 +21,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use shared::candle::Candle;
 use shared::protocol::{InstrumentId, SeriesId};
 use shared::trade::{TakerSide, Trade};
@@ -93,6 +94,11 @@ pub enum ExportError {
 pub trait ExportRows: Sized {
     /// The CSV header (with its newline).
     const CSV_HEADER: &'static [u8];
+    /// The Parquet columns dictionary-encoded: those of a few distinct values. Every other is
+    /// written plain (then zstd): prices, volumes and times are nearly all distinct, and a
+    /// dictionary tried on them and given up cost 40 % of the export and made the file larger
+    /// (BENCHMARKS.md).
+    const DICTIONARY_COLUMNS: &'static [&'static str] = &[];
     /// The Arrow schema.
     fn schema() -> Arc<Schema>;
     /// One chunk as Arrow columns.
@@ -181,6 +187,7 @@ pub struct TradeRow {
 
 impl ExportRows for TradeRow {
     const CSV_HEADER: &'static [u8] = b"time,id,price,qty,taker,received_ns\n";
+    const DICTIONARY_COLUMNS: &'static [&'static str] = &["taker"];
 
     fn schema() -> Arc<Schema> {
         Arc::new(Schema::new(vec![
@@ -244,7 +251,12 @@ impl<W: Write + Send, R: ExportRows> ExportFile<W, R> {
         Ok(match format {
             Format::Parquet => {
                 let schema = R::schema();
-                let props = WriterProperties::builder()
+                let props = R::DICTIONARY_COLUMNS
+                    .iter()
+                    .fold(WriterProperties::builder(), |p, c| {
+                        p.set_column_dictionary_enabled(ColumnPath::from(*c), true)
+                    })
+                    .set_dictionary_enabled(false)
                     .set_compression(Compression::ZSTD(ZstdLevel::default()))
                     .set_key_value_metadata(Some(vec![KeyValue::new(
                         format!("millrace.{key}"),
