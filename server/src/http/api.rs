@@ -129,15 +129,7 @@ async fn trades(
     let app = &state.app;
     let bad = |e: ApiError| state.bad_request(e);
     let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
-    let text = q.instrument.ok_or_else(|| {
-        bad(ApiError::bad(
-            Code::Malformed,
-            "instrument is required, e.g. instrument=sim-okx:spot:BTC/USDT",
-        ))
-    })?;
-    let instrument: shared::protocol::InstrumentId = text
-        .parse()
-        .map_err(|e| bad(ApiError::bad(Code::BadStream, format!("instrument {text:?}: {e}"))))?;
+    let instrument = instrument_param(q.instrument, "sim-okx:spot:BTC/USDT").map_err(bad)?;
     let max = crate::trades::RECENT_TRADES as i64;
     let limit = int_param("limit", q.limit.as_deref()).map_err(bad)?.unwrap_or(100);
     if !(1..=max).contains(&limit) {
@@ -371,17 +363,9 @@ async fn export_candles(
     let bad = |e: ApiError| state.bad_request(e);
     let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
     let series = served_series(&app, q.series.as_deref()).map_err(bad)?;
-    let from = int_param("from", q.from.as_deref()).map_err(bad)?.unwrap_or(0);
-    let to = int_param("to", q.to.as_deref()).map_err(bad)?.unwrap_or(i64::MAX);
-    if from > to {
-        return Err(bad(ApiError::bad(Code::Malformed, format!("from {from} is after to {to}"))));
-    }
-    let format: crate::export::Format = q.format.as_deref().unwrap_or("parquet").parse().map_err(
-        |e: crate::export::ExportError| bad(ApiError::bad(Code::Malformed, e.to_string())),
-    )?;
-    let max_rows = app.config().limits.max_export_rows;
+    let range = export_range(&app, q.from, q.to, q.format).map_err(bad)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
-    let name = format!("{}.{}", series.to_string().replace([':', '/'], "_"), format.extension());
+    let name = file_name(&series.to_string(), "", range.format);
     let store = app.store().clone();
     // read and written on the store's read connections, a chunk at a time; a failure after the
     // first bytes ends the body with an error (the client sees it cut, never a short file)
@@ -389,21 +373,66 @@ async fn export_candles(
         let failed = tx.clone();
         let done = crate::store::read(&store, move |s| {
             let out = crate::export::ChannelWriter::new(tx);
-            let range = crate::export::ExportRange { from, to, max_rows, format };
             Ok(crate::export::candles(s, &series, range, out).map(|_| ()))
         })
         .await;
         end_stream("export of candles", done, &failed).await;
     });
-    let body = streamed(rx);
-    Ok((
+    Ok(file_response(range.format, &name, rx))
+}
+
+/// An export's range and format from its query (`from`, `to`: ms, both optional; `format`:
+/// parquet, the default, or csv), at most `limits.max_export_rows` rows.
+fn export_range(
+    app: &crate::app::App,
+    from: Option<String>,
+    to: Option<String>,
+    format: Option<String>,
+) -> Result<crate::export::ExportRange, ApiError> {
+    let from = int_param("from", from.as_deref())?.unwrap_or(0);
+    let to = int_param("to", to.as_deref())?.unwrap_or(i64::MAX);
+    if from > to {
+        return Err(ApiError::bad(Code::Malformed, format!("from {from} is after to {to}")));
+    }
+    let format: crate::export::Format =
+        format.as_deref().unwrap_or("parquet").parse().map_err(
+            |e: crate::export::ExportError| ApiError::bad(Code::Malformed, e.to_string()),
+        )?;
+    Ok(crate::export::ExportRange {
+        from,
+        to,
+        max_rows: app.config().limits.max_export_rows,
+        format,
+    })
+}
+
+/// An exported file's name: what it holds (`:` and `/` made `_`), a suffix, its extension.
+fn file_name(what: &str, suffix: &str, format: crate::export::Format) -> String {
+    format!("{}{suffix}.{}", what.replace([':', '/'], "_"), format.extension())
+}
+
+/// An exported file as an attachment, its body streamed from `rx`.
+fn file_response(
+    format: crate::export::Format,
+    name: &str,
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
+) -> Response {
+    (
         [
             (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
             (axum::http::header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
         ],
-        body,
+        streamed(rx),
     )
-        .into_response())
+        .into_response()
+}
+
+/// The `instrument` parameter, required (`example` shows one).
+fn instrument_param(text: Option<String>, example: &str) -> Result<InstrumentId, ApiError> {
+    let text = text.ok_or_else(|| {
+        ApiError::bad(Code::Malformed, format!("instrument is required, e.g. instrument={example}"))
+    })?;
+    text.parse().map_err(|e| ApiError::bad(Code::BadStream, format!("instrument {text:?}: {e}")))
 }
 
 /// `GET /api/v1/export/trades?instrument=…&from=…&to=…&format=parquet|csv`: an instrument's
@@ -418,23 +447,8 @@ async fn export_trades(
     let app = state.app.clone();
     let bad = |e: ApiError| state.bad_request(e);
     let Query(q) = query.map_err(|e| bad(ApiError::bad(Code::Malformed, e.body_text())))?;
-    let text = q.instrument.ok_or_else(|| {
-        bad(ApiError::bad(
-            Code::Malformed,
-            "instrument is required, e.g. instrument=okx:spot:BTC/USDT",
-        ))
-    })?;
-    let instrument: InstrumentId = text
-        .parse()
-        .map_err(|e| bad(ApiError::bad(Code::Malformed, format!("instrument {text:?}: {e}"))))?;
-    let from = int_param("from", q.from.as_deref()).map_err(bad)?.unwrap_or(0);
-    let to = int_param("to", q.to.as_deref()).map_err(bad)?.unwrap_or(i64::MAX);
-    if from > to {
-        return Err(bad(ApiError::bad(Code::Malformed, format!("from {from} is after to {to}"))));
-    }
-    let format: crate::export::Format = q.format.as_deref().unwrap_or("parquet").parse().map_err(
-        |e: crate::export::ExportError| bad(ApiError::bad(Code::Malformed, e.to_string())),
-    )?;
+    let instrument = instrument_param(q.instrument, "okx:spot:BTC/USDT").map_err(bad)?;
+    let range = export_range(&app, q.from, q.to, q.format).map_err(bad)?;
     let dirs = crate::recorded::replicas(&app.config().record_dir(), &instrument.exchange)
         .map_err(|e| bad(ApiError::bad(Code::Malformed, e.to_string())))?;
     let permit = REPLAYS.try_acquire().map_err(|_| {
@@ -459,18 +473,8 @@ async fn export_trades(
                     other => ApiError::internal(&other),
                 }
             })?;
-    let range = crate::export::ExportRange {
-        from,
-        to,
-        max_rows: app.config().limits.max_export_rows,
-        format,
-    };
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
-    let name = format!(
-        "{}-trades.{}",
-        instrument.to_string().replace([':', '/'], "_"),
-        format.extension()
-    );
+    let name = file_name(&instrument.to_string(), "-trades", range.format);
     app.shutdown().spawn(async move {
         let failed = tx.clone();
         let written = tokio::task::spawn_blocking(move || {
@@ -481,14 +485,7 @@ async fn export_trades(
         .await;
         end_stream("export of trades", written, &failed).await;
     });
-    Ok((
-        [
-            (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
-            (axum::http::header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
-        ],
-        streamed(rx),
-    )
-        .into_response())
+    Ok(file_response(range.format, &name, rx))
 }
 
 async fn series(State(state): State<AppState>) -> Result<Json<Catalog>, ApiError> {
