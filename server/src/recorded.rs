@@ -88,10 +88,14 @@ pub fn venue_symbol(
     dialect: Dialect,
     instrument: &shared::protocol::InstrumentId,
 ) -> Result<Option<String>, RecordedError> {
-    let lists = [Market::Spot, Market::Futures].map(|m| {
-        let p = venues::rest::instruments_path(dialect, m);
-        p.split('?').next().unwrap_or(p).to_string()
-    });
+    let lists = match dialect {
+        // spot's and USD-M futures' (`/fapi/v1/exchangeInfo`)
+        Dialect::Binance => ["/api/v3/exchangeInfo".to_string(), "/fapi/v1/exchangeInfo".into()],
+        _ => [Market::Spot, Market::Futures].map(|m| {
+            let p = venues::rest::instruments_path(dialect, m);
+            p.split('?').next().unwrap_or(p).to_string()
+        }),
+    };
     let mut requests: HashMap<u64, bool> = HashMap::new();
     let mut found = None;
     scan_range(dir, source, i64::MIN, i64::MAX, |r| {
@@ -101,7 +105,20 @@ pub fn venue_symbol(
             }
             Kind::RestAnswer if requests.remove(&r.conn) == Some(true) => {
                 let body = String::from_utf8_lossy(r.body);
-                if let Ok(list) = venues::rest::parse_instruments(dialect, &body) {
+                if dialect == Dialect::Binance {
+                    // `exchangeInfo`, read by the binance crate as the live source reads it
+                    if let Ok(info) =
+                        binance::wire::parse_body::<binance::wire::ExchangeInfo>(&body)
+                    {
+                        found = info
+                            .symbols
+                            .into_iter()
+                            .find(|i| {
+                                format!("{}/{}", i.base_asset, i.quote_asset) == instrument.symbol
+                            })
+                            .map(|i| i.symbol);
+                    }
+                } else if let Ok(list) = venues::rest::parse_instruments(dialect, &body) {
                     found = list
                         .into_iter()
                         .find(|i| format!("{}/{}", i.base, i.quote) == instrument.symbol)
@@ -182,15 +199,22 @@ pub fn read(
             Kind::Received => {
                 let text = String::from_utf8_lossy(r.body);
                 messages.clear();
-                match venues::parse(dialect, &text, &mut messages) {
+                let parsed = match dialect {
+                    // Binance's streams are read by the binance crate, as the live jobs read them
+                    Dialect::Binance => binance::fastdepth::parse_frame(&text)
+                        .map(|event| messages.extend(binance_message(event)))
+                        .map_err(|e| e.to_string()),
+                    _ => venues::parse(dialect, &text, &mut messages).map_err(|e| e.to_string()),
+                };
+                match parsed {
                     Ok(()) => {
                         for m in messages.drain(..) {
                             lines.extend(normalized(time_ns, conn, m, channels));
                         }
                     }
-                    Err(e) => {
+                    Err(error) => {
                         summary.errors += 1;
-                        lines.push(ReplayLine::Error { time_ns, conn, error: e.to_string() })
+                        lines.push(ReplayLine::Error { time_ns, conn, error })
                     }
                 }
             }
@@ -208,12 +232,24 @@ pub fn read(
             }
             Kind::RestAnswer => {
                 let request = requests.remove(&conn).unwrap_or_default();
+                let status = r.meta.parse().unwrap_or(0);
+                // a Binance book's snapshot comes by REST: a book line like a venue's snapshot
+                if dialect == Dialect::Binance && status == 200 && channels.has("book") {
+                    match binance_snapshot(time_ns, conn, &request, r.body) {
+                        Some(Ok(line)) => lines.push(line),
+                        Some(Err(error)) => {
+                            summary.errors += 1;
+                            lines.push(ReplayLine::Error { time_ns, conn, error });
+                        }
+                        None => {}
+                    }
+                }
                 if channels.has("rest") {
                     lines.push(ReplayLine::Rest {
                         time_ns,
                         conn,
                         request,
-                        status: r.meta.parse().unwrap_or(0),
+                        status,
                         bytes: r.body.len() as u64,
                     });
                 }
@@ -318,6 +354,118 @@ pub(crate) fn scan_range(
             return true;
         }
         each(r)
+    })
+}
+
+/// A Binance stream event as the venues' message of the same kind: a diff is a book update
+/// (`seq` its `u`, `prev_seq` its `pu` on futures, else `U` − 1: the update it continues), a
+/// partial depth a snapshot, an aggregate or single trade a trade, a kline a candle, a
+/// `bookTicker` a ticker; an answer or another event nothing.
+fn binance_message(event: binance::wire::StreamEvent) -> Option<venues::Message> {
+    use binance::wire::StreamEvent;
+    use venues::{BookFrame, CandleFrame, Message, TickerFrame};
+    let taker = |buyer_is_maker: bool| {
+        Some(if buyer_is_maker {
+            shared::trade::TakerSide::Sell
+        } else {
+            shared::trade::TakerSide::Buy
+        })
+    };
+    Some(match event {
+        StreamEvent::DepthUpdate { update, .. } => {
+            let d = update.delta;
+            Message::Book(BookFrame {
+                symbol: update.symbol,
+                seq: Some(d.last_id),
+                prev_seq: d.prev_last_id.or(d.first_id.checked_sub(1)),
+                bids: d.bids,
+                asks: d.asks,
+                checksum: d.checksum,
+                time_ms: Some(update.event_time),
+                ..BookFrame::default()
+            })
+        }
+        StreamEvent::PartialDepth { stream, depth } => Message::Book(BookFrame {
+            // a partial depth stream (`btcusdt@depth20`) names its symbol only in the stream
+            symbol: depth.symbol.unwrap_or_else(|| {
+                let s = stream.as_deref().unwrap_or("");
+                s.split('@').next().unwrap_or("").to_ascii_uppercase()
+            }),
+            snapshot: true,
+            seq: Some(depth.snapshot.last_update_id),
+            bids: depth.snapshot.bids,
+            asks: depth.snapshot.asks,
+            time_ms: depth.event_time,
+            ..BookFrame::default()
+        }),
+        StreamEvent::AggTrade { trade: a, .. } => Message::Trades {
+            symbol: a.symbol,
+            trades: vec![crate::trades::agg_trade(
+                a.agg_trade_id,
+                a.trade_time,
+                a.price,
+                a.qty,
+                a.buyer_is_maker,
+            )],
+        },
+        StreamEvent::Trade { trade: t, .. } => Message::Trades {
+            symbol: t.symbol,
+            trades: vec![shared::trade::Trade {
+                id: shared::trade::TradeId::Seq(t.trade_id),
+                time_ms: t.trade_time,
+                price: t.price,
+                qty: t.qty,
+                taker: taker(t.buyer_is_maker),
+            }],
+        },
+        StreamEvent::Kline { kline: k, .. } => Message::Candle(CandleFrame {
+            symbol: k.symbol,
+            minutes: k.timeframe.minutes(),
+            candle: k.candle,
+            closed: Some(k.closed),
+        }),
+        StreamEvent::BookTicker { ticker: t, .. } => Message::Ticker(TickerFrame {
+            symbol: t.symbol,
+            bid: Some(shared::book::Level::new(t.bid_price, t.bid_qty)),
+            ask: Some(shared::book::Level::new(t.ask_price, t.ask_qty)),
+            cross_seq: None,
+            time_ms: t.event_time.or(t.transaction_time),
+        }),
+        StreamEvent::Reply(_) | StreamEvent::Other { .. } => return None,
+    })
+}
+
+/// A recorded answer to a Binance depth request (`/api/v3/depth`, `/fapi/v1/depth`) as the
+/// book's snapshot line (`seq` its `lastUpdateId`, the symbol from the request); `None` for
+/// any other request, an error when the answer is not a depth body.
+fn binance_snapshot(
+    time_ns: i64,
+    conn: u64,
+    request: &str,
+    body: &[u8],
+) -> Option<Result<ReplayLine, String>> {
+    let url = request.strip_prefix("GET ").unwrap_or(request);
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    if !(path.ends_with("/api/v3/depth") || path.ends_with("/fapi/v1/depth")) {
+        return None;
+    }
+    let symbol = query.split('&').find_map(|kv| kv.strip_prefix("symbol="))?.to_string();
+    let text = String::from_utf8_lossy(body);
+    Some(match binance::wire::parse_body::<binance::wire::DepthBody>(&text) {
+        Ok(b) => Ok(ReplayLine::Book {
+            time_ns,
+            conn,
+            symbol,
+            snapshot: true,
+            seq: Some(b.last_update_id),
+            prev_seq: None,
+            cross_seq: None,
+            checksum: None,
+            venue_time_ms: b.event_time,
+            bids: b.bids,
+            asks: b.asks,
+        }),
+        Err(e) => Err(format!("{request}: {e}")),
     })
 }
 

@@ -285,7 +285,7 @@ async fn fill_agg_trades(
 
 /// A Binance aggregate trade (stream or REST) as a [`Trade`]: the buyer being the maker means
 /// the taker sold.
-fn agg_trade(
+pub(crate) fn agg_trade(
     id: u64,
     time_ms: i64,
     price: shared::Price,

@@ -54,6 +54,11 @@ enum Event {
         symbol: Option<String>,
         snapshot: DepthSnapshot,
     },
+    /// A recorded connection that streams the symbol's diffs opened again: its book starts
+    /// over, as a live job's does when its stream reconnects.
+    Reconnected {
+        symbol: String,
+    },
     Other,
 }
 
@@ -103,6 +108,13 @@ pub struct DepthReport {
 }
 
 impl DepthReport {
+    /// Whether the book is right at the end, its gaps found and healed: synced, never crossed,
+    /// every ticker and verification agreeing (a recording of a live run holds the gaps the
+    /// run met, and the snapshots that healed them).
+    pub fn consistent(&self) -> bool {
+        self.synced && self.ticker_mismatches == 0 && self.crossed == 0 && self.drift_levels == 0
+    }
+
     /// Whether every check passed for this symbol.
     pub fn ok(&self) -> bool {
         self.synced
@@ -302,7 +314,76 @@ pub fn book_inputs(files: &[PathBuf]) -> anyhow::Result<BTreeMap<String, (bool, 
 
 /// Replays `files` and returns one report per symbol, in symbol order.
 pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
-    let Loaded { events, futures } = load(files)?;
+    replay_loaded(load(files)?)
+}
+
+/// Replays a millrace recording of a Binance-protocol source (`millrace replay recording`):
+/// `(receive time ns, connection, where, event)` in receive order, as
+/// [`crate::recording::read_source`] gives them. Its combined-stream frames are the diffs and
+/// tickers, its answers to depth requests (`…/depth?symbol=…`) the snapshots; an answer or a
+/// frame of anything else (an instrument list, a subscription's reply, an error answer) is
+/// passed over.
+pub fn replay_recorded(
+    events: &[(i128, usize, Origin, crate::venue::RecordedEvent)],
+) -> anyhow::Result<Vec<DepthReport>> {
+    use crate::venue::RecordedEvent;
+    let mut loaded = Loaded { events: Vec::new(), futures: HashMap::new() };
+    // (time, where, the event, or the connection that opened)
+    let mut steps: Vec<(i128, &Origin, Result<Event, usize>)> = Vec::new();
+    let mut conn_symbols: HashMap<usize, Vec<String>> = HashMap::new();
+    for (ts_ns, conn, origin, event) in events {
+        let event = match event {
+            RecordedEvent::Received(text) => {
+                let v: Value = serde_json::from_str(text)
+                    .map_err(|e| bad(origin, format!("invalid JSON: {e}")))?;
+                if v.get("stream").is_none() {
+                    continue; // a reply to a request on the connection
+                }
+                parse_message(origin, &v)?
+            }
+            RecordedEvent::RestAnswer { request, body } => {
+                let url = request.strip_prefix("GET ").unwrap_or(request);
+                let path = url.split('?').next().unwrap_or(url);
+                let depth = path.ends_with("/api/v3/depth") || path.ends_with("/fapi/v1/depth");
+                if !depth || !body.contains("\"lastUpdateId\"") {
+                    continue;
+                }
+                snapshot_answer(origin, url, body)?
+            }
+            RecordedEvent::Connected => {
+                steps.push((*ts_ns, origin, Err(*conn)));
+                continue;
+            }
+            RecordedEvent::Sent(_) => continue,
+        };
+        if let Event::Delta { symbol, delta } = &event {
+            *loaded.futures.entry(symbol.clone()).or_default() |= delta.prev_last_id.is_some();
+            let symbols = conn_symbols.entry(*conn).or_default();
+            if !symbols.contains(symbol) {
+                symbols.push(symbol.clone());
+            }
+        }
+        steps.push((*ts_ns, origin, Ok(event)));
+    }
+    for (ts_ns, origin, step) in steps {
+        let events = match step {
+            Ok(event) => vec![event],
+            Err(conn) => conn_symbols
+                .get(&conn)
+                .into_iter()
+                .flatten()
+                .map(|symbol| Event::Reconnected { symbol: symbol.clone() })
+                .collect(),
+        };
+        for event in events {
+            loaded.events.push(Recorded { ts_ns, file: 0, origin: origin.clone(), event });
+        }
+    }
+    replay_loaded(loaded)
+}
+
+fn replay_loaded(loaded: Loaded) -> anyhow::Result<Vec<DepthReport>> {
+    let Loaded { events, futures } = loaded;
     let mut symbols: BTreeMap<String, SymbolState> = BTreeMap::new();
     for r in events {
         let now_ms = (r.ts_ns / 1_000_000) as i64;
@@ -333,6 +414,12 @@ pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
                         .entry(symbol.clone())
                         .or_insert_with(|| SymbolState::new(&symbol, is_futures));
                     st.on_ticker(ticker);
+                }
+            }
+            Event::Reconnected { symbol } => {
+                if let Some(st) = symbols.get_mut(&symbol) {
+                    st.sync.handle_connection_lost(now_ms);
+                    st.drain();
                 }
             }
             Event::Snapshot { symbol: None, .. } | Event::Other => {}
@@ -396,17 +483,7 @@ fn parse_line(
                 .split_once(": ")
                 .ok_or_else(|| bad(origin, "expected `<ts>: <json>` after `->`"))?;
             let ts_ns = parse_secs(origin, ts)?;
-            let symbol = url
-                .split(['?', '&'])
-                .find_map(|kv| kv.strip_prefix("symbol="))
-                .ok_or_else(|| bad(origin, "snapshot URL has no symbol= parameter"))?;
-            let v: Value = serde_json::from_str(json)
-                .map_err(|e| bad(origin, format!("invalid JSON: {e}")))?;
-            let snapshot = parse_snapshot(origin, &v)?;
-            Ok(Some((
-                ts_ns,
-                Event::Snapshot { symbol: Some(symbol.to_ascii_uppercase()), snapshot },
-            )))
+            Ok(Some((ts_ns, snapshot_answer(origin, url, json)?)))
         }
         FileKind::Stream => {
             if line.starts_with("wss://") || line.starts_with("ws://") {
@@ -425,6 +502,18 @@ fn parse_line(
             Ok(Some((ts_ns, parse_message(origin, &v)?)))
         }
     }
+}
+
+/// A REST depth answer to a request for `url` (whose `symbol=` names the book).
+fn snapshot_answer(origin: &Origin, url: &str, json: &str) -> anyhow::Result<Event> {
+    let symbol = url
+        .split(['?', '&'])
+        .find_map(|kv| kv.strip_prefix("symbol="))
+        .ok_or_else(|| bad(origin, "snapshot URL has no symbol= parameter"))?;
+    let v: Value =
+        serde_json::from_str(json).map_err(|e| bad(origin, format!("invalid JSON: {e}")))?;
+    let snapshot = parse_snapshot(origin, &v)?;
+    Ok(Event::Snapshot { symbol: Some(symbol.to_ascii_uppercase()), snapshot })
 }
 
 fn field_u64(origin: &Origin, v: &Value, key: &str) -> anyhow::Result<u64> {

@@ -157,7 +157,13 @@ pub fn run(args: &RecordingArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
             writeln!(out)?;
         }
         if dialect == Dialect::Binance {
-            continue; // counted above; its books replay with `replay depth` from captures
+            // its books from its diffs and its REST snapshots, by Binance's rules
+            for r in crate::depth::replay_recorded(&events)? {
+                ok &= r.consistent();
+                serde_json::to_writer(&mut *out, &r)?;
+                writeln!(out)?;
+            }
+            continue;
         }
         for r in replay_events(dialect, connections, events)? {
             ok &= r.ok;

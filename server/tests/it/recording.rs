@@ -110,7 +110,74 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.lines().any(|l| l.contains("\"file\"") && l.contains("okx")), "{text}");
+    // the Binance-protocol source's book too, from its diffs and its REST snapshot
+    let sim_btc = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["symbol"] == "BTCUSDT" && v.get("diffs_applied").is_some())
+        .unwrap_or_else(|| panic!("no BTCUSDT book in {text}"));
+    assert_eq!(sim_btc["synced"], true, "{sim_btc}");
+    assert!(sim_btc["snapshots"].as_u64() >= Some(1), "{sim_btc}");
+    assert!(sim_btc["diffs_applied"].as_u64() > Some(5), "{sim_btc}");
+    binance_recording_normalized(&dir);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Binance-protocol recording reads back as normalized lines (what `GET /api/v1/replay`
+/// streams), by the binance crate as the live jobs read it: the REST depth snapshot a book
+/// line with its `lastUpdateId`, the diffs book lines that continue it (`prev_seq` = `U` − 1),
+/// trades, candles, no error; and its trades export, by the symbol its `exchangeInfo` gave.
+fn binance_recording_normalized(dir: &std::path::Path) {
+    use shared::protocol::replay::ReplayLine;
+    let channels = server::recorded::Channels::parse("book,trade,candle,ticker").unwrap();
+    let mut lines = Vec::new();
+    server::recorded::read(dir, "sim", None, None, channels, &mut |l| {
+        lines.push(l);
+        true
+    })
+    .unwrap();
+    let errors: Vec<_> = lines.iter().filter(|l| matches!(l, ReplayLine::Error { .. })).collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let books: Vec<(bool, Option<u64>, Option<u64>)> = lines
+        .iter()
+        .filter_map(|l| match l {
+            ReplayLine::Book { symbol, snapshot, seq, prev_seq, .. } if symbol == "BTCUSDT" => {
+                Some((*snapshot, *seq, *prev_seq))
+            }
+            _ => None,
+        })
+        .collect();
+    let snap = books.iter().position(|b| b.0).expect("the REST snapshot as a book line");
+    let snap_id = books[snap].1.expect("its lastUpdateId");
+    // the diffs continue it (received before or after it): one spans its id, then each follows
+    // the one before
+    let diffs: Vec<_> = books.iter().filter(|b| !b.0).collect();
+    let spans = diffs
+        .iter()
+        .position(|b| b.2 <= Some(snap_id) && b.1 > Some(snap_id))
+        .unwrap_or_else(|| panic!("no diff spans the snapshot's {snap_id}: {books:?}"));
+    let chain = &diffs[spans..];
+    assert!(chain.len() > 5, "{books:?}");
+    for w in chain.windows(2) {
+        assert_eq!(w[1].2, w[0].1, "consecutive diffs: {books:?}");
+    }
+    let trades = lines.iter().filter(|l| matches!(l, ReplayLine::Trade { .. })).count();
+    let candles = lines.iter().filter(|l| matches!(l, ReplayLine::Candle { .. })).count();
+    assert!(trades > 0 && candles > 0, "{trades} trades, {candles} candles");
+    let instrument = "sim:spot:BTC/USDT".parse().unwrap();
+    let range = server::export::ExportRange {
+        from: 0,
+        to: i64::MAX,
+        max_rows: u64::MAX,
+        format: server::export::Format::Csv,
+    };
+    let (rows, csv) =
+        server::export::trades(&[dir.to_path_buf()], &instrument, range, Vec::new()).unwrap();
+    let csv = String::from_utf8(csv).unwrap();
+    assert!(rows > 0 && csv.lines().count() as u64 == rows + 1, "{rows}: {csv}");
+    let ids: std::collections::HashSet<&str> =
+        csv.lines().skip(1).map(|l| l.split(',').nth(1).unwrap()).collect();
+    assert_eq!(ids.len() as u64, rows, "each trade once");
 }
 
 /// The disk refuses the recording's writes: the recorder counts the frames it lost and the
