@@ -1,6 +1,7 @@
 //! A venue kline job: one instrument's 1m candles from OKX (`candle1m`, with `confirm`), Bybit
 //! (`kline.1`, with `confirm`), Kraken (`ohlc` interval 1: a minute is closed when the next one
-//! begins) or Coinbase (its stream is 5-minute only: 1m candles folded from `market_trades` by
+//! begins, and then read from REST: its stream has no sequence, so a lost last update of the
+//! minute would otherwise be stored as the minute) or Coinbase (its stream is 5-minute only: 1m candles folded from `market_trades` by
 //! `shared::trade::TradeFold`), into the same [`CandlePipeline`] as Binance's: stored, derived,
 //! then published.
 //!
@@ -75,10 +76,14 @@ fn channel(dialect: Dialect, ws_base: &str, symbol: &str) -> (String, Vec<String
     }
 }
 
-/// What the stream gave: a forming candle, a closed one.
+/// What the stream gave: a forming candle, a closed one, or one it closed by starting the
+/// next (Kraken).
 enum Got {
     Forming(Candle),
     Closed(Candle),
+    /// Its last update may have been lost (Kraken's `ohlc` has no sequence): the minute is read
+    /// from REST, which has it whole, and the stream's values are kept only where REST has none.
+    Ended(Candle),
 }
 
 /// Runs the job until `ctx` stops it.
@@ -229,7 +234,7 @@ async fn connection(
                         // Kraken: a minute closes when the next begins
                         None => {
                             if let Some(f) = forming.take_if(|f| f.open_time < c.candle.open_time) {
-                                got.push(Got::Closed(f));
+                                got.push(Got::Ended(f));
                             }
                             forming = Some(c.candle);
                             got.push(Got::Forming(c.candle));
@@ -259,9 +264,19 @@ async fn connection(
             }
         }
         for g in got {
+            let g = match g {
+                Got::Ended(c) if pipeline.last_closed().is_none_or(|l| c.open_time > l) => {
+                    match rest_minute(deps, c.open_time).await {
+                        Ok(whole) => Got::Closed(whole.unwrap_or(c)),
+                        Err(e) => return Some(format!("REST read of a closed minute: {e}")),
+                    }
+                }
+                Got::Ended(c) => Got::Closed(c),
+                g => g,
+            };
             match g {
                 Got::Forming(c) => pipeline.on_forming(c, now_ms(), Instant::now()),
-                Got::Closed(c) => {
+                Got::Ended(c) | Got::Closed(c) => {
                     if let Some(last) = pipeline.last_closed() {
                         if c.open_time <= last {
                             continue; // already accepted
@@ -280,6 +295,21 @@ async fn connection(
             }
         }
     }
+}
+
+/// The venue's REST candle of the minute opening at `open_time`, if its REST candles hold it.
+async fn rest_minute(deps: &VenueKlineDeps, open_time: i64) -> Result<Option<Candle>, String> {
+    let dialect = deps.source.dialect;
+    let path = venues::rest::candles_page(
+        dialect,
+        deps.source.config.market,
+        &deps.listing.symbol,
+        open_time,
+        Some(open_time + MINUTE_MS),
+    );
+    let body = deps.source.get_text(&path).await.map_err(|e| e.to_string())?;
+    let page = venues::rest::parse_candles(dialect, &body).map_err(|e| e.to_string())?;
+    Ok(page.into_iter().map(|r| r.candle).find(|c| c.open_time == open_time))
 }
 
 /// Pushes the venue's closed 1m candles with open times in `[from, below)` (`below: None`: up
