@@ -114,6 +114,8 @@ impl JobContext {
 pub struct JobHealth {
     pub crashes: AtomicU64,
     pub last_crash_at_ms: AtomicI64,
+    /// Why the job last crashed (`last_error` is whatever went wrong last, a crash or not).
+    last_crash: Mutex<Option<String>>,
     last_error: Mutex<Option<String>>,
     pub connected: AtomicBool,
     pub connects: AtomicU64,
@@ -137,6 +139,7 @@ impl JobHealth {
         self.crashes.fetch_add(1, Relaxed);
         self.last_crash_at_ms.store(now_ms(), Relaxed);
         tracing::warn!(%error, "job crashed");
+        *lock(&self.last_crash) = Some(error.clone());
         *lock(&self.last_error) = Some(error);
     }
 
@@ -147,6 +150,11 @@ impl JobHealth {
 
     pub fn last_error(&self) -> Option<String> {
         lock(&self.last_error).clone()
+    }
+
+    /// Why the job last crashed.
+    pub fn last_crash(&self) -> Option<String> {
+        lock(&self.last_crash).clone()
     }
 }
 
@@ -685,6 +693,7 @@ impl Supervisor {
                     started_at_ms: j.started_at_ms,
                     crashes: h.crashes.load(Relaxed),
                     last_crash_at_ms: load(&h.last_crash_at_ms),
+                    last_crash: h.last_crash(),
                     last_error: h.last_error(),
                     connected: h.connected.load(Relaxed),
                     connects: h.connects.load(Relaxed),

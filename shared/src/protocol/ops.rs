@@ -260,6 +260,9 @@ pub struct JobReport {
     pub started_at_ms: i64,
     pub crashes: u64,
     pub last_crash_at_ms: Option<i64>,
+    /// Why it last crashed (`last_error` is the last thing that went wrong, a crash or not).
+    #[serde(default)]
+    pub last_crash: Option<String>,
     pub last_error: Option<String>,
     pub connected: bool,
     pub connects: u64,
