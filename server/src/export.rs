@@ -493,41 +493,38 @@ pub fn recorded_trades<W: Write + Send>(
         )?
         .map(|(lo, hi)| (Some(lo), Some(hi)))
     };
-    let Some((lo, hi)) = window else {
-        // no recorded hour holds a trade of the range: the file has its header only
-        file.write(&chunk)?;
-        let mut out = file.finish()?;
-        out.flush()?;
-        return Ok((0, out));
-    };
-    crate::recorded::read_merged(record_dirs, source, lo, hi, channels, &mut |line| {
-        let shared::protocol::replay::ReplayLine::Trade { time_ns, symbol: s, trades, .. } = line
-        else {
-            return true;
-        };
-        if s != *symbol {
-            return true;
-        }
-        for trade in trades {
-            if trade.time_ms < from || trade.time_ms > to {
-                continue;
+    // (`None`: no recorded hour holds a trade of the range, the file has its header only)
+    if let Some((lo, hi)) = window {
+        crate::recorded::read_merged(record_dirs, source, lo, hi, channels, &mut |line| {
+            let shared::protocol::replay::ReplayLine::Trade { time_ns, symbol: s, trades, .. } =
+                line
+            else {
+                return true;
+            };
+            if s != *symbol {
+                return true;
             }
-            rows += 1;
-            if rows > max_rows {
-                failed = Some(ExportError::TooMany { max: max_rows });
-                return false;
-            }
-            chunk.push(TradeRow { received_ns: time_ns, trade });
-            if chunk.len() == CHUNK {
-                if let Err(e) = file.write(&chunk) {
-                    failed = Some(e);
+            for trade in trades {
+                if trade.time_ms < from || trade.time_ms > to {
+                    continue;
+                }
+                rows += 1;
+                if rows > max_rows {
+                    failed = Some(ExportError::TooMany { max: max_rows });
                     return false;
                 }
-                chunk.clear();
+                chunk.push(TradeRow { received_ns: time_ns, trade });
+                if chunk.len() == CHUNK {
+                    if let Err(e) = file.write(&chunk) {
+                        failed = Some(e);
+                        return false;
+                    }
+                    chunk.clear();
+                }
             }
-        }
-        true
-    })?;
+            true
+        })?;
+    }
     if let Some(e) = failed {
         return Err(e);
     }

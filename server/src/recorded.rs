@@ -364,13 +364,6 @@ pub(crate) fn scan_range(
 fn binance_message(event: binance::wire::StreamEvent) -> Option<venues::Message> {
     use binance::wire::StreamEvent;
     use venues::{BookFrame, CandleFrame, Message, TickerFrame};
-    let taker = |buyer_is_maker: bool| {
-        Some(if buyer_is_maker {
-            shared::trade::TakerSide::Sell
-        } else {
-            shared::trade::TakerSide::Buy
-        })
-    };
     Some(match event {
         StreamEvent::DepthUpdate { update, .. } => {
             let d = update.delta;
@@ -410,13 +403,13 @@ fn binance_message(event: binance::wire::StreamEvent) -> Option<venues::Message>
         },
         StreamEvent::Trade { trade: t, .. } => Message::Trades {
             symbol: t.symbol,
-            trades: vec![shared::trade::Trade {
-                id: shared::trade::TradeId::Seq(t.trade_id),
-                time_ms: t.trade_time,
-                price: t.price,
-                qty: t.qty,
-                taker: taker(t.buyer_is_maker),
-            }],
+            trades: vec![crate::trades::agg_trade(
+                t.trade_id,
+                t.trade_time,
+                t.price,
+                t.qty,
+                t.buyer_is_maker,
+            )],
         },
         StreamEvent::Kline { kline: k, .. } => Message::Candle(CandleFrame {
             symbol: k.symbol,

@@ -283,8 +283,8 @@ async fn fill_agg_trades(
     out
 }
 
-/// A Binance aggregate trade (stream or REST) as a [`Trade`]: the buyer being the maker means
-/// the taker sold.
+/// A Binance trade (aggregate or single, stream or REST) as a [`Trade`]: the buyer being the
+/// maker means the taker sold.
 pub(crate) fn agg_trade(
     id: u64,
     time_ms: i64,

@@ -264,35 +264,34 @@ async fn connection(
             }
         }
         for g in got {
-            let g = match g {
-                Got::Ended(c) if pipeline.last_closed().is_none_or(|l| c.open_time > l) => {
-                    match rest_minute(deps, c.open_time).await {
-                        Ok(whole) => Got::Closed(whole.unwrap_or(c)),
-                        Err(e) => return Some(format!("REST read of a closed minute: {e}")),
-                    }
+            let (c, ended) = match g {
+                Got::Forming(c) => {
+                    pipeline.on_forming(c, now_ms(), Instant::now());
+                    continue;
                 }
-                Got::Ended(c) => Got::Closed(c),
-                g => g,
+                Got::Closed(c) => (c, false),
+                Got::Ended(c) => (c, true),
             };
-            match g {
-                Got::Forming(c) => pipeline.on_forming(c, now_ms(), Instant::now()),
-                Got::Ended(c) | Got::Closed(c) => {
-                    if let Some(last) = pipeline.last_closed() {
-                        if c.open_time <= last {
-                            continue; // already accepted
-                        }
-                        if c.open_time > last + MINUTE_MS {
-                            if let Err(e) =
-                                fill(deps, pipeline, last + MINUTE_MS, Some(c.open_time)).await
-                            {
-                                return Some(format!("REST gap fill: {e}"));
-                            }
-                        }
+            if let Some(last) = pipeline.last_closed() {
+                if c.open_time <= last {
+                    continue; // already accepted
+                }
+                if c.open_time > last + MINUTE_MS {
+                    if let Err(e) = fill(deps, pipeline, last + MINUTE_MS, Some(c.open_time)).await
+                    {
+                        return Some(format!("REST gap fill: {e}"));
                     }
-                    ctx.health.closed_candles.fetch_add(1, Relaxed);
-                    pipeline.on_closed(c, Now::read()).await;
                 }
             }
+            let c = match ended {
+                false => c,
+                true => match rest_minute(deps, c.open_time).await {
+                    Ok(whole) => whole.unwrap_or(c),
+                    Err(e) => return Some(format!("REST read of a closed minute: {e}")),
+                },
+            };
+            ctx.health.closed_candles.fetch_add(1, Relaxed);
+            pipeline.on_closed(c, Now::read()).await;
         }
     }
 }
