@@ -440,18 +440,7 @@ async fn a_recorded_binance_run_plays_back_to_the_same_book_candles_and_trades()
     server.stop().await;
     assert!(live.counts.3 > 0, "the live run resynced: {live:?}");
     // checked offline, the recording holds the lost diff's gap and the snapshots that healed it
-    let out = std::process::Command::new(millrace_bin())
-        .args(["replay", "recording"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    let book = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["symbol"] == "BTCUSDT" && v.get("gaps").is_some())
-        .unwrap_or_else(|| panic!("no BTCUSDT book in {text}"));
+    let (_, book) = crate::recording::checked_offline(&dir);
     assert_eq!(book["synced"], true, "{book}");
     assert!(book["gaps"].as_u64() >= Some(1), "the lost diff: {book}");
     assert!(book["snapshots"].as_u64() >= Some(2), "{book}");

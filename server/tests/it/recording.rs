@@ -101,26 +101,33 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
         });
         assert!(received, "no {event} frame recorded: {files:?}");
     }
-    // the command line reads it the same way
-    let out = std::process::Command::new(millrace_bin())
-        .args(["replay", "recording"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    // the command line reads it the same way, and the Binance-protocol source's book too, from
+    // its diffs and its REST snapshot
+    let (text, sim_btc) = checked_offline(&dir);
     assert!(text.lines().any(|l| l.contains("\"file\"") && l.contains("okx")), "{text}");
-    // the Binance-protocol source's book too, from its diffs and its REST snapshot
-    let sim_btc = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["symbol"] == "BTCUSDT" && v.get("diffs_applied").is_some())
-        .unwrap_or_else(|| panic!("no BTCUSDT book in {text}"));
     assert_eq!(sim_btc["synced"], true, "{sim_btc}");
     assert!(sim_btc["snapshots"].as_u64() >= Some(1), "{sim_btc}");
     assert!(sim_btc["diffs_applied"].as_u64() > Some(5), "{sim_btc}");
     binance_recording_normalized(&dir);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `millrace replay recording DIR`, which must pass: its output, and its line of the BTCUSDT
+/// book of a Binance-protocol source.
+pub(crate) fn checked_offline(dir: &std::path::Path) -> (String, serde_json::Value) {
+    let out = std::process::Command::new(millrace_bin())
+        .args(["replay", "recording"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let book = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["symbol"] == "BTCUSDT" && v.get("diffs_applied").is_some())
+        .unwrap_or_else(|| panic!("no BTCUSDT book in {text}"));
+    (text, book)
 }
 
 /// A Binance-protocol recording reads back as normalized lines (what `GET /api/v1/replay`
