@@ -458,9 +458,10 @@ async fn a_recorded_binance_run_plays_back_to_the_same_book_candles_and_trades()
     binance(&mut c);
     let played = TestServer::start(c).await;
     // the gap found, the minutes and the trades: as live, and the book synced from the
-    // recorded snapshots and diffs. (The book's sync history, how many snapshots and how many
-    // diffs they made stale, may differ: a snapshot comes by REST and the diffs by the stream,
-    // and which the job reads first is the machine's.)
+    // recorded snapshots and diffs. (The book's sync history, how many diffs it applied and
+    // how many a snapshot made stale, may differ by one: a snapshot comes by REST and the
+    // diffs by the stream, and which the job reads first is the machine's. The book it ends
+    // with is the live run's, checked below.)
     let same = |p: &Seen| {
         p.counts.0 >= 1
             && p.counts.1 > 0
@@ -478,7 +479,23 @@ async fn a_recorded_binance_run_plays_back_to_the_same_book_candles_and_trades()
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let report = played.get_json("/api/v1/ops/recording").await;
+    // once every recorded connection has played to its end (the lost diff, the drop, the
+    // close of the simulator's shutdown), the book is the live run's last book
+    let report = eventually("every recorded connection played", || async {
+        let report = played.get_json("/api/v1/ops/recording").await;
+        let p = &report["playback"][0];
+        (p["connections_finished"] == p["connections"]).then_some(report)
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let p = seen_binance(&played).await;
+        if (p.digest, p.counts.2) == (live.digest, live.counts.2) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "played back vs live: {p:?}\n{live:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let p = &report["playback"][0];
     assert!(p["connections_played"].as_u64().unwrap() >= 3, "depth, trades, klines: {p}");
     assert_eq!(p["order_waits_given_up"], 0, "every recorded request was made again: {p}");
