@@ -16,14 +16,18 @@
 //!   venue's answer to it. A connection that asks for what the recording does not hold (or for
 //!   more of it than it holds) is kept open and silent, and counted.
 //! - **REST.** A request takes the earliest recorded answer, not yet served, to the same path
-//!   and query; else the last recorded answer to the same path (the earliest of that path not
-//!   asked for is then taken as asked for: a query holding the clock differs from run to run);
-//!   else a 404 saying so.
+//!   and query. One whose recorded answers were all served gets a 404, as the recorded run got
+//!   no more (with `loop`, they are served again from the first). A request never recorded
+//!   gets the last recorded answer to the same path (the earliest of that path not asked for is
+//!   then taken as asked for: a query holding the clock differs from run to run); else a 404
+//!   saying so.
 //! - **Order.** At any speed the answers keep their recorded place among the frames: a frame
-//!   waits until every answer received before it was asked for, an answer until the connections
-//!   playing have sent the frames received before it (a Binance book's snapshot lands among its
-//!   diffs where it did). A wait ends after `ORDER_WAIT` (a request the recorded run made and
-//!   this one does not), counted.
+//!   waits until every answer received before it was sent, and then for its recorded lead over
+//!   the frame (at the playback's speed), at most `SETTLE_CAP` (100 ms), so the job has taken
+//!   the answer first; an answer waits until the connections playing have sent the frames
+//!   received before it (a Binance book's snapshot lands among its diffs where it did, and a
+//!   drop after it comes after it). A wait for an answer ends after `ORDER_WAIT` (a request the
+//!   recorded run made and this one does not), counted.
 //! - **Loop.** With `loop = true` a subscription whose recorded connections were all played
 //!   starts again from its first, and a connection that played its last frame is closed so the
 //!   job comes back for it.
@@ -125,7 +129,12 @@ impl RecordedAnswer {
 #[derive(Debug, Default)]
 struct Claims {
     conns: Vec<bool>,
+    /// Each answer: asked for (its request was made again, or it was given up on).
     answers: Vec<bool>,
+    /// Each answer: when it was sent (or given up on); the frames after it wait for this.
+    sent: Vec<Option<tokio::time::Instant>>,
+    /// Recently sent answers: their recorded time and when they were sent (see [`SETTLE_CAP`]).
+    recent: Vec<(i64, tokio::time::Instant)>,
 }
 
 #[derive(Debug, Default)]
@@ -150,7 +159,7 @@ struct Recorded {
     conns: Vec<RecordedConn>,
     answers: Vec<RecordedAnswer>,
     claims: Mutex<Claims>,
-    /// The receive time of the earliest recorded answer not asked for yet (`i64::MAX`: none).
+    /// The receive time of the earliest recorded answer not sent yet (`i64::MAX`: none).
     pending_answer_ns: AtomicI64,
     /// Each recorded connection's progress while it plays: the time of its next frame (every
     /// earlier one sent); `i64::MAX` while it does not play.
@@ -336,8 +345,12 @@ fn read(source: &str, p: Playback) -> Result<Recorded, PlaybackError> {
     if conns.is_empty() && answers.is_empty() {
         return Err(PlaybackError::Empty { dir: dir_text });
     }
-    let claims =
-        Mutex::new(Claims { conns: vec![false; conns.len()], answers: vec![false; answers.len()] });
+    let claims = Mutex::new(Claims {
+        conns: vec![false; conns.len()],
+        answers: vec![false; answers.len()],
+        sent: vec![None; answers.len()],
+        recent: Vec::new(),
+    });
     let pending_answer_ns =
         AtomicI64::new(answers.iter().map(|a| a.time_ns).min().unwrap_or(i64::MAX));
     Ok(Recorded {
@@ -391,47 +404,54 @@ async fn serve(State(p): State<Played>, req: Request) -> Response {
         };
     }
     let r = &p.recorded;
+    // the recorded answer given (`body`), and the one whose place among the frames it takes
+    // (`taken`: the frames received after that one wait until it is sent)
     let found = {
         let mut claims = lock(&r.claims);
-        // the same request, earliest not yet served; else the last answer of the same path
-        let exact = r
-            .answers
-            .iter()
-            .enumerate()
-            .position(|(i, a)| !claims.answers[i] && recorded_ends_with(&a.target, &target));
-        let found = match exact {
-            Some(i) => {
-                claims.answers[i] = true;
-                Some(i)
+        let exact = |a: &RecordedAnswer| recorded_ends_with(&a.target, &target);
+        let mut next = (0..r.answers.len()).find(|&i| !claims.answers[i] && exact(&r.answers[i]));
+        if next.is_none() && r.playback.looped {
+            // looped: the request's answers again from the first, as its connections are
+            // (their order among the frames held on the first pass only)
+            for i in (0..r.answers.len()).filter(|&i| exact(&r.answers[i])) {
+                claims.answers[i] = false;
             }
+            next = (0..r.answers.len()).find(|&i| exact(&r.answers[i]));
+        }
+        let found = match next {
+            Some(i) => Some((i, Some(i))),
+            // each recorded answer to this request was given: the recorded run got no more
+            None if r.answers.iter().any(exact) => None,
             None => {
                 // (a request whose query holds the clock: the earliest of its path not asked
                 // for is taken as asked for, the last one's body is given)
                 let path = target.split('?').next().unwrap_or(&target);
                 let same = |a: &RecordedAnswer| recorded_ends_with(a.path(), path);
-                let asked =
+                let taken =
                     (0..r.answers.len()).find(|&i| !claims.answers[i] && same(&r.answers[i]));
-                if let Some(i) = asked {
-                    claims.answers[i] = true;
-                }
-                r.answers.iter().rposition(same)
+                r.answers.iter().rposition(same).map(|body| (body, taken))
             }
         };
-        r.answers_moved(&claims);
+        if let Some((_, Some(i))) = found {
+            claims.answers[i] = true;
+        }
         found
     };
-    let Some(i) = found else {
+    let Some((i, taken)) = found else {
         tracing::debug!(source = %r.source, %target, "recording player: no recorded answer");
         r.counters.rest_unmatched.fetch_add(1, Relaxed);
-        let body = serde_json::json!({"error": format!("{target}: not in the recording")});
+        let body = serde_json::json!({"error": format!("{target}: not in the recording, or each of its recorded answers was given")});
         return (StatusCode::NOT_FOUND, axum::Json(body)).into_response();
     };
     r.counters.answered.fetch_add(1, Relaxed);
     let a = &r.answers[i];
     // as recorded: the answer after every frame received before it on the connections playing
-    let answer_ns = a.time_ns;
+    let answer_ns = taken.map_or(a.time_ns, |t| r.answers[t].time_ns);
     let stop = p.shutdown.token().clone();
     r.wait_for(&stop, None, || r.progress.iter().all(|p| p.load(Relaxed) >= answer_ns)).await;
+    if let Some(t) = taken {
+        r.answer_sent(t);
+    }
     let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::OK);
     Response::builder()
         .status(status)
@@ -453,11 +473,51 @@ fn recorded_ends_with(recorded: &str, asked: &str) -> bool {
 /// request the recorded run made and this one does not).
 const ORDER_WAIT: Duration = Duration::from_secs(2);
 
+/// The most of its recorded lead an answer keeps over the frames received after it, from when
+/// it is sent, at any speed (as fast as possible too): the job takes the answer before them, as
+/// it did live. Without it, a job reading an answer (a Binance snapshot: a thousand levels) and
+/// a socket at once may read a frame that came after the answer first, e.g. a close that cost
+/// it the snapshot, where the recorded run had the snapshot applied. It costs at most this per
+/// answer where nothing is sent.
+const SETTLE_CAP: Duration = Duration::from_millis(100);
+
 impl Recorded {
-    /// Notes which answers were asked for (`claims`): the earliest not yet, and wakes waiters.
+    /// Notes that answer `t` is being sent now (see [`SETTLE_CAP`]).
+    fn answer_sent(&self, t: usize) {
+        let now = tokio::time::Instant::now();
+        let mut claims = lock(&self.claims);
+        if claims.sent[t].is_none() {
+            claims.sent[t] = Some(now);
+            claims.recent.retain(|&(_, at)| at + SETTLE_CAP > now);
+            claims.recent.push((self.answers[t].time_ns, now));
+        }
+        self.answers_moved(&claims);
+    }
+
+    /// When a frame received at `time_ns` may be sent after the answers received before it
+    /// that were sent last: each answer's recorded lead over it (at the playback's speed),
+    /// at most [`SETTLE_CAP`], after the answer was sent. `None`: now.
+    fn settle(&self, time_ns: i64) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        let mut claims = lock(&self.claims);
+        claims.recent.retain(|&(_, at)| at + SETTLE_CAP > now);
+        let speed = self.playback.speed.unwrap_or(1.0);
+        claims
+            .recent
+            .iter()
+            .filter(|&&(answer_ns, _)| answer_ns < time_ns)
+            .map(|&(answer_ns, at)| {
+                let lead = Duration::from_nanos(((time_ns - answer_ns) as f64 / speed) as u64);
+                at + lead.min(SETTLE_CAP)
+            })
+            .max()
+            .filter(|&at| at > now)
+    }
+
+    /// Notes which answers were sent (`claims`): the earliest not yet, and wakes waiters.
     fn answers_moved(&self, claims: &Claims) {
         let pending = (0..self.answers.len())
-            .filter(|&i| !claims.answers[i])
+            .filter(|&i| claims.sent[i].is_none())
             .map(|i| self.answers[i].time_ns)
             .min()
             .unwrap_or(i64::MAX);
@@ -632,16 +692,22 @@ async fn play(mut socket: WebSocket, p: Played, target: String) {
             if stop.is_cancelled() {
                 return;
             }
-            // not asked for this time: taken as asked, so the frames go on
+            // not asked for this time: taken as asked and sent, so the frames go on
             let mut claims = lock(&r.claims);
+            let now = tokio::time::Instant::now();
             for (i, a) in r.answers.iter().enumerate() {
                 if a.time_ns < time_ns {
                     claims.answers[i] = true;
+                    claims.sent[i].get_or_insert(now);
                 }
             }
             r.answers_moved(&claims);
         }
-        if let Some(at) = due(time_ns) {
+        let at = match (due(time_ns), r.settle(time_ns)) {
+            (Some(due), Some(settle)) => Some(due.max(settle)),
+            (due, settle) => due.or(settle),
+        };
+        if let Some(at) = at {
             // what the job sends meanwhile is read and left
             loop {
                 tokio::select! {
@@ -789,6 +855,69 @@ mod tests {
         assert_eq!(frames_of(&r, 0), ["a2", "a3", "(closed)"]);
         assert_eq!(frames_of(&r, 1), ["b2", "b3"]);
         assert_eq!(frames_of(&r, 2), ["c0"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A request takes its recorded answers in order, and once they are used up a 404 (the
+    /// recorded run got no more), or with `loop` the first again; a request never recorded
+    /// whose path was (a query holding the clock) gets the path's last answer.
+    #[tokio::test]
+    async fn each_recorded_answer_is_given_once_in_order() {
+        let dir = testkit::temp_dir("player-answers");
+        let mut rec = recording::Recorder::new(&dir, "sim").unwrap();
+        let t0 = 1_700_000_000_000_000_000;
+        let answers = [
+            (1, "GET http://x/api/v3/depth?symbol=BTCUSDT&limit=1000", "{\"n\":1}"),
+            (2, "GET http://x/api/v3/klines?symbol=BTCUSDT&startTime=5", "[5]"),
+            (3, "GET http://x/api/v3/depth?symbol=BTCUSDT&limit=1000", "{\"n\":2}"),
+        ];
+        for (conn, request, body) in answers {
+            let time_ns = t0 + conn as i64 * 1_000_000;
+            for (kind, meta, body) in
+                [(Kind::RestRequest, request, ""), (Kind::RestAnswer, "200", body)]
+            {
+                rec.append(&recording::Record { kind, time_ns, conn, meta, body: body.as_bytes() })
+                    .unwrap();
+            }
+        }
+        rec.flush().unwrap();
+        drop(rec);
+        let client = reqwest::Client::new();
+        for looped in [false, true] {
+            let shutdown = Shutdown::new();
+            let playback = Playback {
+                dir: dir.join("sim"),
+                dialect: shared::venue::Dialect::Binance,
+                from_ms: None,
+                to_ms: None,
+                speed: None,
+                looped,
+            };
+            let player = Player::start("sim", &playback, &shutdown).await.unwrap();
+            let get = |path: &str| {
+                let url = format!("{}{path}", player.rest_base());
+                let client = client.clone();
+                async move {
+                    let r = client.get(url).send().await.unwrap();
+                    (r.status().as_u16(), r.text().await.unwrap())
+                }
+            };
+            let depth = "/api/v3/depth?symbol=BTCUSDT&limit=1000";
+            assert_eq!(get(depth).await, (200, "{\"n\":1}".into()));
+            assert_eq!(get("/api/v3/klines?symbol=BTCUSDT&startTime=9").await.1, "[5]");
+            assert_eq!(get(depth).await, (200, "{\"n\":2}".into()));
+            let third = get(depth).await;
+            if looped {
+                assert_eq!(third, (200, "{\"n\":1}".into()));
+            } else {
+                assert_eq!(third.0, 404, "{third:?}");
+                assert!(third.1.contains("each of its recorded answers was given"), "{third:?}");
+                assert_eq!(player.report().rest_unmatched, 1);
+            }
+            assert_eq!(get("/api/v3/klines?symbol=BTCUSDT&startTime=10").await.1, "[5]");
+            assert_eq!(get("/api/v3/ping").await.0, 404);
+            shutdown.stop();
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
