@@ -60,13 +60,29 @@ struct Described {
     dialect: String,
 }
 
+/// The most bytes of frames and answers [`read_source`] holds for one source: the check keeps a
+/// source's recorded text in memory (its events are ordered by receive time across the
+/// connections, and a Binance-protocol book's rule is known only from its diffs), so a larger
+/// recording is refused with an error rather than read until memory runs out.
+pub const MAX_TEXT_BYTES: u64 = 2 << 30;
+
+/// A source's events in receive order: (time ns, connection, where, the event).
+pub type SourceEvents = Vec<(i128, usize, Origin, RecordedEvent)>;
+
 /// Reads one source's recording: a report per file, and its events in receive order with the
-/// number of connections.
-#[allow(clippy::type_complexity)]
+/// number of connections. A recording holding more than [`MAX_TEXT_BYTES`] of text is an error.
 pub fn read_source(
     dir: &Path,
     source: &str,
-) -> anyhow::Result<(Vec<FileReport>, usize, Vec<(i128, usize, Origin, RecordedEvent)>)> {
+) -> anyhow::Result<(Vec<FileReport>, usize, SourceEvents)> {
+    read_source_within(dir, source, MAX_TEXT_BYTES)
+}
+
+fn read_source_within(
+    dir: &Path,
+    source: &str,
+    max_text: u64,
+) -> anyhow::Result<(Vec<FileReport>, usize, SourceEvents)> {
     let files: Vec<_> =
         recording::list_files(dir)?.into_iter().filter(|f| f.source == source).collect();
     let mut reports = Vec::new();
@@ -74,6 +90,7 @@ pub fn read_source(
     // a REST request's text, until its answer
     let mut requests: HashMap<u64, String> = HashMap::new();
     let mut events = Vec::new();
+    let mut text_bytes = 0u64;
     for f in files {
         let mut reader = FileReader::open(&f.path)?;
         let mut report = FileReport {
@@ -98,6 +115,13 @@ pub fn read_source(
                 file_conns.insert(r.conn);
                 let n = conns.len();
                 let conn = *conns.entry(r.conn).or_insert(n);
+                text_bytes += (r.body.len() + r.meta.len()) as u64;
+                anyhow::ensure!(
+                    text_bytes <= max_text,
+                    "{source}: its recording holds more than {max_text} bytes of frames and \
+                     answers, more than the offline check holds at once (it ends at {})",
+                    f.path.display()
+                );
                 let text = || String::from_utf8_lossy(&r.body).into_owned();
                 let event = match r.kind {
                     Kind::Connected => RecordedEvent::Connected,
@@ -172,4 +196,46 @@ pub fn run(args: &RecordingArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
         }
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recording larger than the check holds is an error naming the bound, not an
+    /// allocation without end; within the bound it reads whole.
+    #[test]
+    fn a_recording_over_the_bound_is_refused() {
+        let dir =
+            std::env::temp_dir().join(format!("millrace-replay-bound-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut rec = recording::Recorder::new(&dir, "okx").unwrap();
+        let t0 = 1_700_000_000_000_000_000i64;
+        let frame = "x".repeat(1000);
+        rec.append(&recording::Record {
+            kind: Kind::Connected,
+            time_ns: t0,
+            conn: 1,
+            meta: "wss://x/ws/v5/public",
+            body: b"",
+        })
+        .unwrap();
+        for i in 1..=10 {
+            rec.append(&recording::Record {
+                kind: Kind::Received,
+                time_ns: t0 + i,
+                conn: 1,
+                meta: "",
+                body: frame.as_bytes(),
+            })
+            .unwrap();
+        }
+        rec.flush().unwrap();
+        drop(rec);
+        let (files, connections, events) = read_source_within(&dir, "okx", 20_000).unwrap();
+        assert_eq!((files.len(), connections, events.len()), (1, 1, 11));
+        let err = read_source_within(&dir, "okx", 5_000).unwrap_err().to_string();
+        assert!(err.contains("okx: its recording holds more than 5000 bytes"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
