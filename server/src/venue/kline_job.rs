@@ -1,7 +1,8 @@
 //! A venue kline job: one instrument's 1m candles from OKX (`candle1m`, with `confirm`), Bybit
 //! (`kline.1`, with `confirm`), Kraken (`ohlc` interval 1: a minute is closed when the next one
 //! begins, and then read from REST: its stream has no sequence, so a lost last update of the
-//! minute would otherwise be stored as the minute) or Coinbase (its stream is 5-minute only: 1m candles folded from `market_trades` by
+//! minute would otherwise be stored as the minute) or Coinbase (its stream is 5-minute only: 1m
+//! candles folded from `market_trades` by
 //! `shared::trade::TradeFold`), into the same [`CandlePipeline`] as Binance's: stored, derived,
 //! then published.
 //!
@@ -283,12 +284,13 @@ async fn connection(
                     }
                 }
             }
-            let c = match ended {
-                false => c,
-                true => match rest_minute(deps, c.open_time).await {
+            let c = if ended {
+                match rest_minute(deps, c.open_time).await {
                     Ok(whole) => whole.unwrap_or(c),
                     Err(e) => return Some(format!("REST read of a closed minute: {e}")),
-                },
+                }
+            } else {
+                c
             };
             ctx.health.closed_candles.fetch_add(1, Relaxed);
             pipeline.on_closed(c, Now::read()).await;
@@ -296,7 +298,9 @@ async fn connection(
     }
 }
 
-/// The venue's REST candle of the minute opening at `open_time`, if its REST candles hold it.
+/// The venue's REST candle of the minute opening at `open_time`, if its REST candles hold it
+/// committed: a later minute follows it (Kraken's newest row is the forming one, whatever it
+/// is, until the venue commits it).
 async fn rest_minute(deps: &VenueKlineDeps, open_time: i64) -> Result<Option<Candle>, String> {
     let dialect = deps.source.dialect;
     let path = venues::rest::candles_page(
@@ -308,7 +312,8 @@ async fn rest_minute(deps: &VenueKlineDeps, open_time: i64) -> Result<Option<Can
     );
     let body = deps.source.get_text(&path).await.map_err(|e| e.to_string())?;
     let page = venues::rest::parse_candles(dialect, &body).map_err(|e| e.to_string())?;
-    Ok(page.into_iter().map(|r| r.candle).find(|c| c.open_time == open_time))
+    let later = page.iter().any(|r| r.candle.open_time > open_time);
+    Ok(page.into_iter().map(|r| r.candle).find(|c| later && c.open_time == open_time))
 }
 
 /// Pushes the venue's closed 1m candles with open times in `[from, below)` (`below: None`: up
