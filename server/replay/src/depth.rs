@@ -25,6 +25,7 @@ use shared::sync::{
 use shared::{Price, Qty};
 
 use crate::input::{bad, for_each_line, parse_secs, InputError, Origin};
+use crate::venue::RecordedEvent;
 
 /// Arguments of `millrace replay depth`.
 #[derive(Debug, clap::Args)]
@@ -317,27 +318,32 @@ pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
     replay_loaded(load(files)?)
 }
 
-/// Replays a millrace recording of a Binance-protocol source (`millrace replay recording`):
-/// `(receive time ns, connection, where, event)` in receive order, as
-/// [`crate::recording::read_source`] gives them. Its combined-stream frames are the diffs and
-/// tickers, its answers to depth requests (`…/depth?symbol=…`) the snapshots; an answer or a
-/// frame of anything else (an instrument list, a subscription's reply, an error answer) is
-/// passed over.
-pub fn replay_recorded(
-    events: &[(i128, usize, Origin, crate::venue::RecordedEvent)],
-) -> anyhow::Result<Vec<DepthReport>> {
-    use crate::venue::RecordedEvent;
-    let mut loaded = Loaded { events: Vec::new(), futures: HashMap::new() };
-    // (time, where, the event, or the connection that opened)
-    let mut steps: Vec<(i128, &Origin, Result<Event, usize>)> = Vec::new();
-    let mut conn_symbols: HashMap<usize, Vec<String>> = HashMap::new();
-    for (ts_ns, conn, origin, event) in events {
-        let event = match event {
+/// The check of a millrace recording of a Binance-protocol source (`millrace replay
+/// recording`), fed its events `(receive time ns, connection, where, event)` twice in receive
+/// order (as [`crate::recording::for_each_event`] gives them): [`RecordedBooks::learn`] first
+/// learns which rule each symbol follows and which symbols each connection streams (a
+/// reconnection resyncs those), then [`RecordedBooks::step`] syncs the books. Its
+/// combined-stream frames are the diffs and tickers, its answers to depth requests
+/// (`…/depth?symbol=…`) the snapshots; an answer or a frame of anything else (an instrument list,
+/// a subscription's reply, an error answer) is passed over.
+#[derive(Default)]
+pub struct RecordedBooks {
+    /// Symbols with depth events, and whether they follow the futures (`pu`) rule.
+    futures: HashMap<String, bool>,
+    conn_symbols: HashMap<usize, Vec<String>>,
+    symbols: BTreeMap<String, SymbolState>,
+}
+
+impl RecordedBooks {
+    /// The event a recorded one is to the check: `None` for what it passes over (a
+    /// connection's opening is told by the caller).
+    fn event_of(origin: &Origin, event: &RecordedEvent) -> anyhow::Result<Option<Event>> {
+        Ok(Some(match event {
             RecordedEvent::Received(text) => {
                 let v: Value = serde_json::from_str(text)
                     .map_err(|e| bad(origin, format!("invalid JSON: {e}")))?;
                 if v.get("stream").is_none() {
-                    continue; // a reply to a request on the connection
+                    return Ok(None); // a reply to a request on the connection
                 }
                 parse_message(origin, &v)?
             }
@@ -346,86 +352,112 @@ pub fn replay_recorded(
                 let path = url.split('?').next().unwrap_or(url);
                 let depth = path.ends_with("/api/v3/depth") || path.ends_with("/fapi/v1/depth");
                 if !depth || !body.contains("\"lastUpdateId\"") {
-                    continue;
+                    return Ok(None);
                 }
                 snapshot_answer(origin, url, body)?
             }
-            RecordedEvent::Connected => {
-                steps.push((*ts_ns, origin, Err(*conn)));
-                continue;
-            }
-            RecordedEvent::Sent(_) => continue,
-        };
-        if let Event::Delta { symbol, delta } = &event {
-            *loaded.futures.entry(symbol.clone()).or_default() |= delta.prev_last_id.is_some();
-            let symbols = conn_symbols.entry(*conn).or_default();
-            if !symbols.contains(symbol) {
-                symbols.push(symbol.clone());
+            RecordedEvent::Connected | RecordedEvent::Sent(_) => return Ok(None),
+        }))
+    }
+
+    /// The first reading: a symbol's rule and a connection's symbols, from its diffs.
+    pub fn learn(
+        &mut self,
+        conn: usize,
+        origin: &Origin,
+        event: &RecordedEvent,
+    ) -> anyhow::Result<()> {
+        if let Some(Event::Delta { symbol, delta }) = Self::event_of(origin, event)? {
+            *self.futures.entry(symbol.clone()).or_default() |= delta.prev_last_id.is_some();
+            let symbols = self.conn_symbols.entry(conn).or_default();
+            if !symbols.contains(&symbol) {
+                symbols.push(symbol);
             }
         }
-        steps.push((*ts_ns, origin, Ok(event)));
+        Ok(())
     }
-    for (ts_ns, origin, step) in steps {
-        let events = match step {
-            Ok(event) => vec![event],
-            Err(conn) => conn_symbols
-                .get(&conn)
-                .into_iter()
-                .flatten()
-                .map(|symbol| Event::Reconnected { symbol: symbol.clone() })
-                .collect(),
-        };
-        for event in events {
-            loaded.events.push(Recorded { ts_ns, file: 0, origin: origin.clone(), event });
+
+    /// The second reading: each event into its symbol's book; a connection that opens resyncs
+    /// the books it streams.
+    pub fn step(
+        &mut self,
+        ts_ns: i128,
+        conn: usize,
+        origin: &Origin,
+        event: RecordedEvent,
+    ) -> anyhow::Result<()> {
+        if event == RecordedEvent::Connected {
+            for symbol in self.conn_symbols.get(&conn).into_iter().flatten() {
+                let event = Event::Reconnected { symbol: symbol.clone() };
+                step(&mut self.symbols, &self.futures, ts_ns, event);
+            }
+        } else if let Some(event) = Self::event_of(origin, &event)? {
+            step(&mut self.symbols, &self.futures, ts_ns, event);
         }
+        Ok(())
     }
-    replay_loaded(loaded)
+
+    /// One report per symbol, in symbol order.
+    pub fn finish(self) -> Vec<DepthReport> {
+        self.symbols.into_values().map(SymbolState::finish).collect()
+    }
 }
 
 fn replay_loaded(loaded: Loaded) -> anyhow::Result<Vec<DepthReport>> {
     let Loaded { events, futures } = loaded;
     let mut symbols: BTreeMap<String, SymbolState> = BTreeMap::new();
     for r in events {
-        let now_ms = (r.ts_ns / 1_000_000) as i64;
-        match r.event {
-            Event::Delta { symbol, delta } => {
-                let Some(&is_futures) = futures.get(&symbol) else { continue };
-                let st = symbols
-                    .entry(symbol.clone())
-                    .or_insert_with(|| SymbolState::new(&symbol, is_futures));
-                st.report.diffs += 1;
-                st.sync.handle_delta(delta, now_ms);
-                st.drain();
-            }
-            Event::Snapshot { symbol: Some(symbol), snapshot } => {
-                // a snapshot for a symbol without depth events has nothing to sync
-                let Some(&is_futures) = futures.get(&symbol) else { continue };
-                let st = symbols
-                    .entry(symbol.clone())
-                    .or_insert_with(|| SymbolState::new(&symbol, is_futures));
-                st.sync.handle_snapshot(snapshot, now_ms);
-                st.drain();
-            }
-            Event::Ticker { symbol, ticker } => {
-                if let Some(st) = symbols.get_mut(&symbol) {
-                    st.on_ticker(ticker);
-                } else if let Some(&is_futures) = futures.get(&symbol) {
-                    let st = symbols
-                        .entry(symbol.clone())
-                        .or_insert_with(|| SymbolState::new(&symbol, is_futures));
-                    st.on_ticker(ticker);
-                }
-            }
-            Event::Reconnected { symbol } => {
-                if let Some(st) = symbols.get_mut(&symbol) {
-                    st.sync.handle_connection_lost(now_ms);
-                    st.drain();
-                }
-            }
-            Event::Snapshot { symbol: None, .. } | Event::Other => {}
-        }
+        step(&mut symbols, &futures, r.ts_ns, r.event);
     }
     Ok(symbols.into_values().map(SymbolState::finish).collect())
+}
+
+/// One event, received at `ts_ns`, into its symbol's book (`futures`: the symbols with depth
+/// events and their rule).
+fn step(
+    symbols: &mut BTreeMap<String, SymbolState>,
+    futures: &HashMap<String, bool>,
+    ts_ns: i128,
+    event: Event,
+) {
+    let now_ms = (ts_ns / 1_000_000) as i64;
+    match event {
+        Event::Delta { symbol, delta } => {
+            let Some(&is_futures) = futures.get(&symbol) else { return };
+            let st = symbols
+                .entry(symbol.clone())
+                .or_insert_with(|| SymbolState::new(&symbol, is_futures));
+            st.report.diffs += 1;
+            st.sync.handle_delta(delta, now_ms);
+            st.drain();
+        }
+        Event::Snapshot { symbol: Some(symbol), snapshot } => {
+            // a snapshot for a symbol without depth events has nothing to sync
+            let Some(&is_futures) = futures.get(&symbol) else { return };
+            let st = symbols
+                .entry(symbol.clone())
+                .or_insert_with(|| SymbolState::new(&symbol, is_futures));
+            st.sync.handle_snapshot(snapshot, now_ms);
+            st.drain();
+        }
+        Event::Ticker { symbol, ticker } => {
+            if let Some(st) = symbols.get_mut(&symbol) {
+                st.on_ticker(ticker);
+            } else if let Some(&is_futures) = futures.get(&symbol) {
+                let st = symbols
+                    .entry(symbol.clone())
+                    .or_insert_with(|| SymbolState::new(&symbol, is_futures));
+                st.on_ticker(ticker);
+            }
+        }
+        Event::Reconnected { symbol } => {
+            if let Some(st) = symbols.get_mut(&symbol) {
+                st.sync.handle_connection_lost(now_ms);
+                st.drain();
+            }
+        }
+        Event::Snapshot { symbol: None, .. } | Event::Other => {}
+    }
 }
 
 /// Runs the replay, printing one JSON object per symbol; returns whether every check passed.

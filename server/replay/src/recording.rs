@@ -18,7 +18,7 @@ use serde::Serialize;
 use shared::venue::Dialect;
 
 use crate::input::Origin;
-use crate::venue::{replay_events, RecordedEvent};
+use crate::venue::{EventReplay, RecordedEvent};
 
 /// Arguments of `millrace replay recording`.
 #[derive(Debug, clap::Args)]
@@ -60,38 +60,46 @@ struct Described {
     dialect: String,
 }
 
-/// The most bytes of frames and answers [`read_source`] holds for one source: the check keeps a
-/// source's recorded text in memory (its events are ordered by receive time across the
-/// connections, and a Binance-protocol book's rule is known only from its diffs), so a larger
-/// recording is refused with an error rather than read until memory runs out.
+/// The most bytes of frames and answers the check holds at once for one source. It reads a
+/// recording as a stream, in receive order, holding only the events that a later record, written
+/// out of that order, could still come before (records are written in about the order they are
+/// received: a connection's own are in order, and the recorder's queue interleaves them); a
+/// recording whose disorder would make it hold more is refused with an error rather than read
+/// until memory runs out. [`read_source`], which returns a source's events whole, holds at most
+/// this much in all.
 pub const MAX_TEXT_BYTES: u64 = 2 << 30;
 
 /// A source's events in receive order: (time ns, connection, where, the event).
 pub type SourceEvents = Vec<(i128, usize, Origin, RecordedEvent)>;
 
-/// Reads one source's recording: a report per file, and its events in receive order with the
-/// number of connections. A recording holding more than [`MAX_TEXT_BYTES`] of text is an error.
-pub fn read_source(
-    dir: &Path,
-    source: &str,
-) -> anyhow::Result<(Vec<FileReport>, usize, SourceEvents)> {
-    read_source_within(dir, source, MAX_TEXT_BYTES)
+/// What a first pass over a source's files found: a report per file, its connections, and
+/// how far out of receive order its records were written.
+#[derive(Debug, Clone)]
+pub struct Survey {
+    pub files: Vec<FileReport>,
+    /// Connection ids, in order of first appearance, and their index.
+    connections: HashMap<u64, usize>,
+    /// The most any record's time lies before a record written ahead of it, ns.
+    pub disorder_ns: i128,
 }
 
-fn read_source_within(
-    dir: &Path,
-    source: &str,
-    max_text: u64,
-) -> anyhow::Result<(Vec<FileReport>, usize, SourceEvents)> {
-    let files: Vec<_> =
-        recording::list_files(dir)?.into_iter().filter(|f| f.source == source).collect();
-    let mut reports = Vec::new();
-    let mut conns: HashMap<u64, usize> = HashMap::new();
-    // a REST request's text, until its answer
-    let mut requests: HashMap<u64, String> = HashMap::new();
-    let mut events = Vec::new();
-    let mut text_bytes = 0u64;
-    for f in files {
+impl Survey {
+    pub fn connections(&self) -> usize {
+        self.connections.len()
+    }
+}
+
+/// The recording's files of `source`, oldest hour first.
+fn source_files(dir: &Path, source: &str) -> anyhow::Result<Vec<recording::RecordingFile>> {
+    Ok(recording::list_files(dir)?.into_iter().filter(|f| f.source == source).collect())
+}
+
+/// The first pass over `source`'s recording: each file's blocks, records, kinds, connections,
+/// time range and torn tail, and the recording's disorder.
+pub fn survey(dir: &Path, source: &str) -> anyhow::Result<Survey> {
+    let mut survey = Survey { files: Vec::new(), connections: HashMap::new(), disorder_ns: 0 };
+    let mut latest: Option<i64> = None;
+    for f in source_files(dir, source)? {
         let mut reader = FileReader::open(&f.path)?;
         let mut report = FileReport {
             file: f.path.display().to_string(),
@@ -113,15 +121,78 @@ fn read_source_within(
                 report.first_ns.get_or_insert(r.time_ns);
                 report.last_ns = Some(r.time_ns);
                 file_conns.insert(r.conn);
-                let n = conns.len();
-                let conn = *conns.entry(r.conn).or_insert(n);
-                text_bytes += (r.body.len() + r.meta.len()) as u64;
-                anyhow::ensure!(
-                    text_bytes <= max_text,
-                    "{source}: its recording holds more than {max_text} bytes of frames and \
-                     answers, more than the offline check holds at once (it ends at {})",
-                    f.path.display()
-                );
+                let n = survey.connections.len();
+                survey.connections.entry(r.conn).or_insert(n);
+                if let Some(latest) = latest {
+                    let behind = i128::from(latest) - i128::from(r.time_ns);
+                    survey.disorder_ns = survey.disorder_ns.max(behind);
+                }
+                latest = latest.max(Some(r.time_ns));
+            }
+        }
+        report.connections = file_conns.len();
+        report.torn = reader.torn().map(|t| TornReport {
+            offset: t.offset,
+            bytes: t.bytes,
+            reason: t.reason.clone(),
+        });
+        survey.files.push(report);
+    }
+    Ok(survey)
+}
+
+/// An event waiting in [`for_each_event`]'s reorder window: ordered by time, then by the order
+/// it was written (the order a stable sort by time keeps).
+struct Held {
+    time_ns: i128,
+    seq: u64,
+    conn: usize,
+    origin: Origin,
+    event: RecordedEvent,
+    bytes: u64,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, o: &Self) -> bool {
+        (self.time_ns, self.seq) == (o.time_ns, o.seq)
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Held {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.time_ns, self.seq).cmp(&(o.time_ns, o.seq))
+    }
+}
+
+/// Calls `each` with `source`'s events in receive order (records of equal time in the order
+/// they were written), reading the files again as a stream. An event is handed on once the
+/// records read since are far enough ahead in time that none still to come can precede it
+/// ([`Survey::disorder_ns`] says how far back one can lie), so only that window is held: more
+/// than `max_held` bytes of it is an error.
+pub fn for_each_event(
+    dir: &Path,
+    source: &str,
+    survey: &Survey,
+    max_held: u64,
+    mut each: impl FnMut(i128, usize, Origin, RecordedEvent) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut held: BinaryHeap<Reverse<Held>> = BinaryHeap::new();
+    let (mut held_bytes, mut seq, mut latest) = (0u64, 0u64, i128::MIN);
+    // a REST request's text, until its answer
+    let mut requests: HashMap<u64, String> = HashMap::new();
+    for f in source_files(dir, source)? {
+        let mut reader = FileReader::open(&f.path)?;
+        let mut line = 0usize;
+        while let Some(block) = reader.next_block()? {
+            for r in block {
+                line += 1;
                 let text = || String::from_utf8_lossy(&r.body).into_owned();
                 let event = match r.kind {
                     Kind::Connected => RecordedEvent::Connected,
@@ -137,20 +208,75 @@ fn read_source_within(
                     }
                     Kind::Closed => continue,
                 };
-                let origin = Origin { path: f.path.clone(), line: report.records as usize };
-                events.push((i128::from(r.time_ns), conn, origin, event));
+                let conn = *survey
+                    .connections
+                    .get(&r.conn)
+                    .context("the recording changed since it was surveyed")?;
+                let bytes = (r.body.len() + r.meta.len()) as u64;
+                held_bytes += bytes;
+                anyhow::ensure!(
+                    held_bytes <= max_held,
+                    "{source}: its records are written up to {} ms out of receive order, and \
+                     ordering them holds more than {max_held} bytes of frames and answers at \
+                     once (at {})",
+                    survey.disorder_ns / 1_000_000,
+                    f.path.display()
+                );
+                let time_ns = i128::from(r.time_ns);
+                latest = latest.max(time_ns);
+                let origin = Origin { path: f.path.clone(), line };
+                held.push(Reverse(Held { time_ns, seq, conn, origin, event, bytes }));
+                seq += 1;
+                // nothing still to come lies before `latest - disorder`
+                while held.peek().is_some_and(|h| h.0.time_ns <= latest - survey.disorder_ns) {
+                    let Reverse(h) = held.pop().expect("peeked");
+                    held_bytes -= h.bytes;
+                    each(h.time_ns, h.conn, h.origin, h.event)?;
+                }
             }
         }
-        report.connections = file_conns.len();
-        report.torn = reader.torn().map(|t| TornReport {
-            offset: t.offset,
-            bytes: t.bytes,
-            reason: t.reason.clone(),
-        });
-        reports.push(report);
     }
-    events.sort_by_key(|e| e.0); // stable: a connection's own order is kept
-    Ok((reports, conns.len(), events))
+    while let Some(Reverse(h)) = held.pop() {
+        each(h.time_ns, h.conn, h.origin, h.event)?;
+    }
+    Ok(())
+}
+
+/// Reads one source's recording whole: a report per file, and its events in receive order with
+/// the number of connections. A recording holding more than [`MAX_TEXT_BYTES`] of text is an
+/// error.
+pub fn read_source(
+    dir: &Path,
+    source: &str,
+) -> anyhow::Result<(Vec<FileReport>, usize, SourceEvents)> {
+    read_source_within(dir, source, MAX_TEXT_BYTES)
+}
+
+fn read_source_within(
+    dir: &Path,
+    source: &str,
+    max_text: u64,
+) -> anyhow::Result<(Vec<FileReport>, usize, SourceEvents)> {
+    let survey = survey(dir, source)?;
+    let mut events = Vec::new();
+    let mut text_bytes = 0u64;
+    for_each_event(dir, source, &survey, max_text, |time_ns, conn, origin, event| {
+        text_bytes += match &event {
+            RecordedEvent::Connected => 0,
+            RecordedEvent::Sent(t) | RecordedEvent::Received(t) => t.len() as u64,
+            RecordedEvent::RestAnswer { request, body } => (request.len() + body.len()) as u64,
+        };
+        anyhow::ensure!(
+            text_bytes <= max_text,
+            "{source}: its recording holds more than {max_text} bytes of frames and answers, \
+             more than it is read into memory whole (`millrace replay recording` reads it as a \
+             stream)"
+        );
+        events.push((time_ns, conn, origin, event));
+        Ok(())
+    })?;
+    let connections = survey.connections();
+    Ok((survey.files, connections, events))
 }
 
 /// Runs the check, printing one JSON object per file and per book; returns whether every book's
@@ -175,21 +301,31 @@ pub fn run(args: &RecordingArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
         let dialect: Dialect = described.dialect.parse().map_err(|_| {
             anyhow::anyhow!("{source}/source.json: unknown dialect {:?}", described.dialect)
         })?;
-        let (files, connections, events) = read_source(&args.dir, &source)?;
-        for f in &files {
+        let survey = survey(&args.dir, &source)?;
+        for f in &survey.files {
             serde_json::to_writer(&mut *out, f)?;
             writeln!(out)?;
         }
+        let events =
+            |each: &mut dyn FnMut(i128, usize, Origin, RecordedEvent) -> anyhow::Result<()>| {
+                for_each_event(&args.dir, &source, &survey, MAX_TEXT_BYTES, each)
+            };
         if dialect == Dialect::Binance {
-            // its books from its diffs and its REST snapshots, by Binance's rules
-            for r in crate::depth::replay_recorded(&events)? {
+            // its books from its diffs and its REST snapshots, by Binance's rules: a first
+            // reading learns each symbol's rule and each connection's symbols, the second syncs
+            let mut books = crate::depth::RecordedBooks::default();
+            events(&mut |_, conn, origin, event| books.learn(conn, &origin, &event))?;
+            events(&mut |time_ns, conn, origin, event| books.step(time_ns, conn, &origin, event))?;
+            for r in books.finish() {
                 ok &= r.consistent();
                 serde_json::to_writer(&mut *out, &r)?;
                 writeln!(out)?;
             }
             continue;
         }
-        for r in replay_events(dialect, connections, events)? {
+        let mut replay = EventReplay::new(dialect, survey.connections());
+        events(&mut |time_ns, conn, origin, event| replay.on(time_ns, conn, origin, event))?;
+        for r in replay.finish() {
             ok &= r.ok;
             serde_json::to_writer(&mut *out, &r)?;
             writeln!(out)?;
@@ -201,6 +337,71 @@ pub fn run(args: &RecordingArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn put(rec: &mut recording::Recorder, kind: Kind, time_ns: i64, conn: u64, body: &str) {
+        rec.append(&recording::Record { kind, time_ns, conn, meta: "", body: body.as_bytes() })
+            .unwrap();
+    }
+
+    /// Records written out of receive order (two connections' frames interleaved by the
+    /// recorder's queue) come out of the stream in receive order, equal times in written order,
+    /// as a stable sort of the whole recording puts them; the window it holds is bounded.
+    #[test]
+    fn a_recording_streams_in_receive_order_holding_only_its_disorder() {
+        let dir =
+            std::env::temp_dir().join(format!("millrace-replay-order-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut rec = recording::Recorder::new(&dir, "okx").unwrap();
+        let t0 = 1_700_000_000_000_000_000i64;
+        let written = [
+            (Kind::Connected, 0, 1, ""),
+            (Kind::Connected, 1, 2, ""),
+            (Kind::Received, 100, 1, "a100"),
+            (Kind::Received, 50, 2, "b50"),
+            (Kind::Received, 120, 1, "a120"),
+            (Kind::Received, 60, 2, "b60"),
+            (Kind::Received, 60, 1, "a60"),
+            (Kind::Received, 200, 2, "b200"),
+            (Kind::Received, 130, 1, "a130"),
+            (Kind::Received, 300, 1, "a300"),
+        ];
+        for (kind, t, conn, body) in written {
+            put(&mut rec, kind, t0 + t, conn, body);
+        }
+        rec.flush().unwrap();
+        drop(rec);
+        let survey = survey(&dir, "okx").unwrap();
+        assert_eq!((survey.connections(), survey.disorder_ns), (2, 70)); // 130 after 200
+        let mut got = Vec::new();
+        for_each_event(&dir, "okx", &survey, 1 << 20, |t, conn, _, e| {
+            got.push((t - i128::from(t0), conn, e));
+            Ok(())
+        })
+        .unwrap();
+        let mut want: Vec<_> = written
+            .iter()
+            .map(|&(kind, t, conn, body)| {
+                let e = match kind {
+                    Kind::Connected => RecordedEvent::Connected,
+                    _ => RecordedEvent::Received(body.to_string()),
+                };
+                (i128::from(t), conn as usize - 1, e)
+            })
+            .collect();
+        want.sort_by_key(|w| w.0);
+        assert_eq!(got, want);
+        // read whole, the same
+        let (_, _, events) = read_source(&dir, "okx").unwrap();
+        let whole: Vec<_> =
+            events.into_iter().map(|(t, c, _, e)| (t - i128::from(t0), c, e)).collect();
+        assert_eq!(whole, want);
+        // a window larger than the bound is refused, naming the disorder
+        let err = for_each_event(&dir, "okx", &survey, 8, |_, _, _, _| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("out of receive order") && err.contains("more than 8 bytes"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A recording larger than the check holds is an error naming the bound, not an
     /// allocation without end; within the bound it reads whole.

@@ -573,35 +573,66 @@ pub enum RecordedEvent {
 }
 
 /// Replays a recording of `dialect`: `(receive time ns, connection index, where, event)` in
-/// receive order, each connection's frames as one capture file's. One report per instrument.
+/// receive order, `connections` connections in all (as [`crate::recording::read_source`] gives
+/// them); one report per instrument, in name order.
 pub fn replay_events(
     dialect: Dialect,
     connections: usize,
     events: Vec<(i128, usize, Origin, RecordedEvent)>,
 ) -> anyhow::Result<Vec<VenueReport>> {
-    let mut replay = Replay::new(dialect, connections.max(1));
-    for (ts_ns, file, origin, e) in events {
+    let mut replay = EventReplay::new(dialect, connections);
+    for (ts_ns, conn, origin, e) in events {
+        replay.on(ts_ns, conn, origin, e)?;
+    }
+    Ok(replay.finish())
+}
+
+/// [`replay_events`] one event at a time, for a recording read as a stream.
+pub struct EventReplay {
+    dialect: Dialect,
+    replay: Replay,
+}
+
+impl EventReplay {
+    pub fn new(dialect: Dialect, connections: usize) -> Self {
+        EventReplay { dialect, replay: Replay::new(dialect, connections.max(1)) }
+    }
+
+    /// The next event in receive order, of connection `conn` (an index below `connections`).
+    pub fn on(
+        &mut self,
+        ts_ns: i128,
+        conn: usize,
+        origin: Origin,
+        e: RecordedEvent,
+    ) -> anyhow::Result<()> {
         let line = match e {
             RecordedEvent::Connected => Line::Connected,
             RecordedEvent::Sent(s) => Line::Sent(s),
             RecordedEvent::Received(s) => Line::Received(s),
             RecordedEvent::RestAnswer { request, body } => {
                 let lists = [shared::protocol::Market::Spot, shared::protocol::Market::Futures]
-                    .map(|m| venues::rest::instruments_path(dialect, m));
+                    .map(|m| venues::rest::instruments_path(self.dialect, m));
                 let path = |p: &str| p.split('?').next().unwrap_or(p).to_string();
                 if lists.iter().any(|l| request.contains(&path(l))) {
-                    if let Ok(list) = venues::rest::parse_instruments(dialect, &body) {
+                    if let Ok(list) = venues::rest::parse_instruments(self.dialect, &body) {
                         for i in list {
-                            replay.precisions.insert(i.symbol, (i.price_decimals, i.qty_decimals));
+                            self.replay
+                                .precisions
+                                .insert(i.symbol, (i.price_decimals, i.qty_decimals));
                         }
                     }
                 }
-                continue;
+                return Ok(());
             }
         };
-        replay.on_line(Recorded { ts_ns, file, origin, line })?;
+        self.replay.on_line(Recorded { ts_ns, file: conn, origin, line })
     }
-    Ok(replay.finish())
+
+    /// One report per instrument, in name order.
+    pub fn finish(self) -> Vec<VenueReport> {
+        self.replay.finish()
+    }
 }
 
 /// Replays `files` of `dialect` and returns one report per instrument, in name order.

@@ -55,6 +55,8 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
     server.stop().await; // the writer writes what is queued
     sim.shutdown();
 
+    // each venue's BTC book as read whole, for the command line's streamed reading below
+    let mut venue_lines = Vec::new();
     for (d, live_verified) in
         [(Dialect::Okx, live[0]), (Dialect::Kraken, live[1]), (Dialect::Coinbase, 0)]
     {
@@ -75,6 +77,7 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
         assert!(described.contains(&format!("\"dialect\":\"{source}\"")), "{described}");
         let reports = replay::venue::replay_events(d, connections, events).unwrap();
         let btc = reports.iter().find(|r| r.symbol.contains("BTC")).expect("the BTC book");
+        venue_lines.push(serde_json::to_string(btc).unwrap());
         assert!(btc.ok, "{source}: {btc:?}");
         let book = btc.books.last().expect("a book");
         assert!(book.synced, "{source}: {book:?}");
@@ -105,6 +108,10 @@ async fn every_frame_is_recorded_and_the_recording_syncs_the_same_books() {
     // its diffs and its REST snapshot
     let (text, sim_btc) = checked_offline(&dir);
     assert!(text.lines().any(|l| l.contains("\"file\"") && l.contains("okx")), "{text}");
+    // reading as a stream (in receive order, holding only its disorder), it finds the same
+    for line in &venue_lines {
+        assert!(text.lines().any(|l| l == line), "{line} not in {text}");
+    }
     assert_eq!(sim_btc["synced"], true, "{sim_btc}");
     assert!(sim_btc["snapshots"].as_u64() >= Some(1), "{sim_btc}");
     assert!(sim_btc["diffs_applied"].as_u64() > Some(5), "{sim_btc}");
