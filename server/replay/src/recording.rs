@@ -343,16 +343,21 @@ mod tests {
             .unwrap();
     }
 
+    /// A new recording of source `okx` in a directory of its own, and its first time.
+    fn new_recording(name: &str) -> (PathBuf, recording::Recorder, i64) {
+        let dir =
+            std::env::temp_dir().join(format!("millrace-replay-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rec = recording::Recorder::new(&dir, "okx").unwrap();
+        (dir, rec, 1_700_000_000_000_000_000i64)
+    }
+
     /// Records written out of receive order (two connections' frames interleaved by the
     /// recorder's queue) come out of the stream in receive order, equal times in written order,
     /// as a stable sort of the whole recording puts them; the window it holds is bounded.
     #[test]
     fn a_recording_streams_in_receive_order_holding_only_its_disorder() {
-        let dir =
-            std::env::temp_dir().join(format!("millrace-replay-order-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut rec = recording::Recorder::new(&dir, "okx").unwrap();
-        let t0 = 1_700_000_000_000_000_000i64;
+        let (dir, mut rec, t0) = new_recording("order");
         let written = [
             (Kind::Connected, 0, 1, ""),
             (Kind::Connected, 1, 2, ""),
@@ -396,9 +401,8 @@ mod tests {
             events.into_iter().map(|(t, c, _, e)| (t - i128::from(t0), c, e)).collect();
         assert_eq!(whole, want);
         // a window larger than the bound is refused, naming the disorder
-        let err = for_each_event(&dir, "okx", &survey, 8, |_, _, _, _| Ok(()))
-            .unwrap_err()
-            .to_string();
+        let err =
+            for_each_event(&dir, "okx", &survey, 8, |_, _, _, _| Ok(())).unwrap_err().to_string();
         assert!(err.contains("out of receive order") && err.contains("more than 8 bytes"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -407,29 +411,11 @@ mod tests {
     /// allocation without end; within the bound it reads whole.
     #[test]
     fn a_recording_over_the_bound_is_refused() {
-        let dir =
-            std::env::temp_dir().join(format!("millrace-replay-bound-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut rec = recording::Recorder::new(&dir, "okx").unwrap();
-        let t0 = 1_700_000_000_000_000_000i64;
+        let (dir, mut rec, t0) = new_recording("bound");
         let frame = "x".repeat(1000);
-        rec.append(&recording::Record {
-            kind: Kind::Connected,
-            time_ns: t0,
-            conn: 1,
-            meta: "wss://x/ws/v5/public",
-            body: b"",
-        })
-        .unwrap();
+        put(&mut rec, Kind::Connected, t0, 1, "");
         for i in 1..=10 {
-            rec.append(&recording::Record {
-                kind: Kind::Received,
-                time_ns: t0 + i,
-                conn: 1,
-                meta: "",
-                body: frame.as_bytes(),
-            })
-            .unwrap();
+            put(&mut rec, Kind::Received, t0 + i, 1, &frame);
         }
         rec.flush().unwrap();
         drop(rec);
