@@ -141,32 +141,13 @@ pub fn survey(dir: &Path, source: &str) -> anyhow::Result<Survey> {
     Ok(survey)
 }
 
-/// An event waiting in [`for_each_event`]'s reorder window: ordered by time, then by the order
-/// it was written (the order a stable sort by time keeps).
+/// An event waiting in [`for_each_event`]'s reorder window, which keys it by its time and
+/// then the order it was written (the order a stable sort by time keeps).
 struct Held {
-    time_ns: i128,
-    seq: u64,
     conn: usize,
     origin: Origin,
     event: RecordedEvent,
     bytes: u64,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, o: &Self) -> bool {
-        (self.time_ns, self.seq) == (o.time_ns, o.seq)
-    }
-}
-impl Eq for Held {}
-impl PartialOrd for Held {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Held {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.time_ns, self.seq).cmp(&(o.time_ns, o.seq))
-    }
 }
 
 /// Calls `each` with `source`'s events in receive order (records of equal time in the order
@@ -181,9 +162,7 @@ pub fn for_each_event(
     max_held: u64,
     mut each: impl FnMut(i128, usize, Origin, RecordedEvent) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    let mut held: BinaryHeap<Reverse<Held>> = BinaryHeap::new();
+    let mut held: BTreeMap<(i128, u64), Held> = BTreeMap::new();
     let (mut held_bytes, mut seq, mut latest) = (0u64, 0u64, i128::MIN);
     // a REST request's text, until its answer
     let mut requests: HashMap<u64, String> = HashMap::new();
@@ -225,19 +204,23 @@ pub fn for_each_event(
                 let time_ns = i128::from(r.time_ns);
                 latest = latest.max(time_ns);
                 let origin = Origin { path: f.path.clone(), line };
-                held.push(Reverse(Held { time_ns, seq, conn, origin, event, bytes }));
+                held.insert((time_ns, seq), Held { conn, origin, event, bytes });
                 seq += 1;
                 // nothing still to come lies before `latest - disorder`
-                while held.peek().is_some_and(|h| h.0.time_ns <= latest - survey.disorder_ns) {
-                    let Reverse(h) = held.pop().expect("peeked");
+                while let Some(first) = held.first_entry() {
+                    let time_ns = first.key().0;
+                    if time_ns > latest - survey.disorder_ns {
+                        break;
+                    }
+                    let h = first.remove();
                     held_bytes -= h.bytes;
-                    each(h.time_ns, h.conn, h.origin, h.event)?;
+                    each(time_ns, h.conn, h.origin, h.event)?;
                 }
             }
         }
     }
-    while let Some(Reverse(h)) = held.pop() {
-        each(h.time_ns, h.conn, h.origin, h.event)?;
+    for ((time_ns, _), h) in held {
+        each(time_ns, h.conn, h.origin, h.event)?;
     }
     Ok(())
 }
