@@ -7,7 +7,9 @@
 //! - hftbacktest files (`<recv_ns> <json>`, plain or `.gz`), where one line without `"stream"` is
 //!   the REST snapshot; several files are one continuous stream.
 //!
-//! All events are merged by their receive timestamps (stable, so a file's own order is kept).
+//! All events are merged by their receive timestamps (equal times in file order, then line
+//! order), read as a stream ([`crate::input::for_each_merged`]): only the lines a file's own
+//! disorder could still put behind one to come are held, not the recording.
 //! Each symbol uses the futures continuity rule when its depth events carry `pu`, else the spot
 //! rule. A `bookTicker` is checked when its `u` equals the final `u` of an applied diff, whether
 //! it arrives before or after that diff: best bid/ask price and quantity must be equal.
@@ -24,7 +26,7 @@ use shared::sync::{
 };
 use shared::{Price, Qty};
 
-use crate::input::{bad, for_each_line, parse_secs, InputError, Origin};
+use crate::input::{self, bad, parse_secs, InputError, Origin, MAX_HELD_BYTES};
 use crate::venue::RecordedEvent;
 
 /// Arguments of `millrace replay depth`.
@@ -75,13 +77,6 @@ struct Ticker {
 struct Top {
     bid: Option<Level>,
     ask: Option<Level>,
-}
-
-struct Recorded {
-    ts_ns: i128,
-    file: usize,
-    origin: Origin,
-    event: Event,
 }
 
 /// Per-symbol result, printed as one JSON line.
@@ -235,42 +230,46 @@ impl SymbolState {
     }
 }
 
-/// A recording, decoded and merged into receive-time order.
-struct Loaded {
-    events: Vec<Recorded>,
+/// What the first reading of a capture learns before its books are synced: each symbol's rule,
+/// and the symbols each file streams (to attribute hftbacktest's snapshots, which name none).
+struct Learned {
     /// Symbols with depth events, and whether they follow the futures (`pu`) rule.
     futures: HashMap<String, bool>,
+    file_symbols: Vec<Vec<String>>,
 }
 
-fn load(files: &[PathBuf]) -> anyhow::Result<Loaded> {
-    let mut events = Vec::new();
-    for (i, path) in files.iter().enumerate() {
-        let kind = FileKind::of(path);
-        for_each_line(path, |origin, line| {
-            if let Some((ts_ns, event)) = parse_line(kind, origin, line)? {
-                events.push(Recorded { ts_ns, file: i, origin: origin.clone(), event });
+/// Calls `each(time ns, event)` with the events of `files` in receive order (equal times in
+/// file order, then line order), read as a stream ([`crate::input::for_each_merged`]): a first
+/// reading learns the symbols' rules and each file's symbols, the second hands the events on,
+/// a snapshot without a symbol given its file's one symbol.
+fn for_each_event(
+    files: &[PathBuf],
+    mut each: impl FnMut(&HashMap<String, bool>, i128, Event),
+) -> anyhow::Result<()> {
+    let kinds: Vec<FileKind> = files.iter().map(|p| FileKind::of(p)).collect();
+    let parse = |i: usize, origin: &Origin, line: &str| parse_line(kinds[i], origin, line);
+    let mut learned =
+        Learned { futures: HashMap::new(), file_symbols: vec![Vec::new(); files.len()] };
+    let surveyed = input::survey(files, parse, |i, event| {
+        if let Event::Delta { symbol, delta } = event {
+            if !learned.file_symbols[i].contains(symbol) {
+                learned.file_symbols[i].push(symbol.clone());
             }
-            Ok(())
-        })?;
-    }
-    // Which symbols each file streams, to attribute hftbacktest snapshots.
-    let mut file_symbols: Vec<Vec<String>> = vec![Vec::new(); files.len()];
-    let mut futures: HashMap<String, bool> = HashMap::new();
-    for r in &events {
-        if let Event::Delta { symbol, delta } = &r.event {
-            if !file_symbols[r.file].contains(symbol) {
-                file_symbols[r.file].push(symbol.clone());
-            }
-            *futures.entry(symbol.clone()).or_default() |= delta.prev_last_id.is_some();
+            *learned.futures.entry(symbol.clone()).or_default() |= delta.prev_last_id.is_some();
         }
-    }
-    for r in &mut events {
-        if let Event::Snapshot { symbol: symbol @ None, .. } = &mut r.event {
-            match file_symbols[r.file].as_slice() {
+    })?;
+    input::for_each_merged(
+        files,
+        &surveyed,
+        MAX_HELD_BYTES,
+        parse,
+        |i, origin, ts_ns, mut event| {
+            if let Event::Snapshot { symbol: symbol @ None, .. } = &mut event {
+                match learned.file_symbols[i].as_slice() {
                 [one] => *symbol = Some(one.clone()),
                 others => {
                     return Err(InputError::new(
-                        r.origin.clone(),
+                        origin,
                         format!(
                             "a depth snapshot without a symbol in a file that streams {} symbols ({}); \
                              record one symbol per file",
@@ -281,10 +280,11 @@ fn load(files: &[PathBuf]) -> anyhow::Result<Loaded> {
                     .into())
                 }
             }
-        }
-    }
-    events.sort_by_key(|r| r.ts_ns); // stable: equal timestamps keep file order
-    Ok(Loaded { events, futures })
+            }
+            each(&learned.futures, ts_ns, event);
+            Ok(())
+        },
+    )
 }
 
 /// One input of a book sync, as recorded.
@@ -297,25 +297,26 @@ pub enum BookInput {
 /// The book inputs of every symbol in a recording, in receive order, with whether the symbol
 /// follows the futures rule: what the sync benchmark replays without JSON parsing in the loop.
 pub fn book_inputs(files: &[PathBuf]) -> anyhow::Result<BTreeMap<String, (bool, Vec<BookInput>)>> {
-    let Loaded { events, futures } = load(files)?;
     let mut out: BTreeMap<String, (bool, Vec<BookInput>)> = BTreeMap::new();
-    for r in events {
-        let (symbol, input) = match r.event {
+    for_each_event(files, |futures, _, event| {
+        let (symbol, input) = match event {
             Event::Delta { symbol, delta } => (symbol, BookInput::Delta(delta)),
             Event::Snapshot { symbol: Some(symbol), snapshot } => {
                 (symbol, BookInput::Snapshot(snapshot))
             }
-            _ => continue,
+            _ => return,
         };
-        let Some(&is_futures) = futures.get(&symbol) else { continue };
+        let Some(&is_futures) = futures.get(&symbol) else { return };
         out.entry(symbol).or_insert_with(|| (is_futures, Vec::new())).1.push(input);
-    }
+    })?;
     Ok(out)
 }
 
 /// Replays `files` and returns one report per symbol, in symbol order.
 pub fn replay(files: &[PathBuf]) -> anyhow::Result<Vec<DepthReport>> {
-    replay_loaded(load(files)?)
+    let mut symbols: BTreeMap<String, SymbolState> = BTreeMap::new();
+    for_each_event(files, |futures, ts_ns, event| step(&mut symbols, futures, ts_ns, event))?;
+    Ok(symbols.into_values().map(SymbolState::finish).collect())
 }
 
 /// The check of a millrace recording of a Binance-protocol source (`millrace replay
@@ -401,15 +402,6 @@ impl RecordedBooks {
     pub fn finish(self) -> Vec<DepthReport> {
         self.symbols.into_values().map(SymbolState::finish).collect()
     }
-}
-
-fn replay_loaded(loaded: Loaded) -> anyhow::Result<Vec<DepthReport>> {
-    let Loaded { events, futures } = loaded;
-    let mut symbols: BTreeMap<String, SymbolState> = BTreeMap::new();
-    for r in events {
-        step(&mut symbols, &futures, r.ts_ns, r.event);
-    }
-    Ok(symbols.into_values().map(SymbolState::finish).collect())
 }
 
 /// One event, received at `ts_ns`, into its symbol's book (`futures`: the symbols with depth

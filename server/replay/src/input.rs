@@ -1,6 +1,7 @@
 //! Opening recorded files: plain text, gzip (`.gz`) or the first member of a `.zip`, read line by
 //! line with the file name and line number kept for error messages.
 
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
@@ -148,6 +149,58 @@ impl Read for ZipMember {
     }
 }
 
+/// A file's lines, read one at a time: what [`for_each_line`] walks, and each file of a
+/// [`for_each_merged`] stream.
+pub struct Lines {
+    reader: Box<dyn BufRead>,
+    buf: Vec<u8>,
+    origin: Origin,
+}
+
+impl Lines {
+    pub fn open(path: &Path) -> anyhow::Result<Lines> {
+        Ok(Lines {
+            reader: open(path)?,
+            buf: Vec::with_capacity(4096),
+            origin: Origin { path: path.to_path_buf(), line: 0 },
+        })
+    }
+
+    /// The next line (without its newline) and where it is; `None` at the end of the file. A
+    /// line longer than [`MAX_LINE_BYTES`] or not valid UTF-8 is an error naming it.
+    pub fn next_line(&mut self) -> anyhow::Result<Option<(&Origin, &str)>> {
+        self.buf.clear();
+        // At most one byte past the limit is read, so an endless line costs MAX_LINE_BYTES.
+        let n = (&mut self.reader)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut self.buf)
+            .with_context(|| {
+                format!(
+                    "{}: read failed after line {}",
+                    self.origin.path.display(),
+                    self.origin.line
+                )
+            })?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.origin.line += 1;
+        if self.buf.len() > MAX_LINE_BYTES && self.buf.last() != Some(&b'\n') {
+            return Err(InputError::new(
+                self.origin.clone(),
+                format!("line is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES)"),
+            )
+            .into());
+        }
+        while matches!(self.buf.last(), Some(b'\n' | b'\r')) {
+            self.buf.pop();
+        }
+        let line = std::str::from_utf8(&self.buf)
+            .map_err(|_| InputError::new(self.origin.clone(), "line is not valid UTF-8"))?;
+        Ok(Some((&self.origin, line)))
+    }
+}
+
 /// Reads `path` line by line, calling `f(origin, line)` for each line (without the newline).
 /// Stops at the first error `f` returns. A file that is not valid UTF-8 is an error naming the
 /// line.
@@ -155,36 +208,166 @@ pub fn for_each_line(
     path: &Path,
     mut f: impl FnMut(&Origin, &str) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let mut reader = open(path)?;
-    let mut buf = Vec::with_capacity(4096);
-    let mut origin = Origin { path: path.to_path_buf(), line: 0 };
-    loop {
-        buf.clear();
-        // At most one byte past the limit is read, so an endless line costs MAX_LINE_BYTES.
-        let n = (&mut reader)
-            .take(MAX_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .with_context(|| {
-                format!("{}: read failed after line {}", path.display(), origin.line)
-            })?;
-        if n == 0 {
-            return Ok(());
-        }
-        origin.line += 1;
-        if buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
-            return Err(InputError::new(
-                origin,
-                format!("line is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES)"),
-            )
-            .into());
-        }
-        while matches!(buf.last(), Some(b'\n' | b'\r')) {
-            buf.pop();
-        }
-        let line = std::str::from_utf8(&buf)
-            .map_err(|_| InputError::new(origin.clone(), "line is not valid UTF-8"))?;
-        f(&origin, line)?;
+    let mut lines = Lines::open(path)?;
+    while let Some((origin, line)) = lines.next_line()? {
+        f(origin, line)?;
     }
+    Ok(())
+}
+
+/// The most bytes of lines [`for_each_merged`] holds at once to put several files' items into
+/// receive order (1 GiB): more is an error naming the file and its disorder, never an allocation
+/// without end.
+pub const MAX_HELD_BYTES: u64 = 1 << 30;
+
+/// What [`survey`] found of one file: its earliest item's time, and how far out of time order
+/// its items are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileSurvey {
+    /// The earliest time of an item in the file; `None` when it has none.
+    pub first_ns: Option<i128>,
+    /// The most any item's time lies before an item above it in the file, ns (0 when the file
+    /// is in time order).
+    pub disorder_ns: u128,
+}
+
+/// The first pass over `files` for [`for_each_merged`]: each line through `parse` (an item and
+/// its receive time, or `None` for a line that holds none), each item shown to `learn`; what
+/// each file's times are like.
+pub fn survey<T>(
+    files: &[PathBuf],
+    mut parse: impl FnMut(usize, &Origin, &str) -> anyhow::Result<Option<(i128, T)>>,
+    mut learn: impl FnMut(usize, &T),
+) -> anyhow::Result<Vec<FileSurvey>> {
+    let mut out = Vec::with_capacity(files.len());
+    for (i, path) in files.iter().enumerate() {
+        let mut s = FileSurvey { first_ns: None, disorder_ns: 0 };
+        let mut latest: Option<i128> = None;
+        let mut lines = Lines::open(path)?;
+        while let Some((origin, line)) = lines.next_line()? {
+            let Some((ts, item)) = parse(i, origin, line)? else { continue };
+            learn(i, &item);
+            s.first_ns = Some(s.first_ns.map_or(ts, |f| f.min(ts)));
+            if let Some(latest) = latest {
+                if ts < latest {
+                    s.disorder_ns = s.disorder_ns.max(latest.abs_diff(ts));
+                }
+            }
+            latest = Some(latest.map_or(ts, |l| l.max(ts)));
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// One file of a [`for_each_merged`] stream: its items in time order through a reorder window
+/// as wide as its disorder.
+struct FileStream<T> {
+    lines: Lines,
+    disorder_ns: u128,
+    /// Items read and not yet handed on, by time and then line (the order a stable sort keeps).
+    held: BTreeMap<(i128, usize), (Origin, T, u64)>,
+    latest: i128,
+    /// The time of the last item handed on.
+    released: i128,
+    ended: bool,
+}
+
+impl<T> FileStream<T> {
+    /// The time of the file's next item in time order, reading as far as it takes to know that
+    /// no item still to come precedes it; `None` at the end.
+    fn head(
+        &mut self,
+        file: usize,
+        parse: &mut impl FnMut(usize, &Origin, &str) -> anyhow::Result<Option<(i128, T)>>,
+        held_bytes: &mut u64,
+        max_held: u64,
+    ) -> anyhow::Result<Option<i128>> {
+        loop {
+            if let Some(&(ts, _)) = self.held.keys().next() {
+                // nothing still to come lies before `latest - disorder`
+                let past = ts <= self.latest && self.latest.abs_diff(ts) >= self.disorder_ns;
+                if self.ended || past {
+                    return Ok(Some(ts));
+                }
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            let Some((origin, line)) = self.lines.next_line()? else {
+                self.ended = true;
+                continue;
+            };
+            let Some((ts, item)) = parse(file, origin, line)? else { continue };
+            if ts < self.released {
+                return Err(bad(
+                    origin,
+                    "the file changed while it was read: this line lies further out of time \
+                     order than the first reading found",
+                ));
+            }
+            let bytes = line.len() as u64;
+            *held_bytes += bytes;
+            if *held_bytes > max_held {
+                return Err(bad(
+                    origin,
+                    format!(
+                        "the files' lines are up to {} ms out of time order, and ordering them \
+                         holds more than {max_held} bytes of lines at once",
+                        self.disorder_ns / 1_000_000
+                    ),
+                ));
+            }
+            self.latest = self.latest.max(ts);
+            self.held.insert((ts, origin.line), (origin.clone(), item, bytes));
+        }
+    }
+}
+
+/// Calls `each(file, origin, time, item)` with the items of all `files` in receive-time order,
+/// reading them as a stream: items of equal time in file order, then line order, exactly as a
+/// stable sort of all files' items read one file after another puts them. `parse` reads a line
+/// as [`survey`]'s did (which gave `surveyed`). A file is opened when its first item is due and
+/// closed at its end, and each holds only the items its disorder could still put behind one
+/// to come: more than `max_held` bytes of lines held in all is an error.
+pub fn for_each_merged<T>(
+    files: &[PathBuf],
+    surveyed: &[FileSurvey],
+    max_held: u64,
+    mut parse: impl FnMut(usize, &Origin, &str) -> anyhow::Result<Option<(i128, T)>>,
+    mut each: impl FnMut(usize, Origin, i128, T) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use std::cmp::Reverse;
+    // each file's next item by (time, file); a file not yet opened stands in with its first time
+    let mut heads: BinaryHeap<Reverse<(i128, usize)>> =
+        surveyed.iter().enumerate().filter_map(|(i, s)| Some(Reverse((s.first_ns?, i)))).collect();
+    let mut streams: Vec<Option<FileStream<T>>> = files.iter().map(|_| None).collect();
+    let mut held_bytes = 0u64;
+    while let Some(Reverse((_, i))) = heads.pop() {
+        let stream = match &mut streams[i] {
+            Some(stream) => {
+                let ((ts, _), (origin, item, bytes)) =
+                    stream.held.pop_first().expect("a head is held");
+                held_bytes -= bytes;
+                stream.released = ts;
+                each(i, origin, ts, item)?;
+                stream
+            }
+            slot @ None => slot.insert(FileStream {
+                lines: Lines::open(&files[i])?,
+                disorder_ns: surveyed[i].disorder_ns,
+                held: BTreeMap::new(),
+                latest: i128::MIN,
+                released: i128::MIN,
+                ended: false,
+            }),
+        };
+        match stream.head(i, &mut parse, &mut held_bytes, max_held)? {
+            Some(ts) => heads.push(Reverse((ts, i))),
+            None => streams[i] = None, // closed
+        }
+    }
+    Ok(())
 }
 
 /// An [`InputError`] at `origin`.
@@ -209,4 +392,120 @@ pub(crate) fn parse_secs(origin: &Origin, s: &str) -> anyhow::Result<i128> {
     }
     frac_ns *= 10i128.pow(9u32.saturating_sub(frac.len() as u32));
     Ok(int * 1_000_000_000 + frac_ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `<time> <label>` lines; a blank line holds no item.
+    fn parse(_: usize, origin: &Origin, line: &str) -> anyhow::Result<Option<(i128, String)>> {
+        if line.is_empty() {
+            return Ok(None);
+        }
+        let (ts, label) = line.split_once(' ').ok_or_else(|| bad(origin, "no label"))?;
+        let ts = ts.parse().map_err(|_| bad(origin, format!("bad time {ts:?}")))?;
+        Ok(Some((ts, label.to_string())))
+    }
+
+    fn write_files(name: &str, files: &[Vec<String>]) -> (PathBuf, Vec<PathBuf>) {
+        let dir =
+            std::env::temp_dir().join(format!("millrace-merge-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let paths = files
+            .iter()
+            .enumerate()
+            .map(|(i, lines)| {
+                let path = dir.join(format!("{i}.txt"));
+                std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>())
+                    .unwrap();
+                path
+            })
+            .collect();
+        (dir, paths)
+    }
+
+    fn merged(
+        paths: &[PathBuf],
+        max_held: u64,
+    ) -> anyhow::Result<Vec<(i128, usize, usize, String)>> {
+        let surveyed = survey(paths, parse, |_, _| {})?;
+        let mut got = Vec::new();
+        for_each_merged(paths, &surveyed, max_held, parse, |file, origin, ts, label| {
+            got.push((ts, file, origin.line, label));
+            Ok(())
+        })?;
+        Ok(got)
+    }
+
+    /// Random files, in time order or written out of it, some overlapping and some after one
+    /// another, merge into exactly the order a stable sort of all their items gives.
+    #[test]
+    fn files_merge_as_a_stable_sort_of_all_their_items() {
+        let mut rng = shared::testkit::Rng::new(7);
+        for case in 0..200 {
+            let nfiles = 1 + rng.below(4) as usize;
+            let mut files = Vec::new();
+            for f in 0..nfiles {
+                let mut t = if rng.chance(1, 3) { f as i128 * 1_000 } else { 0 };
+                let disorder = rng.below(4) as i128 * 5;
+                let lines = (0..rng.below(40))
+                    .map(|k| {
+                        if rng.chance(1, 10) {
+                            return String::new();
+                        }
+                        t += rng.below(4) as i128; // ties are common
+                        let back =
+                            if disorder > 0 { rng.below(disorder as u64 + 1) as i128 } else { 0 };
+                        format!("{} f{f}l{k}", t - back)
+                    })
+                    .collect();
+                files.push(lines);
+            }
+            let (dir, paths) = write_files(&format!("stable{case}"), &files);
+            let mut want = Vec::new();
+            for (f, path) in paths.iter().enumerate() {
+                for_each_line(path, |origin, line| {
+                    if let Some((ts, label)) = parse(f, origin, line)? {
+                        want.push((ts, f, origin.line, label));
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            }
+            want.sort_by_key(|w| w.0);
+            assert_eq!(merged(&paths, 1 << 20).unwrap(), want, "case {case}: {files:?}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    /// Only a file's disorder is held: a file far out of order is refused past the bound, one
+    /// in order streams within a tiny bound, and absurd times neither overflow nor panic.
+    #[test]
+    fn the_merge_holds_only_the_disorder_and_bounds_it() {
+        let in_order: Vec<String> = (0..1000).map(|i| format!("{i} {}", "x".repeat(50))).collect();
+        let mut reversed = in_order.clone();
+        reversed.reverse();
+        let (dir, paths) = write_files("bound", &[in_order, reversed]);
+        // in order: one line held at a time
+        assert_eq!(merged(&paths[..1], 100).unwrap().len(), 1000);
+        let err = merged(&paths[1..], 10_000).unwrap_err().to_string();
+        assert!(
+            err.contains("out of time order") && err.contains("more than 10000 bytes"),
+            "{err}"
+        );
+        assert_eq!(merged(&paths[1..], 1 << 20).unwrap().len(), 1000);
+        let _ = std::fs::remove_dir_all(&dir);
+        let extremes = vec![
+            format!("{} max", i128::MAX),
+            format!("{} min", i128::MIN),
+            "0 zero".to_string(),
+            format!("{} max2", i128::MAX),
+        ];
+        let (dir, paths) = write_files("extremes", &[extremes.clone(), extremes]);
+        let got: Vec<String> = merged(&paths, 1 << 20).unwrap().into_iter().map(|g| g.3).collect();
+        assert_eq!(got, ["min", "min", "zero", "zero", "max", "max2", "max", "max2"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -307,7 +307,7 @@ pub fn run(args: &RecordingArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
             continue;
         }
         let mut replay = EventReplay::new(dialect, survey.connections());
-        events(&mut |time_ns, conn, origin, event| replay.on(time_ns, conn, origin, event))?;
+        events(&mut |_, conn, origin, event| replay.on(conn, origin, event))?;
         for r in replay.finish() {
             ok &= r.ok;
             serde_json::to_writer(&mut *out, &r)?;

@@ -36,7 +36,7 @@ use shared::venue::{
 };
 use venues::{BookFrame, CandleFrame, Message, TickerFrame};
 
-use crate::input::{bad, for_each_line, parse_secs, Origin};
+use crate::input::{self, bad, parse_secs, Origin};
 
 /// Kraken's book depth when the capture does not say (its documented default).
 const KRAKEN_DEFAULT_DEPTH: usize = 10;
@@ -52,7 +52,6 @@ enum Line {
 }
 
 struct Recorded {
-    ts_ns: i128,
     file: usize,
     origin: Origin,
     line: Line,
@@ -581,8 +580,8 @@ pub fn replay_events(
     events: Vec<(i128, usize, Origin, RecordedEvent)>,
 ) -> anyhow::Result<Vec<VenueReport>> {
     let mut replay = EventReplay::new(dialect, connections);
-    for (ts_ns, conn, origin, e) in events {
-        replay.on(ts_ns, conn, origin, e)?;
+    for (_, conn, origin, e) in events {
+        replay.on(conn, origin, e)?;
     }
     Ok(replay.finish())
 }
@@ -599,13 +598,7 @@ impl EventReplay {
     }
 
     /// The next event in receive order, of connection `conn` (an index below `connections`).
-    pub fn on(
-        &mut self,
-        ts_ns: i128,
-        conn: usize,
-        origin: Origin,
-        e: RecordedEvent,
-    ) -> anyhow::Result<()> {
+    pub fn on(&mut self, conn: usize, origin: Origin, e: RecordedEvent) -> anyhow::Result<()> {
         let line = match e {
             RecordedEvent::Connected => Line::Connected,
             RecordedEvent::Sent(s) => Line::Sent(s),
@@ -626,7 +619,7 @@ impl EventReplay {
                 return Ok(());
             }
         };
-        self.replay.on_line(Recorded { ts_ns, file: conn, origin, line })
+        self.replay.on_line(Recorded { file: conn, origin, line })
     }
 
     /// One report per instrument, in name order.
@@ -635,24 +628,21 @@ impl EventReplay {
     }
 }
 
-/// Replays `files` of `dialect` and returns one report per instrument, in name order.
+/// Replays `files` of `dialect` and returns one report per instrument, in name order. The files
+/// are read as a stream in receive order ([`crate::input::for_each_merged`]; equal times keep
+/// file order, then line order), each file one connection.
 pub fn replay(dialect: Dialect, files: &[PathBuf]) -> anyhow::Result<Vec<VenueReport>> {
-    let mut lines = Vec::new();
-    for (i, path) in files.iter().enumerate() {
-        let mut first = true;
-        for_each_line(path, |origin, line| {
-            if let Some((ts_ns, line)) = parse_line(origin, line, first)? {
-                lines.push(Recorded { ts_ns, file: i, origin: origin.clone(), line });
-            }
-            first = false;
-            Ok(())
-        })?;
-    }
-    lines.sort_by_key(|r| r.ts_ns); // stable: a file's own order is kept
+    // cryptofeed's header is a file's first line
+    let parse = |_, origin: &Origin, line: &str| parse_line(origin, line, origin.line == 1);
+    let surveyed = input::survey(files, parse, |_, _| {})?;
     let mut replay = Replay::new(dialect, files.len());
-    for r in lines {
-        replay.on_line(r)?;
-    }
+    input::for_each_merged(
+        files,
+        &surveyed,
+        input::MAX_HELD_BYTES,
+        parse,
+        |file, origin, _, line| replay.on_line(Recorded { file, origin, line }),
+    )?;
     Ok(replay.finish())
 }
 
