@@ -271,6 +271,15 @@ impl SimHandle {
         self.inner.ex.clock.now_ms()
     }
 
+    /// How far, in simulated ms, the engine of `symbol` lags the clock. The driver runs every
+    /// market to the clock each tick (50 ms), so a lag of more than a few ticks' worth means it
+    /// is not running and the market stands still: no trades, no book changes, so no message
+    /// for a fault to act on. For a test's diagnosis; `None` for an unknown symbol.
+    pub fn engine_lag_ms(&self, symbol: &str) -> Option<i64> {
+        let m = self.inner.ex.market(symbol)?;
+        Some(self.now_ms() - m.now_ms())
+    }
+
     /// The simulated clock.
     pub fn clock(&self) -> SimClock {
         self.inner.ex.clock

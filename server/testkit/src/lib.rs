@@ -334,7 +334,20 @@ pub async fn request(ws: &mut Ws, method: &str, streams: &[&str], id: u64) -> Re
 }
 
 /// Polls `f` until it returns `Some`, at most [`PATIENCE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_explained(what, String::new, f).await
+}
+
+/// [`eventually`], whose failure also says what `explain` finds then (the state that tells why).
+pub async fn eventually_explained<T, F, Fut>(
+    what: &str,
+    explain: impl Fn() -> String,
+    mut f: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -344,9 +357,20 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(Instant::now() < deadline, "timed out waiting for {what} {}", explain());
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// What a test waiting on `sim`'s `symbol` should say when it times out: how far the
+/// simulator's engine lags its clock (more than a few ticks: its driver is not running, and the
+/// market stands still) and the faults still pending.
+pub fn sim_state(sim: &SimHandle, symbol: &str) -> String {
+    format!(
+        "(the simulator's {symbol} engine lags its clock by {:?} ms; pending faults: {:?})",
+        sim.engine_lag_ms(symbol),
+        sim.faults().plan().messages
+    )
 }
 
 /// The `millrace` binary of this build: beside the running test's own directory

@@ -260,9 +260,11 @@ async fn trades_fold_into_the_exchanges_candles_and_a_lost_one_is_counted() {
         .apply(FaultCommand::Skip { target: StreamTarget::stream("btcusdt@aggTrade"), count: 3 });
     let before = server.get_json("/api/v1/trades?instrument=sim:spot:BTC/USDT&limit=1").await;
     let skipped_before = sim.faults().counters().skipped;
-    eventually("the skipped aggTrades gone by", || async {
-        (sim.faults().counters().skipped >= skipped_before + 3).then_some(())
-    })
+    eventually_explained(
+        "the skipped aggTrades gone by",
+        || sim_state(&sim, "BTCUSDT"),
+        || async { (sim.faults().counters().skipped >= skipped_before + 3).then_some(()) },
+    )
     .await;
     let report = eventually("aggTrades after the hole", || async {
         let r = server.get_json("/api/v1/trades?instrument=sim:spot:BTC/USDT&limit=200").await;
@@ -513,7 +515,11 @@ async fn rest_verification_finds_a_phantom_level_no_checksum_can() {
             if st.health == BookHealth::Synced && found(&sync) {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "{d}: phantom not found: {sync:?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{d}: phantom not found: {sync:?} {}",
+                sim_state(&sim, "BTCUSDT")
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let eth = stats(&server, d, "ETH").1;

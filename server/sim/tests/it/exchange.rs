@@ -160,6 +160,12 @@ fn same_candle(a: &Candle, b: &Candle) -> bool {
 async fn rest_endpoints_speak_binance() {
     let sim = start(config(1.0)).await;
     assert_eq!(get_json(&sim, "/api/v3/ping").await, serde_json::json!({}));
+    // the driver runs the engine to the clock every tick (a lag of at most a tick or so here,
+    // where a simulated ms is a real one)
+    sim_reach(&sim, sim.now_ms() + 300).await;
+    let lag = sim.engine_lag_ms("BTCUSDT").unwrap();
+    assert!((0..1_000).contains(&lag), "{lag}");
+    assert_eq!(sim.engine_lag_ms("NOPE"), None);
     let t: wire::ServerTime = serde_json::from_value(get_json(&sim, "/api/v3/time").await).unwrap();
     assert!((t.server_time - START).abs() < 5_000);
     let info: ExchangeInfo =
