@@ -258,33 +258,32 @@ fn for_each_event(
             *learned.futures.entry(symbol.clone()).or_default() |= delta.prev_last_id.is_some();
         }
     })?;
-    input::for_each_merged(
-        files,
-        &surveyed,
-        MAX_HELD_BYTES,
-        parse,
-        |i, origin, ts_ns, mut event| {
-            if let Event::Snapshot { symbol: symbol @ None, .. } = &mut event {
-                match learned.file_symbols[i].as_slice() {
-                [one] => *symbol = Some(one.clone()),
-                others => {
-                    return Err(InputError::new(
-                        origin,
-                        format!(
-                            "a depth snapshot without a symbol in a file that streams {} symbols ({}); \
-                             record one symbol per file",
-                            others.len(),
-                            others.join(", ")
-                        ),
-                    )
-                    .into())
-                }
-            }
-            }
-            each(&learned.futures, ts_ns, event);
-            Ok(())
-        },
-    )
+    input::for_each_merged(files, &surveyed, MAX_HELD_BYTES, parse, |i, origin, ts_ns, event| {
+        let event = attributed(event, &learned.file_symbols[i], origin)?;
+        each(&learned.futures, ts_ns, event);
+        Ok(())
+    })
+}
+
+/// `event`, a snapshot without a symbol given the one symbol its file streams (`symbols`); such
+/// a snapshot in a file of several symbols is an error.
+fn attributed(mut event: Event, symbols: &[String], origin: Origin) -> anyhow::Result<Event> {
+    if let Event::Snapshot { symbol: symbol @ None, .. } = &mut event {
+        let [one] = symbols else {
+            return Err(InputError::new(
+                origin,
+                format!(
+                    "a depth snapshot without a symbol in a file that streams {} symbols ({}); \
+                     record one symbol per file",
+                    symbols.len(),
+                    symbols.join(", ")
+                ),
+            )
+            .into());
+        };
+        *symbol = Some(one.clone());
+    }
+    Ok(event)
 }
 
 /// One input of a book sync, as recorded.

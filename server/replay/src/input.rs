@@ -220,6 +220,68 @@ pub fn for_each_line(
 /// without end.
 pub const MAX_HELD_BYTES: u64 = 1 << 30;
 
+/// How far out of time order a sequence of times is: the most any time lies before one seen
+/// ahead of it (0 for a sequence in order). What a [`ReorderWindow`] needs to be told.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Disorder {
+    latest: Option<i128>,
+    /// The measure so far, ns.
+    pub most_ns: u128,
+}
+
+impl Disorder {
+    pub fn see(&mut self, ts: i128) {
+        match self.latest {
+            Some(latest) if ts < latest => self.most_ns = self.most_ns.max(latest.abs_diff(ts)),
+            Some(latest) if ts <= latest => {}
+            _ => self.latest = Some(ts),
+        }
+    }
+}
+
+/// Items that arrive in about time order, handed on in exact time order (equal times in the
+/// order they arrived, as a stable sort puts them). Told the [`Disorder`] of what will arrive,
+/// it holds an item only while one still to come could precede it.
+pub struct ReorderWindow<T> {
+    disorder_ns: u128,
+    /// By time, then arrival.
+    held: BTreeMap<(i128, u64), (T, u64)>,
+    arrived: u64,
+    latest: i128,
+}
+
+impl<T> ReorderWindow<T> {
+    pub fn new(disorder_ns: u128) -> Self {
+        ReorderWindow { disorder_ns, held: BTreeMap::new(), arrived: 0, latest: i128::MIN }
+    }
+
+    /// Holds `item` of time `ts`, `bytes` long (given back by [`ReorderWindow::pop`]).
+    pub fn push(&mut self, ts: i128, bytes: u64, item: T) {
+        self.latest = self.latest.max(ts);
+        self.held.insert((ts, self.arrived), (item, bytes));
+        self.arrived += 1;
+    }
+
+    /// The time of the earliest item held, once nothing still to come can precede it.
+    pub fn ready(&self) -> Option<i128> {
+        let &(ts, _) = self.held.keys().next()?;
+        // nothing still to come lies before `latest - disorder`
+        (self.latest.abs_diff(ts) >= self.disorder_ns).then_some(ts)
+    }
+
+    /// The earliest item held (ready or not: at the end, everything is), with its time and
+    /// length.
+    pub fn pop(&mut self) -> Option<(i128, T, u64)> {
+        let ((ts, _), (item, bytes)) = self.held.pop_first()?;
+        Some((ts, item, bytes))
+    }
+
+    /// The time of the earliest item held.
+    pub fn first(&self) -> Option<i128> {
+        self.held.keys().next().map(|&(ts, _)| ts)
+    }
+}
+
 /// What [`survey`] found of one file: its earliest item's time, and how far out of time order
 /// its items are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,21 +303,16 @@ pub fn survey<T>(
 ) -> anyhow::Result<Vec<FileSurvey>> {
     let mut out = Vec::with_capacity(files.len());
     for (i, path) in files.iter().enumerate() {
-        let mut s = FileSurvey { first_ns: None, disorder_ns: 0 };
-        let mut latest: Option<i128> = None;
+        let mut first_ns: Option<i128> = None;
+        let mut disorder = Disorder::default();
         let mut lines = Lines::open(path)?;
         while let Some((origin, line)) = lines.next_line()? {
             let Some((ts, item)) = parse(i, origin, line)? else { continue };
             learn(i, &item);
-            s.first_ns = Some(s.first_ns.map_or(ts, |f| f.min(ts)));
-            if let Some(latest) = latest {
-                if ts < latest {
-                    s.disorder_ns = s.disorder_ns.max(latest.abs_diff(ts));
-                }
-            }
-            latest = Some(latest.map_or(ts, |l| l.max(ts)));
+            first_ns = Some(first_ns.map_or(ts, |f| f.min(ts)));
+            disorder.see(ts);
         }
-        out.push(s);
+        out.push(FileSurvey { first_ns, disorder_ns: disorder.most_ns });
     }
     Ok(out)
 }
@@ -265,9 +322,8 @@ pub fn survey<T>(
 struct FileStream<T> {
     lines: Lines,
     disorder_ns: u128,
-    /// Items read and not yet handed on, by time and then line (the order a stable sort keeps).
-    held: BTreeMap<(i128, usize), (Origin, T, u64)>,
-    latest: i128,
+    /// Items read and not yet handed on.
+    window: ReorderWindow<(Origin, T)>,
     /// The time of the last item handed on.
     released: i128,
     ended: bool,
@@ -284,15 +340,11 @@ impl<T> FileStream<T> {
         max_held: u64,
     ) -> anyhow::Result<Option<i128>> {
         loop {
-            if let Some(&(ts, _)) = self.held.keys().next() {
-                // nothing still to come lies before `latest - disorder`
-                let past = ts <= self.latest && self.latest.abs_diff(ts) >= self.disorder_ns;
-                if self.ended || past {
-                    return Ok(Some(ts));
-                }
-            }
             if self.ended {
-                return Ok(None);
+                return Ok(self.window.first());
+            }
+            if let Some(ts) = self.window.ready() {
+                return Ok(Some(ts));
             }
             let Some((origin, line)) = self.lines.next_line()? else {
                 self.ended = true;
@@ -318,8 +370,7 @@ impl<T> FileStream<T> {
                     ),
                 ));
             }
-            self.latest = self.latest.max(ts);
-            self.held.insert((ts, origin.line), (origin.clone(), item, bytes));
+            self.window.push(ts, bytes, (origin.clone(), item));
         }
     }
 }
@@ -346,8 +397,7 @@ pub fn for_each_merged<T>(
     while let Some(Reverse((_, i))) = heads.pop() {
         let stream = match &mut streams[i] {
             Some(stream) => {
-                let ((ts, _), (origin, item, bytes)) =
-                    stream.held.pop_first().expect("a head is held");
+                let (ts, (origin, item), bytes) = stream.window.pop().expect("a head is held");
                 held_bytes -= bytes;
                 stream.released = ts;
                 each(i, origin, ts, item)?;
@@ -356,8 +406,7 @@ pub fn for_each_merged<T>(
             slot @ None => slot.insert(FileStream {
                 lines: Lines::open(&files[i])?,
                 disorder_ns: surveyed[i].disorder_ns,
-                held: BTreeMap::new(),
-                latest: i128::MIN,
+                window: ReorderWindow::new(surveyed[i].disorder_ns),
                 released: i128::MIN,
                 ended: false,
             }),

@@ -17,7 +17,7 @@ use recording::{FileReader, Kind};
 use serde::Serialize;
 use shared::venue::Dialect;
 
-use crate::input::Origin;
+use crate::input::{Disorder, Origin, ReorderWindow};
 use crate::venue::{EventReplay, RecordedEvent};
 
 /// Arguments of `millrace replay recording`.
@@ -80,7 +80,7 @@ pub struct Survey {
     /// Connection ids, in order of first appearance, and their index.
     connections: HashMap<u64, usize>,
     /// The most any record's time lies before a record written ahead of it, ns.
-    pub disorder_ns: i128,
+    pub disorder_ns: u128,
 }
 
 impl Survey {
@@ -98,7 +98,7 @@ fn source_files(dir: &Path, source: &str) -> anyhow::Result<Vec<recording::Recor
 /// time range and torn tail, and the recording's disorder.
 pub fn survey(dir: &Path, source: &str) -> anyhow::Result<Survey> {
     let mut survey = Survey { files: Vec::new(), connections: HashMap::new(), disorder_ns: 0 };
-    let mut latest: Option<i64> = None;
+    let mut disorder = Disorder::default();
     for f in source_files(dir, source)? {
         let mut reader = FileReader::open(&f.path)?;
         let mut report = FileReport {
@@ -123,11 +123,7 @@ pub fn survey(dir: &Path, source: &str) -> anyhow::Result<Survey> {
                 file_conns.insert(r.conn);
                 let n = survey.connections.len();
                 survey.connections.entry(r.conn).or_insert(n);
-                if let Some(latest) = latest {
-                    let behind = i128::from(latest) - i128::from(r.time_ns);
-                    survey.disorder_ns = survey.disorder_ns.max(behind);
-                }
-                latest = latest.max(Some(r.time_ns));
+                disorder.see(i128::from(r.time_ns));
             }
         }
         report.connections = file_conns.len();
@@ -138,16 +134,15 @@ pub fn survey(dir: &Path, source: &str) -> anyhow::Result<Survey> {
         });
         survey.files.push(report);
     }
+    survey.disorder_ns = disorder.most_ns;
     Ok(survey)
 }
 
-/// An event waiting in [`for_each_event`]'s reorder window, which keys it by its time and
-/// then the order it was written (the order a stable sort by time keeps).
+/// An event waiting in [`for_each_event`]'s reorder window.
 struct Held {
     conn: usize,
     origin: Origin,
     event: RecordedEvent,
-    bytes: u64,
 }
 
 /// Calls `each` with `source`'s events in receive order (records of equal time in the order
@@ -162,8 +157,8 @@ pub fn for_each_event(
     max_held: u64,
     mut each: impl FnMut(i128, usize, Origin, RecordedEvent) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let mut held: BTreeMap<(i128, u64), Held> = BTreeMap::new();
-    let (mut held_bytes, mut seq, mut latest) = (0u64, 0u64, i128::MIN);
+    let mut window = ReorderWindow::new(survey.disorder_ns);
+    let mut held_bytes = 0u64;
     // a REST request's text, until its answer
     let mut requests: HashMap<u64, String> = HashMap::new();
     for f in source_files(dir, source)? {
@@ -201,25 +196,17 @@ pub fn for_each_event(
                     survey.disorder_ns / 1_000_000,
                     f.path.display()
                 );
-                let time_ns = i128::from(r.time_ns);
-                latest = latest.max(time_ns);
                 let origin = Origin { path: f.path.clone(), line };
-                held.insert((time_ns, seq), Held { conn, origin, event, bytes });
-                seq += 1;
-                // nothing still to come lies before `latest - disorder`
-                while let Some(first) = held.first_entry() {
-                    let time_ns = first.key().0;
-                    if time_ns > latest - survey.disorder_ns {
-                        break;
-                    }
-                    let h = first.remove();
-                    held_bytes -= h.bytes;
+                window.push(i128::from(r.time_ns), bytes, Held { conn, origin, event });
+                while window.ready().is_some() {
+                    let (time_ns, h, bytes) = window.pop().expect("ready");
+                    held_bytes -= bytes;
                     each(time_ns, h.conn, h.origin, h.event)?;
                 }
             }
         }
     }
-    for ((time_ns, _), h) in held {
+    while let Some((time_ns, h, _)) = window.pop() {
         each(time_ns, h.conn, h.origin, h.event)?;
     }
     Ok(())
